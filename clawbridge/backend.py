@@ -1,0 +1,193 @@
+"""The backend seam: what the proxy and the trainer need from local, tinker or fireworks.
+
+Backends are plugins found through the `clawbridge.backends` entry-point group; the core never
+imports torch, tinker or fireworks. An entry point names a factory
+`create(settings: clawbridge.config.Settings) -> ServingBackend` (a `TrainingBackend` when the
+backend can train).
+
+Invariants:
+- `start()` is called once, before `sampler()` is used; `close()` once, at shutdown.
+- `publish()` makes the newly trained weights the ones `sampler()` serves and returns the new
+  policy version, a strictly increasing int. Streams already running finish on their old version.
+- `train_step` either completes (returning metrics) or raises; a raise means the step did not
+  happen, and the caller leaves its samples unconsumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from clawbridge.sampler import Sampler
+
+if TYPE_CHECKING:
+    from clawbridge.config import Settings
+
+ENTRY_POINT_GROUP = "clawbridge.backends"
+
+# Which pip package provides each known backend, for the "install X" message.
+KNOWN_BACKEND_PACKAGES: dict[str, str] = {
+    "local": "backends/local (pip install -e backends/local)",
+    "tinker": "backends/tinker (pip install -e backends/tinker)",
+    "fireworks": "backends/fireworks (pip install -e backends/fireworks)",
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the proxy needs to know about the served model."""
+
+    name: str
+    """The served model name (`--served-model-name`); the proxy also answers to `default`."""
+    tokenizer_path: str
+    """A local folder or Hugging Face id the tokenizer (with its chat template) loads from."""
+    context_window: int
+    """Maximum prompt + completion tokens."""
+    max_output_tokens: int
+    """Default and upper bound for max_tokens when a request gives none."""
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One training sequence, position aligned (see ARCHITECTURE.md, "Training datum").
+
+    `tokens` is prompt + sampled completion. Position i predicts tokens[i + 1] from tokens[:i + 1]:
+    `model_input = tokens[:-1]`, `target_tokens = tokens[1:]`. Per-position lists below have
+    length len(tokens) - 1. Prompt positions carry mask 0, advantage 0 and logprob 0.
+    """
+
+    tokens: tuple[int, ...]
+    prompt_len: int
+    """How many of `tokens` are prompt; the loss starts at target position prompt_len - 1."""
+    sampler_logprobs: tuple[float, ...]
+    """Per position: logprob of the target token under the sampling policy (0 on prompt)."""
+    advantages: tuple[float, ...]
+    """Per position: the advantage of the target token (0 on prompt)."""
+    mask: tuple[float, ...]
+    """Per position: 1.0 where the loss applies (sampled tokens), 0.0 elsewhere."""
+    policy_version: int
+    """The version that sampled the completion."""
+    turn_id: str = ""
+    """The recorded turn it came from (for exactly-once bookkeeping)."""
+
+    @property
+    def model_input(self) -> tuple[int, ...]:
+        return self.tokens[:-1]
+
+    @property
+    def target_tokens(self) -> tuple[int, ...]:
+        return self.tokens[1:]
+
+    @staticmethod
+    def from_turn(
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        completion_logprobs: Sequence[float],
+        completion_advantages: Sequence[float],
+        policy_version: int,
+        turn_id: str = "",
+    ) -> Datum:
+        """Build the aligned datum from what the proxy recorded for one turn."""
+        if not prompt_ids or not completion_ids:
+            raise ValueError("a datum needs at least one prompt and one completion token")
+        if not (len(completion_ids) == len(completion_logprobs) == len(completion_advantages)):
+            raise ValueError("completion ids, logprobs and advantages must have one entry each")
+        n_prompt_pos = len(prompt_ids) - 1
+        return Datum(
+            tokens=tuple(prompt_ids) + tuple(completion_ids),
+            prompt_len=len(prompt_ids),
+            sampler_logprobs=(0.0,) * n_prompt_pos + tuple(float(x) for x in completion_logprobs),
+            advantages=(0.0,) * n_prompt_pos + tuple(float(x) for x in completion_advantages),
+            mask=(0.0,) * n_prompt_pos + (1.0,) * len(completion_ids),
+            policy_version=policy_version,
+            turn_id=turn_id,
+        )
+
+
+LossName = Literal["importance_sampling", "ppo", "cispo"]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Which policy-gradient loss to apply; semantics match Tinker's and Fireworks' built-ins."""
+
+    name: LossName = "importance_sampling"
+    clip_low: float = 0.2
+    """ppo/cispo: lower clip threshold, ratio floor = 1 - clip_low."""
+    clip_high: float = 0.2
+    """ppo/cispo: upper clip threshold, ratio ceiling = 1 + clip_high."""
+    kl_coef: float = 0.0
+    """Optional penalty toward the base policy (0: off)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a finished training step reports."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    """At least `loss` and `tokens` where the backend can compute them."""
+
+
+@runtime_checkable
+class ServingBackend(Protocol):
+    """A backend that can serve: every backend is at least this."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Load or connect to the model. May take long; shows progress."""
+        ...
+
+    def model_info(self) -> ModelInfo: ...
+
+    def sampler(self) -> Sampler: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class TrainingBackend(ServingBackend, Protocol):
+    """A backend that can also train and publish new weights."""
+
+    async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult: ...
+
+    async def publish(self) -> int:
+        """Serve the latest trained weights; return the new policy version."""
+        ...
+
+    async def save_checkpoint(self, name: str) -> str:
+        """Save weights + optimizer + step + version; return where it went."""
+        ...
+
+    async def restore_checkpoint(self, path: str) -> int:
+        """Load a checkpoint written by `save_checkpoint`; return its policy version."""
+        ...
+
+
+class BackendNotInstalled(RuntimeError):
+    """No entry point provides the requested backend."""
+
+
+def available_backends() -> dict[str, metadata.EntryPoint]:
+    """Backends installed in this environment, by name."""
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_backend(name: str, settings: Settings) -> ServingBackend:
+    """Create the backend `name` through its entry point, or explain which package to install."""
+    eps = available_backends()
+    if name not in eps:
+        hint = KNOWN_BACKEND_PACKAGES.get(name)
+        installed = ", ".join(sorted(eps)) or "none"
+        if hint:
+            raise BackendNotInstalled(
+                f"backend {name!r} is not installed; install the package in {hint}. Installed: {installed}"
+            )
+        raise BackendNotInstalled(f"unknown backend {name!r}; installed backends: {installed}")
+    factory: Any = eps[name].load()
+    backend = factory(settings)
+    if not isinstance(backend, ServingBackend):
+        raise TypeError(f"entry point {name!r} returned {type(backend).__name__}, not a ServingBackend")
+    return backend

@@ -1,0 +1,144 @@
+"""Configuration: every option from CLI flag > environment (`CLAWBRIDGE_*`) > TOML file > default.
+
+Backend keys come from their usual variables (`TINKER_API_KEY`, `FIREWORKS_API_KEY`,
+`FIREWORKS_ACCOUNT_ID`). Secrets are `SecretStr` so they never print by accident; `masked_dump`
+is what `clawbridge config show` prints.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_STATE_DIR = Path("~/.clawbridge")
+
+
+class Settings(BaseSettings):
+    """Resolved clawbridge configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="CLAWBRIDGE_", extra="forbid", populate_by_name=True)
+
+    # Where the TOML file is read from; set by `--config` or CLAWBRIDGE_CONFIG.
+    _toml_path: ClassVar[Path | None] = None
+
+    # --- server
+    host: str = Field("127.0.0.1", description="Address to bind. Non-loopback needs keys set in the environment.")
+    port: int = Field(8400, description="Port to bind.")
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="Where the store, keys and checkpoints live.")
+    log_level: str = Field("info", description="debug, info, warning or error.")
+
+    # --- model and backend
+    backend: Literal["local", "tinker", "fireworks"] = Field("local", description="Which backend serves and trains.")
+    model: str = Field("", description="Model to serve: a local folder or a Hugging Face id.")
+    served_model_name: str = Field("", description="Name the model answers to (default: the model's folder or id).")
+    engine: Literal["auto", "torch", "sglang"] = Field("auto", description="Local backend serving engine.")
+    device: str = Field("auto", description="torch engine device: auto, cpu or cuda[:N].")
+    dtype: str = Field("auto", description="torch engine dtype: auto, float32, bfloat16 or float16.")
+    max_running_requests: int = Field(8, description="Requests decoded at the same time by the torch engine.")
+    max_queued_requests: int = Field(64, description="Requests waiting for a slot before new ones get 429.")
+    default_max_tokens: int = Field(1024, description="max_tokens when a request gives none.")
+
+    # --- proxy
+    api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
+    admin_key: SecretStr | None = Field(None, description="Admin key for /rl/* management (generated if unset).")
+    max_body_bytes: int = Field(8 * 1024 * 1024, description="Request bodies above this get 413.")
+    session_idle_timeout_s: float = Field(1800.0, description="Sessions idle this long end by themselves.")
+    request_timeout_s: float = Field(600.0, description="A model call that takes longer gets 504.")
+
+    tokenizer: str = Field("", description="Tokenizer (with chat template) path or id; default: the model.")
+
+    # --- training (shared by every backend)
+    lora_rank: int = Field(32, description="LoRA rank; 0 trains all weights (local and fireworks only).")
+    lora_alpha: float = Field(32.0, description="LoRA alpha (scaling = alpha / rank).")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Modules LoRA adapts (local backend).",
+    )
+    learning_rate: float = Field(1e-4, description="AdamW / Adam learning rate.")
+    checkpoint_every: int = Field(10, description="Save a checkpoint every N training steps (0: never).")
+
+    # --- trainer loop (section owned by clawbridge/trainer)
+
+    # --- tinker backend (section owned by backends/tinker)
+
+    # --- fireworks backend (section owned by backends/fireworks)
+
+    # --- hosted backends: keys from their usual variables
+    tinker_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("TINKER_API_KEY", "CLAWBRIDGE_TINKER_API_KEY", "tinker_api_key")
+    )
+    fireworks_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("FIREWORKS_API_KEY", "CLAWBRIDGE_FIREWORKS_API_KEY", "fireworks_api_key")
+    )
+    fireworks_account_id: str | None = Field(
+        None,
+        validation_alias=AliasChoices("FIREWORKS_ACCOUNT_ID", "CLAWBRIDGE_FIREWORKS_ACCOUNT_ID", "fireworks_account_id"),
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_path = cls._toml_path
+        if toml_path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        return tuple(sources)
+
+    @property
+    def state_path(self) -> Path:
+        """The state dir, with `~` expanded."""
+        return Path(os.path.expanduser(str(self.state_dir)))
+
+    @property
+    def tokenizer_source(self) -> str:
+        """Where the tokenizer loads from: `tokenizer`, else `model`."""
+        return self.tokenizer or self.model
+
+    @property
+    def model_name(self) -> str:
+        """The name the served model answers to."""
+        if self.served_model_name:
+            return self.served_model_name
+        return Path(self.model.rstrip("/")).name if self.model else "default"
+
+    def masked_dump(self) -> dict[str, Any]:
+        """Every option, secrets replaced by `***` (or `null` when unset)."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                out[name] = "***"
+            elif isinstance(value, Path):
+                out[name] = str(value)
+            else:
+                out[name] = value
+        return out
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from CLI overrides (None values ignored), env, and the TOML file."""
+    if config_file is None and os.environ.get("CLAWBRIDGE_CONFIG"):
+        config_file = Path(os.environ["CLAWBRIDGE_CONFIG"])
+    if config_file is not None and not config_file.expanduser().is_file():
+        raise FileNotFoundError(f"config file not found: {config_file}")
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    Settings._toml_path = config_file.expanduser() if config_file else None
+    try:
+        return Settings(**clean)
+    finally:
+        Settings._toml_path = None

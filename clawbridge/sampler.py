@@ -1,0 +1,167 @@
+"""The Sampler seam: token ids in, token ids (with logprobs) out.
+
+Invariants kept by every Sampler implementation:
+- Token exact: `sample` takes prompt token ids exactly as rendered and yields the ids it sampled,
+  each with the logprob the sampling distribution gave it (after temperature, before top-p/top-k
+  truncation is not promised: see `SampledToken.logprob`). Nothing here sees text.
+- The policy version of a stream is fixed when the stream is created: a weight swap during the
+  stream does not change which weights finish it, nor the version it reports.
+- A stop token (one of `SamplingParams.stop_token_ids`) that ends the stream is yielded as the
+  last token, so training data contains the end-of-turn token the model produced.
+- `aclose()` (or cancelling the consuming task) stops generation promptly and frees the slot.
+- Overload is an exception raised by `sample` (`SamplerOverloaded`), never an unbounded wait.
+
+`FakeSampler` beside the protocol is a scripted, instant sampler for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion."""
+
+    max_tokens: int
+    """Upper bound on sampled tokens (the stop token counts)."""
+    temperature: float = 1.0
+    """0 means greedy (argmax); logprobs are then those of the untempered distribution."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    seed: int | None = None
+    """Same seed, prompt and weights give the same tokens."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Sampling ends after yielding any of these ids (finish_reason 'stop')."""
+    top_logprobs: int = 0
+    """How many alternatives to report per position (0: none)."""
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One sampled position."""
+
+    token_id: int
+    logprob: float
+    """log p(token_id) under the distribution it was sampled from (temperature applied;
+    for temperature 0, the plain softmax)."""
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    """(token_id, logprob) of the most likely alternatives, best first, when asked for."""
+
+
+class SamplerError(Exception):
+    """Base of the errors a Sampler raises; the proxy maps each to an HTTP status."""
+
+
+class SamplerOverloaded(SamplerError):
+    """Too many requests in flight and queued: answer 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SamplerUnavailable(SamplerError):
+    """The model server cannot be reached or failed: answer 502."""
+
+
+class SamplerTimeout(SamplerError):
+    """The model server did not answer in time: answer 504."""
+
+
+class PromptTooLong(SamplerError):
+    """The prompt (plus max_tokens) does not fit the model's context: answer 400."""
+
+
+@runtime_checkable
+class SampleStream(Protocol):
+    """An in-progress sample. Iterate it for tokens; read `finish_reason` after it ends."""
+
+    policy_version: int
+    finish_reason: FinishReason | None
+
+    def __aiter__(self) -> AsyncIterator[SampledToken]: ...
+
+    async def aclose(self) -> None:
+        """Stop sampling now (client went away). Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Token-level sampling from the current policy."""
+
+    @property
+    def policy_version(self) -> int:
+        """The version new streams will be sampled from."""
+        ...
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
+        """Start sampling. Raises a `SamplerError` subclass when it cannot start."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Fake, for tests and benchmarks.
+
+
+@dataclass
+class _ScriptedStream:
+    tokens: list[SampledToken]
+    policy_version: int
+    delay_s: float
+    stop_token_ids: tuple[int, ...]
+    max_tokens: int
+    finish_reason: FinishReason | None = None
+    _closed: bool = False
+
+    def __aiter__(self) -> AsyncIterator[SampledToken]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[SampledToken]:
+        for i, tok in enumerate(self.tokens):
+            if self._closed:
+                self.finish_reason = "cancelled"
+                return
+            if i >= self.max_tokens:
+                self.finish_reason = "length"
+                return
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            yield tok
+            if tok.token_id in self.stop_token_ids:
+                self.finish_reason = "stop"
+                return
+        self.finish_reason = "length"
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+@dataclass
+class FakeSampler:
+    """Replays `script` (token ids) for every prompt, instantly or with `delay_s` per token.
+
+    Records every prompt it was given in `prompts`, so tests can assert on what was fed.
+    """
+
+    script: list[int]
+    logprob: float = -0.5
+    delay_s: float = 0.0
+    version: int = 0
+    prompts: list[list[int]] = field(default_factory=list)
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
+        self.prompts.append(list(prompt_ids))
+        toks = [SampledToken(t, self.logprob) for t in self.script]
+        return _ScriptedStream(toks, self.version, self.delay_s, params.stop_token_ids, params.max_tokens)
