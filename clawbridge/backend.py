@@ -191,3 +191,31 @@ def load_backend(name: str, settings: Settings) -> ServingBackend:
     if not isinstance(backend, ServingBackend):
         raise TypeError(f"entry point {name!r} returned {type(backend).__name__}, not a ServingBackend")
     return backend
+
+
+# --------------------------------------------------------------------------------------------
+# Fake, for tests and benchmarks.
+
+
+class FakeServingBackend:
+    """Serves a `Sampler` you give it (typically `FakeSampler`) with a real tokenizer folder."""
+
+    name = "fake"
+
+    def __init__(self, sampler: Sampler, info: ModelInfo) -> None:
+        self._sampler = sampler
+        self._info = info
+        self.started = False
+        self.closed = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    async def close(self) -> None:
+        self.closed = True

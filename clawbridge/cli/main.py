@@ -1,0 +1,258 @@
+"""`clawbridge`: the command line.
+
+Commands read the store in `--state-dir` directly where they can, so they work while the server
+is down; `status` asks the running server first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clawbridge.config import Settings, load_settings
+
+app = typer.Typer(
+    help="clawbridge: a recording proxy and training bridge that lets your agent learn while you use it.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+sessions_app = typer.Typer(help="Read recorded sessions from the store (works while the server is down).",
+                           no_args_is_help=True)
+model_app = typer.Typer(help="Model utilities.", no_args_is_help=True)
+config_app = typer.Typer(help="Show the resolved configuration.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+app.add_typer(model_app, name="model")
+app.add_typer(config_app, name="config")
+
+console = Console()
+err = Console(stderr=True)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **overrides)
+    except Exception as exc:  # pydantic errors, missing file
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _store(settings: Settings) -> Any:
+    from clawbridge.store import DB_FILENAME, Store
+
+    path = settings.state_path / DB_FILENAME
+    if not path.exists():
+        err.print(f"no store at {path}; run `clawbridge up` first or pass --state-dir")
+        raise typer.Exit(1)
+    return Store(path)
+
+
+@app.command()
+def up(
+    backend: Annotated[str | None, typer.Option(help="local, tinker or fireworks.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model folder or Hugging Face id.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Name the model answers to.")] = None,
+    engine: Annotated[str | None, typer.Option(help="local backend engine: auto, torch or sglang.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8400).")] = None,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+) -> None:
+    """Start the proxy: serve the model, record every call, print where to point your agent."""
+    settings = _settings(config, backend=backend, model=model, served_model_name=served_model_name,
+                         engine=engine, host=host, port=port, state_dir=state_dir, log_level=log_level)
+    if not settings.model:
+        err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
+        raise typer.Exit(2)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from clawbridge.backend import BackendNotInstalled
+    from clawbridge.server import UnsafeBind, serve
+
+    try:
+        asyncio.run(serve(settings, announce=lambda s: console.print(s, highlight=False, soft_wrap=True)))
+    except (BackendNotInstalled, UnsafeBind, FileNotFoundError, OSError) as exc:
+        err.print(f"[red]cannot start:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def status(
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Sessions, turns, rewards and policy version: from the running server, else from the store."""
+    from clawbridge.cli.status import gather_status, print_status
+
+    settings = _settings(config, state_dir=state_dir)
+    info = gather_status(settings)
+    if as_json:
+        print(json.dumps(info, indent=2))
+    else:
+        print_status(console, info)
+
+
+@sessions_app.command("list")
+def sessions_list(
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
+    status_: Annotated[str | None, typer.Option("--status", help="active or ended.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List sessions, newest first."""
+    store = _store(_settings(config, state_dir=state_dir))
+    rows = store.list_sessions(limit=limit, status=status_)
+    if as_json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    table = Table("session", "status", "source", "turns", "created", "end reason")
+    import datetime as dt
+
+    for r in rows:
+        table.add_row(r.session_id, r.status, r.source, str(r.turn_count),
+                      dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.end_reason or "")
+    console.print(table)
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the full record as JSON.")] = False,
+) -> None:
+    """Show one session: its turns (token ids, logprobs, policy version, reward) and rewards."""
+    store = _store(_settings(config, state_dir=state_dir))
+    view = store.session_view(session_id)
+    if view is None:
+        err.print(f"no session {session_id!r}")
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(view))
+        return
+    console.print(f"[bold]{view['session_id']}[/bold] {view['status']} (source {view['source']})")
+    table = Table("#", "turn", "type", "status", "prompt tok", "completion tok", "version", "reward", "finish")
+    for t in view["turns"]:
+        table.add_row(str(t["seq"]), t["turn_id"], t["turn_type"], t["status"], str(len(t["prompt_token_ids"])),
+                      str(len(t["completion_token_ids"])), str(t["policy_version"]),
+                      "" if t["reward"] is None else f"{t['reward']:g}", t["finish_reason"] or "")
+    console.print(table)
+    for r in view["rewards"]:
+        console.print(f"reward {r['value']:g} on {r['turn_id'] or 'the session'} ({r['source']})")
+
+
+@sessions_app.command("export")
+def sessions_export(
+    out: Annotated[Path, typer.Argument(help="JSONL file to write ('-' for stdout).")],
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    status_: Annotated[str | None, typer.Option("--status", help="Only active or ended sessions.")] = None,
+) -> None:
+    """Export every session as one JSON document per line (the `show --json` shape)."""
+    store = _store(_settings(config, state_dir=state_dir))
+    fh = sys.stdout if str(out) == "-" else out.open("w")
+    n, offset = 0, 0
+    try:
+        while True:
+            rows = store.list_sessions(limit=500, offset=offset, status=status_)
+            if not rows:
+                break
+            for r in rows:
+                fh.write(json.dumps(store.session_view(r.session_id)) + "\n")
+                n += 1
+            offset += len(rows)
+    finally:
+        if fh is not sys.stdout:
+            fh.close()
+    err.print(f"exported {n} session(s)")
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
+def reward(
+    session_id: Annotated[str, typer.Argument(help="Session to reward.")],
+    value: Annotated[float, typer.Argument(help="Reward value (e.g. 1 or -1).")],
+    turn: Annotated[str | None, typer.Option("--turn", help="Turn id; default: the session's last turn.")] = None,
+    whole_session: Annotated[bool, typer.Option("--session", help="Reward the whole session, not a turn.")] = False,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Attach a reward to a turn (default: the last one) or to the whole session."""
+    import math
+
+    from clawbridge.store import StoreError
+
+    if not math.isfinite(value):
+        err.print("reward must be a finite number")
+        raise typer.Exit(2)
+    store = _store(_settings(config, state_dir=state_dir))
+    target = None if whole_session else (turn or store.last_turn_id(session_id))
+    if not whole_session and target is None:
+        err.print(f"session {session_id!r} has no answered turn (or does not exist)")
+        raise typer.Exit(1)
+    try:
+        rid = store.add_reward(session_id, value, "cli", target)
+    except StoreError as exc:
+        err.print(str(exc))
+        raise typer.Exit(1) from None
+    console.print(f"reward {value:g} recorded on {target or 'session ' + session_id} (id {rid})")
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer into.")],
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Write a tiny Qwen3-architecture model + tokenizer, offline, in seconds (for tests and demos)."""
+    from clawbridge.tinymodel import build_tiny_model, summarize
+
+    with console.status("building tiny model..."):
+        path = build_tiny_model(out_dir, seed=seed)
+    console.print(f"wrote {summarize(path)}")
+
+
+@config_app.command("show")
+def config_show(
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print the resolved configuration (flags > CLAWBRIDGE_* env > TOML > defaults), secrets masked."""
+    settings = _settings(config, state_dir=state_dir)
+    dump = settings.masked_dump()
+    if as_json:
+        print(json.dumps(dump, indent=2))
+        return
+    table = Table("option", "value", "env var")
+    for k, v in dump.items():
+        table.add_row(k, json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
+    console.print(table)
+
+
+def _mount_optional() -> None:
+    """Sub-commands that live in their own modules."""
+    try:
+        from clawbridge.cli.openclaw_cmd import app as openclaw_app
+
+        app.add_typer(openclaw_app, name="openclaw", help="Install the OpenClaw extension and provider.")
+    except ImportError:
+        pass
+
+
+_mount_optional()
+
+if __name__ == "__main__":
+    app()

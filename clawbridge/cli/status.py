@@ -1,0 +1,66 @@
+"""`clawbridge status`: ask the running server, fall back to the store."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from clawbridge.config import Settings
+from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
+
+
+def _admin_key(settings: Settings) -> str | None:
+    if settings.admin_key is not None:
+        return settings.admin_key.get_secret_value()
+    try:
+        return read_key_file(settings.state_path / ADMIN_KEY_FILE)
+    except Exception:
+        return None
+
+
+def gather_status(settings: Settings) -> dict[str, Any]:
+    """Server view when it answers, else the store's."""
+    from clawbridge.store import DB_FILENAME, Store
+
+    base = f"http://{settings.host}:{settings.port}"
+    info: dict[str, Any] = {"server": base, "running": False}
+    key = _admin_key(settings)
+    try:
+        h = httpx.get(f"{base}/health", timeout=2.0).json()
+        info.update(running=True, model=h.get("model"), backend=h.get("backend"), policy_version=h.get("policy_version"))
+        if key:
+            r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {key}"}, timeout=5.0)
+            if r.status_code == 200:
+                info["store"] = r.json()["store"]
+    except (httpx.HTTPError, ValueError):
+        pass
+    if "store" not in info:
+        path = settings.state_path / DB_FILENAME
+        if path.exists():
+            store = Store(path)
+            try:
+                info["store"] = store.stats()
+            finally:
+                store.close()
+    return info
+
+
+def print_status(console: Console, info: dict[str, Any]) -> None:
+    if info["running"]:
+        console.print(f"server: [green]running[/green] at {info['server']} — model {info.get('model')!r}, "
+                      f"backend {info.get('backend')}, serving policy v{info.get('policy_version')}")
+    else:
+        console.print(f"server: [yellow]not running[/yellow] at {info['server']}")
+    s = info.get("store")
+    if not s:
+        console.print("store: none yet (run `clawbridge up`)")
+        return
+    last = dt.datetime.fromtimestamp(s["last_turn_at"]).strftime("%Y-%m-%d %H:%M:%S") if s["last_turn_at"] else "-"
+    console.print(f"sessions: {s['sessions']['active']} active, {s['sessions']['ended']} ended")
+    console.print(f"turns: {s['turns']['main']} main, {s['turns']['side']} side (last at {last}); "
+                  f"tokens: {s['prompt_tokens']} prompt, {s['completion_tokens']} completion")
+    console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
+                  f"last trained policy: {s['last_trained_policy_version']}")

@@ -1,0 +1,101 @@
+"""The FastAPI app: OpenAI-compatible model calls, the session API, health.
+
+Invariants: see `chat` (token exactness, commit before last byte) and `errors` (never a 500 for
+bad input). Idle sessions are ended by a background task every `reaper_interval_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from clawbridge.proxy.auth import authenticate
+from clawbridge.proxy.chat import chat_completions
+from clawbridge.proxy.errors import ApiError, install_error_handlers
+from clawbridge.proxy.request import parse_json_object, read_body, validate_chat_request
+from clawbridge.proxy.rl_routes import build_rl_router
+from clawbridge.proxy.sessions import resolve_call_session
+from clawbridge.proxy.state import ProxyState
+
+log = logging.getLogger("clawbridge.proxy")
+
+
+async def _reap_idle(state: ProxyState) -> None:
+    idle = state.settings.session_idle_timeout_s
+    interval = max(0.2, min(30.0, idle / 4))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            ended = await state.writer.call(state.store.end_idle_sessions, idle)
+            if ended:
+                log.info("ended %d idle session(s)", len(ended))
+        except Exception:
+            log.exception("idle-session reaper failed; will retry")
+
+
+def build_app(state: ProxyState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_reap_idle(state))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+
+    app = FastAPI(title="clawbridge", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.proxy = state
+    install_error_handlers(app)
+
+    async def handle_chat(request: Request, url_session: str | None) -> Response:
+        principal = authenticate(request, state.keys, state.store)
+        raw = await read_body(request, state.settings.max_body_bytes)
+        data = parse_json_object(raw)
+        req = validate_chat_request(data)
+        call = resolve_call_session(request, principal, url_session, data["messages"])
+        return await chat_completions(state, request, req, data, raw, call)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle_chat(request, None)
+
+    @app.post("/s/{session_id}/v1/chat/completions")
+    async def chat_in_session(request: Request, session_id: str) -> Response:
+        return await handle_chat(request, session_id)
+
+    def models_body() -> dict[str, Any]:
+        info = state.model_info
+        entry = {"object": "model", "owned_by": "clawbridge", "created": 0,
+                 "context_window": info.context_window, "max_output_tokens": info.max_output_tokens,
+                 "policy_version": state.sampler.policy_version}
+        return {"object": "list", "data": [{"id": info.name, **entry}, {"id": "default", **entry}]}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authenticate(request, state.keys, state.store)
+        return models_body()
+
+    @app.get("/s/{session_id}/v1/models")
+    async def models_in_session(request: Request, session_id: str) -> dict[str, Any]:
+        authenticate(request, state.keys, state.store)
+        return models_body()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": state.model_info.name, "backend": state.backend.name,
+                "policy_version": state.sampler.policy_version}
+
+    app.include_router(build_rl_router(state))
+
+    @app.post("/v1/completions")
+    async def legacy_completions() -> Response:
+        raise ApiError(404, "legacy /v1/completions is not served; use /v1/chat/completions")
+
+    return app

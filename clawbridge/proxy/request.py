@@ -1,0 +1,142 @@
+"""Reading and validating a chat completion request.
+
+Invariants:
+- A body larger than `max_body_bytes` is refused with 413 before it is fully read.
+- Malformed JSON is 400; fields of the wrong type or range are 422; options clawbridge cannot
+  honour (n > 1, penalties, logit_bias, structured output, audio, images) are 400 naming the
+  option, never silently ignored. Unknown harmless fields (user, store, metadata, ...) are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from clawbridge.proxy.errors import ApiError
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body, refusing (413) anything larger than `max_bytes`."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > max_bytes:
+                raise ApiError(413, f"request body of {declared} bytes is over the {max_bytes}-byte limit")
+        except ValueError:
+            raise ApiError(400, "invalid Content-Length header") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"request body is over the {max_bytes}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise ApiError(400, "empty request body; expected a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"malformed JSON in request body: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
+class Message(BaseModel):
+    """One chat message; content shapes are normalised by the renderer."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    """The fields of /v1/chat/completions that clawbridge reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    n: int | None = Field(None, ge=1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+def validate_chat_request(data: dict[str, Any]) -> ChatRequest:
+    try:
+        req = ChatRequest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ApiError(422, f"invalid field {loc}: {err['msg']}", param=loc, code="invalid_field") from None
+    _refuse_unsupported(req, data)
+    return req
+
+
+def _refuse_unsupported(req: ChatRequest, data: dict[str, Any]) -> None:
+    def no(option: str, why: str) -> ApiError:
+        return ApiError(400, f"unsupported option {option}: {why}", param=option, code="unsupported_option")
+
+    if req.n not in (None, 1):
+        raise no("n", "clawbridge samples one choice per call; send n separate calls")
+    if req.presence_penalty or req.frequency_penalty:
+        raise no("presence_penalty/frequency_penalty", "penalties would change the sampling distribution that is recorded")
+    if req.logit_bias:
+        raise no("logit_bias", "biases would make the recorded logprobs differ from the policy's")
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise no("response_format", "structured output is not enforced by this server")
+    if data.get("audio") or (data.get("modalities") not in (None, ["text"])):
+        raise no("audio/modalities", "only text is served")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    stops = req.stop_strings
+    if len(stops) > 4 or any(not s for s in stops):
+        raise ApiError(400, "stop takes at most 4 non-empty strings", param="stop")
+    if req.tools is not None:
+        for i, tool in enumerate(req.tools):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not fn.get("name"):
+                raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                               param=f"tools.{i}")
+    for i, msg in enumerate(req.messages):
+        if isinstance(msg.content, list):
+            for part in msg.content:
+                if part.get("type") not in ("text", "input_text"):
+                    raise no(f"messages.{i}.content", f"content part type {part.get('type')!r}; only text is served")

@@ -1,0 +1,114 @@
+"""Wiring for `clawbridge up`: settings -> backend -> renderer, store, keys -> app -> uvicorn.
+
+Invariant: a non-loopback bind is refused unless both keys come from the environment (a
+generated key in a file on this machine is no protection for a port others can reach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from clawbridge.backend import ServingBackend, load_backend
+from clawbridge.config import Settings
+from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
+from clawbridge.proxy.app import build_app
+from clawbridge.proxy.auth import Keys
+from clawbridge.proxy.state import ProxyState, StoreWriter
+from clawbridge.render import Renderer
+from clawbridge.store import Store
+
+log = logging.getLogger("clawbridge")
+
+
+class UnsafeBind(RuntimeError):
+    """Refused to listen beyond loopback without configured keys."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ResolvedKeys:
+    client: ResolvedKey
+    admin: ResolvedKey
+
+
+def resolve_keys(settings: Settings) -> ResolvedKeys:
+    state = settings.state_path
+    client = ensure_key(state, CLIENT_KEY_FILE, settings.api_key.get_secret_value() if settings.api_key else None, "cb")
+    admin = ensure_key(state, ADMIN_KEY_FILE,
+                       settings.admin_key.get_secret_value() if settings.admin_key else None, "cbadmin")
+    return ResolvedKeys(client, admin)
+
+
+def check_bind(settings: Settings) -> None:
+    if not is_loopback(settings.host) and (settings.api_key is None or settings.admin_key is None):
+        raise UnsafeBind(
+            f"refusing to bind {settings.host}: set CLAWBRIDGE_API_KEY and CLAWBRIDGE_ADMIN_KEY in the environment "
+            "before listening beyond 127.0.0.1"
+        )
+
+
+async def build_state(settings: Settings, backend: ServingBackend | None = None) -> ProxyState:
+    """Start the backend and assemble what the app needs."""
+    check_bind(settings)
+    settings.state_path.mkdir(parents=True, exist_ok=True)
+    keys = resolve_keys(settings)
+    if backend is None:
+        backend = load_backend(settings.backend, settings)
+    await backend.start()
+    info = backend.model_info()
+    renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)
+    store = Store.open(settings.state_path)
+    return ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
+                      writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
+
+
+def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, info: Any) -> str:
+    return (
+        '{\n  "models": {\n    "providers": {\n      "clawbridge": {\n'
+        f'        "baseUrl": "{base_url}",\n'
+        f'        "apiKey": "{key_hint}",\n'
+        '        "api": "openai-completions",\n'
+        f'        "models": [{{"id": "{info.name}", "name": "{info.name} (clawbridge)", '
+        f'"contextWindow": {info.context_window}, "maxTokens": {info.max_output_tokens}}}]\n'
+        "      }\n    }\n  }\n}"
+    )
+
+
+async def serve(settings: Settings, announce: Any = print) -> None:
+    """Run the proxy until interrupted."""
+    state = await build_state(settings)
+    app = build_app(state)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            access_log=settings.log_level == "debug", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    keys = resolve_keys(settings)
+    base = f"http://{settings.host}:{settings.port}/v1"
+    key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"
+    announce(f"clawbridge serving {state.model_info.name!r} (backend {state.backend.name}, "
+             f"policy v{state.sampler.policy_version}) at {base}")
+    announce(f"client key: {key_where}")
+    admin_where = "$CLAWBRIDGE_ADMIN_KEY" if keys.admin.source == "env" else keys.admin.source
+    announce(f"admin key (for /rl/*): {admin_where}")
+    announce(f"store: {state.store.path}")
+    announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
+             + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
+    try:
+        await server.serve()
+    finally:
+        state.writer.close()
+        await state.backend.close()
+        state.store.close()

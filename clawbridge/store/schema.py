@@ -1,0 +1,84 @@
+"""SQLite schema of the clawbridge store, as an ordered list of migrations.
+
+Invariants:
+- `MIGRATIONS[i]` takes a database at schema version i to version i + 1; applied in one
+  transaction each, so a crash mid-migration leaves the previous version intact.
+- Migrations are append-only: a released migration is never edited.
+- Token ids are stored as little-endian uint32 blobs and logprobs as float64 blobs
+  (`clawbridge.store.codec`), so what was sampled is stored bit for bit.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # v1: sessions, turns, rewards, and the tables the trainer fills.
+    """
+    CREATE TABLE sessions (
+        session_id   TEXT PRIMARY KEY,
+        key_hash     TEXT UNIQUE,          -- sha256 of the session key from /rl/start_session
+        task_id      TEXT,
+        source       TEXT NOT NULL,        -- header | session_key | url | openclaw_runtime | implicit
+        status       TEXT NOT NULL,        -- active | ended
+        end_reason   TEXT,                 -- end_session | done_header | idle | replaced | single_call
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        ended_at     REAL
+    );
+    CREATE INDEX sessions_status ON sessions(status, updated_at);
+
+    CREATE TABLE turns (
+        turn_id              TEXT PRIMARY KEY,
+        session_id           TEXT NOT NULL REFERENCES sessions(session_id),
+        seq                  INTEGER NOT NULL,
+        turn_type            TEXT NOT NULL,   -- main | side
+        status               TEXT NOT NULL,   -- ok | cancelled | error
+        model                TEXT NOT NULL,
+        prompt_token_ids     BLOB NOT NULL,
+        completion_token_ids BLOB NOT NULL,
+        completion_logprobs  BLOB NOT NULL,
+        policy_version       INTEGER NOT NULL,
+        finish_reason        TEXT,
+        request_json         TEXT NOT NULL,
+        response_json        TEXT,
+        meta_json            TEXT,             -- turn id / trigger headers, client, stream flag
+        prompt_tokens        INTEGER NOT NULL,
+        completion_tokens    INTEGER NOT NULL,
+        created_at           REAL NOT NULL,
+        first_token_at       REAL,
+        completed_at         REAL NOT NULL,
+        UNIQUE (session_id, seq)
+    );
+
+    CREATE TABLE rewards (
+        reward_id   INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id  TEXT NOT NULL REFERENCES sessions(session_id),
+        turn_id     TEXT REFERENCES turns(turn_id),   -- NULL: a reward for the whole session
+        value       REAL NOT NULL,
+        source      TEXT NOT NULL,                    -- api | cli | judge | ...
+        created_at  REAL NOT NULL
+    );
+    CREATE INDEX rewards_session ON rewards(session_id);
+
+    CREATE TABLE steps (
+        step            INTEGER PRIMARY KEY,
+        policy_version  INTEGER,
+        status          TEXT NOT NULL,       -- running | ok | failed
+        metrics_json    TEXT,
+        error           TEXT,
+        started_at      REAL NOT NULL,
+        finished_at     REAL
+    );
+
+    CREATE TABLE samples (
+        turn_id         TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        session_id      TEXT NOT NULL,
+        policy_version  INTEGER NOT NULL,
+        consumed_step   INTEGER REFERENCES steps(step),   -- NULL until a step succeeded with it
+        dropped_reason  TEXT,                             -- e.g. stale
+        created_at      REAL NOT NULL
+    );
+    CREATE INDEX samples_unconsumed ON samples(consumed_step, dropped_reason);
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,442 @@
+"""The store: the only state shared by the proxy, rewards and the trainer (SQLite, WAL).
+
+Invariants:
+- Every method that writes commits before it returns; the proxy awaits `record_turn` before it
+  sends the last byte of a response, so an answered turn survives `kill -9` (WAL with
+  synchronous=NORMAL is durable against process crashes).
+- One `Store` object is safe to share between threads (a lock serialises use of its connection);
+  other processes (the CLI) open their own `Store` on the same file: WAL lets them read while the
+  server writes.
+- Secrets are never stored: session keys are kept as their sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clawbridge.store.codec import decode_floats, decode_ids, encode_floats, encode_ids
+from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+DB_FILENAME = "clawbridge.db"
+
+
+class StoreError(Exception):
+    """A request the store cannot satisfy (unknown session or turn)."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One session as stored."""
+
+    session_id: str
+    task_id: str | None
+    source: str
+    status: str
+    end_reason: str | None
+    created_at: float
+    updated_at: float
+    ended_at: float | None
+    turn_count: int = 0
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """Everything recorded about one model call."""
+
+    session_id: str
+    turn_type: str
+    status: str
+    model: str
+    prompt_token_ids: Sequence[int]
+    completion_token_ids: Sequence[int]
+    completion_logprobs: Sequence[float]
+    policy_version: int
+    finish_reason: str | None
+    request_json: str
+    """The request body exactly as the client sent it."""
+    response_json: str | None
+    created_at: float
+    completed_at: float
+    first_token_at: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    turn_id: str = field(default_factory=lambda: new_id("turn"))
+
+
+@dataclass(frozen=True)
+class RewardRow:
+    reward_id: int
+    session_id: str
+    turn_id: str | None
+    value: float
+    source: str
+    created_at: float
+
+
+class Store:
+    """Typed access to the SQLite file in the state dir."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    @classmethod
+    def open(cls, state_dir: Path) -> Store:
+        return cls(state_dir / DB_FILENAME)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # ------------------------------------------------------------------ plumbing
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._lock:
+            self._conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}, newer than this clawbridge ({SCHEMA_VERSION}); upgrade"
+                )
+            for target in range(version, SCHEMA_VERSION):
+                with self._tx() as c:
+                    for stmt in MIGRATIONS[target].split(";"):
+                        if stmt.strip():
+                            c.execute(stmt)
+                    c.execute(
+                        "INSERT INTO meta(key, value) VALUES('schema_version', ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (str(target + 1),),
+                    )
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------------ sessions
+    def ensure_session(self, session_id: str, source: str, task_id: str | None = None) -> SessionRow:
+        """Get the session, creating it (or reopening it if it had ended)."""
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute("SELECT status FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
+                    "VALUES(?,?,?,?,?,?)",
+                    (session_id, task_id, source, "active", now, now),
+                )
+            elif row["status"] != "active":
+                c.execute(
+                    "UPDATE sessions SET status='active', end_reason=NULL, ended_at=NULL, updated_at=? "
+                    "WHERE session_id=?",
+                    (now, session_id),
+                )
+        session = self.get_session(session_id)
+        assert session is not None
+        return session
+
+    def start_keyed_session(self, key: str, task_id: str | None) -> str:
+        """Start a session reached by `key`; a session already on that key is ended first."""
+        now = time.time()
+        kh = hash_key(key)
+        session_id = new_id("sess")
+        with self._tx() as c:
+            c.execute(
+                "UPDATE sessions SET status='ended', end_reason='replaced', ended_at=?, updated_at=?, key_hash=NULL "
+                "WHERE key_hash=?",
+                (now, now, kh),
+            )
+            c.execute(
+                "INSERT INTO sessions(session_id, key_hash, task_id, source, status, created_at, updated_at) "
+                "VALUES(?,?,?,?,?,?,?)",
+                (session_id, kh, task_id, "session_key", "active", now, now),
+            )
+        return session_id
+
+    def session_for_key(self, key: str) -> str | None:
+        """The active session started with this session key, if any."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT session_id FROM sessions WHERE key_hash=? AND status='active'", (hash_key(key),)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def end_session(self, session_id: str, reason: str) -> bool:
+        """End an active session; False when it was unknown or already ended."""
+        now = time.time()
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, updated_at=?, key_hash=NULL "
+                "WHERE session_id=? AND status='active'",
+                (reason, now, now, session_id),
+            )
+            return cur.rowcount > 0
+
+    def end_idle_sessions(self, idle_s: float) -> list[str]:
+        """End every active session untouched for `idle_s` seconds; return their ids."""
+        now = time.time()
+        with self._tx() as c:
+            rows = c.execute(
+                "SELECT session_id FROM sessions WHERE status='active' AND updated_at < ?", (now - idle_s,)
+            ).fetchall()
+            ids = [str(r[0]) for r in rows]
+            c.executemany(
+                "UPDATE sessions SET status='ended', end_reason='idle', ended_at=?, updated_at=?, key_hash=NULL "
+                "WHERE session_id=?",
+                [(now, now, i) for i in ids],
+            )
+        return ids
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT s.*, (SELECT COUNT(*) FROM turns t WHERE t.session_id=s.session_id) AS n "
+                "FROM sessions s WHERE session_id=?",
+                (session_id,),
+            ).fetchone()
+        return None if row is None else _session_row(row)
+
+    def list_sessions(self, limit: int = 50, offset: int = 0, status: str | None = None) -> list[SessionRow]:
+        """Newest first."""
+        sql = "SELECT s.*, (SELECT COUNT(*) FROM turns t WHERE t.session_id=s.session_id) AS n FROM sessions s"
+        args: list[Any] = []
+        if status:
+            sql += " WHERE status=?"
+            args.append(status)
+        sql += " ORDER BY created_at DESC, session_id LIMIT ? OFFSET ?"
+        args += [limit, offset]
+        with self._lock:
+            rows = self._conn.execute(sql, args).fetchall()
+        return [_session_row(r) for r in rows]
+
+    # ------------------------------------------------------------------ turns
+    def record_turn(self, turn: TurnRecord, session_source: str = "implicit", end_reason: str | None = None) -> str:
+        """Insert one turn in one committed transaction: create (or reopen) its session first, and
+        end the session afterwards when `end_reason` is given."""
+        with self._tx() as c:
+            row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
+                    "VALUES(?,?,?,?,?,?)",
+                    (turn.session_id, None, session_source, "active", turn.created_at, turn.completed_at),
+                )
+            elif row["status"] != "active":
+                c.execute(
+                    "UPDATE sessions SET status='active', end_reason=NULL, ended_at=NULL WHERE session_id=?",
+                    (turn.session_id,),
+                )
+            seq = c.execute(
+                "SELECT COALESCE(MAX(seq), -1) + 1 FROM turns WHERE session_id=?", (turn.session_id,)
+            ).fetchone()[0]
+            c.execute(
+                "INSERT INTO turns(turn_id, session_id, seq, turn_type, status, model, prompt_token_ids, "
+                "completion_token_ids, completion_logprobs, policy_version, finish_reason, request_json, "
+                "response_json, meta_json, prompt_tokens, completion_tokens, created_at, first_token_at, "
+                "completed_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    turn.turn_id,
+                    turn.session_id,
+                    seq,
+                    turn.turn_type,
+                    turn.status,
+                    turn.model,
+                    encode_ids(turn.prompt_token_ids),
+                    encode_ids(turn.completion_token_ids),
+                    encode_floats(turn.completion_logprobs),
+                    turn.policy_version,
+                    turn.finish_reason,
+                    turn.request_json,
+                    turn.response_json,
+                    json.dumps(turn.meta) if turn.meta else None,
+                    len(turn.prompt_token_ids),
+                    len(turn.completion_token_ids),
+                    turn.created_at,
+                    turn.first_token_at,
+                    turn.completed_at,
+                ),
+            )
+            c.execute("UPDATE sessions SET updated_at=? WHERE session_id=?", (turn.completed_at, turn.session_id))
+            if end_reason is not None:
+                c.execute(
+                    "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, key_hash=NULL WHERE session_id=?",
+                    (end_reason, turn.completed_at, turn.session_id),
+                )
+        return turn.turn_id
+
+    def last_turn_id(self, session_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT turn_id FROM turns WHERE session_id=? AND status='ok' ORDER BY seq DESC LIMIT 1",
+                (session_id,),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def turn_session(self, turn_id: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT session_id FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def session_turns(self, session_id: str) -> list[dict[str, Any]]:
+        """The turns of a session in order, decoded (the `show --json` turn shape plus timing)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM turns WHERE session_id=? ORDER BY seq", (session_id,)).fetchall()
+            rewards = self._conn.execute(
+                "SELECT turn_id, value FROM rewards WHERE session_id=? AND turn_id IS NOT NULL ORDER BY reward_id",
+                (session_id,),
+            ).fetchall()
+        latest = {str(r["turn_id"]): float(r["value"]) for r in rewards}
+        return [_turn_dict(r, latest.get(str(r["turn_id"]))) for r in rows]
+
+    # ------------------------------------------------------------------ rewards
+    def add_reward(self, session_id: str, value: float, source: str, turn_id: str | None = None) -> int:
+        """Attach a reward to a turn, or to the whole session when `turn_id` is None."""
+        now = time.time()
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM sessions WHERE session_id=?", (session_id,)).fetchone() is None:
+                raise StoreError(f"unknown session {session_id!r}")
+            if turn_id is not None:
+                row = c.execute("SELECT session_id FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+                if row is None or row[0] != session_id:
+                    raise StoreError(f"unknown turn {turn_id!r} in session {session_id!r}")
+            cur = c.execute(
+                "INSERT INTO rewards(session_id, turn_id, value, source, created_at) VALUES(?,?,?,?,?)",
+                (session_id, turn_id, value, source, now),
+            )
+            c.execute("UPDATE sessions SET updated_at=? WHERE session_id=?", (now, session_id))
+            return int(cur.lastrowid or 0)
+
+    def session_rewards(self, session_id: str) -> list[RewardRow]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT * FROM rewards WHERE session_id=? ORDER BY reward_id", (session_id,)
+            ).fetchall()
+        return [
+            RewardRow(
+                int(r["reward_id"]), str(r["session_id"]), r["turn_id"], float(r["value"]), str(r["source"]),
+                float(r["created_at"]),
+            )
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------------ views
+    def session_view(self, session_id: str) -> dict[str, Any] | None:
+        """The `clawbridge sessions show --json` document."""
+        session = self.get_session(session_id)
+        if session is None:
+            return None
+        return {
+            "session_id": session.session_id,
+            "status": session.status,
+            "source": session.source,
+            "task_id": session.task_id,
+            "end_reason": session.end_reason,
+            "created_at": session.created_at,
+            "ended_at": session.ended_at,
+            "turns": self.session_turns(session_id),
+            "rewards": [
+                {"reward_id": r.reward_id, "turn_id": r.turn_id, "value": r.value, "source": r.source,
+                 "created_at": r.created_at}
+                for r in self.session_rewards(session_id)
+            ],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for `clawbridge status`."""
+        with self._lock:
+            c = self._conn
+            sessions = dict(c.execute("SELECT status, COUNT(*) FROM sessions GROUP BY status").fetchall())
+            turns = dict(c.execute("SELECT turn_type, COUNT(*) FROM turns GROUP BY turn_type").fetchall())
+            n_rewards = c.execute("SELECT COUNT(*) FROM rewards").fetchone()[0]
+            tokens = c.execute(
+                "SELECT COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0) FROM turns"
+            ).fetchone()
+            version = c.execute("SELECT MAX(policy_version) FROM turns").fetchone()[0]
+            steps = c.execute("SELECT COUNT(*), MAX(policy_version) FROM steps WHERE status='ok'").fetchone()
+            last_turn = c.execute("SELECT MAX(completed_at) FROM turns").fetchone()[0]
+        return {
+            "sessions": {"active": sessions.get("active", 0), "ended": sessions.get("ended", 0)},
+            "turns": {"main": turns.get("main", 0), "side": turns.get("side", 0)},
+            "rewards": n_rewards,
+            "prompt_tokens": tokens[0],
+            "completion_tokens": tokens[1],
+            "last_recorded_policy_version": version,
+            "training_steps": steps[0],
+            "last_trained_policy_version": steps[1],
+            "last_turn_at": last_turn,
+        }
+
+
+def _session_row(row: sqlite3.Row) -> SessionRow:
+    return SessionRow(
+        session_id=str(row["session_id"]),
+        task_id=row["task_id"],
+        source=str(row["source"]),
+        status=str(row["status"]),
+        end_reason=row["end_reason"],
+        created_at=float(row["created_at"]),
+        updated_at=float(row["updated_at"]),
+        ended_at=row["ended_at"],
+        turn_count=int(row["n"]),
+    )
+
+
+def _turn_dict(row: sqlite3.Row, reward: float | None) -> dict[str, Any]:
+    return {
+        "turn_id": row["turn_id"],
+        "seq": row["seq"],
+        "turn_type": row["turn_type"],
+        "status": row["status"],
+        "model": row["model"],
+        "prompt_token_ids": decode_ids(row["prompt_token_ids"]),
+        "completion_token_ids": decode_ids(row["completion_token_ids"]),
+        "completion_logprobs": decode_floats(row["completion_logprobs"]),
+        "policy_version": row["policy_version"],
+        "finish_reason": row["finish_reason"],
+        "reward": reward,
+        "request": json.loads(row["request_json"]),
+        "response": json.loads(row["response_json"]) if row["response_json"] else None,
+        "meta": json.loads(row["meta_json"]) if row["meta_json"] else {},
+        "created_at": row["created_at"],
+        "first_token_at": row["first_token_at"],
+        "completed_at": row["completed_at"],
+        "latency_ms": round((row["completed_at"] - row["created_at"]) * 1000.0, 3),
+    }

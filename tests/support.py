@@ -1,0 +1,170 @@
+"""Helpers for tests: free ports, the proxy as a subprocess, the proxy in-process on a thread.
+
+Every server binds 127.0.0.1, waits in bounded loops and is stopped by its pid (or its thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from clawbridge.backend import ServingBackend
+from clawbridge.config import Settings
+from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(base: str, timeout_s: float = 120.0, proc: subprocess.Popen[Any] | None = None) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"proxy exited with {proc.returncode}")
+        try:
+            r = httpx.get(f"{base}/health", timeout=2.0)
+            if r.status_code == 200:
+                return dict(r.json())
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.2)
+    raise TimeoutError(f"proxy at {base} not healthy after {timeout_s}s: {last}")
+
+
+@dataclass
+class ProxyProcess:
+    """`clawbridge up` in a subprocess."""
+
+    model_dir: Path
+    state_dir: Path
+    port: int = 0
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> ProxyProcess:
+        self.port = self.port or free_port()
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.log_path = self.state_dir / f"proxy-{self.port}.log"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(self.model_dir),
+               "--port", str(self.port), "--state-dir", str(self.state_dir), *self.extra_args]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_healthy(self.base, timeout_s, self.proc)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"proxy failed to start; log:\n{self.log_path.read_text()[-4000:]}") from None
+        return self
+
+    def key(self, name: str = CLIENT_KEY_FILE) -> str:
+        return (self.state_dir / name).read_text().strip()
+
+    @property
+    def admin_key(self) -> str:
+        return self.key(ADMIN_KEY_FILE)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+
+class InProcessProxy:
+    """The real app under uvicorn on a thread, over a backend you pass (e.g. a fake)."""
+
+    def __init__(self, settings: Settings, backend: ServingBackend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.port = settings.port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.state: Any = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> InProcessProxy:
+        from clawbridge.proxy.app import build_app
+        from clawbridge.server import build_state
+
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            async def main() -> None:
+                try:
+                    self.state = await build_state(self.settings, self.backend)
+                    app = build_app(self.state)
+                    cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+                    self._server = uvicorn.Server(cfg)
+                    ready.set()
+                    await self._server.serve()
+                except BaseException as exc:
+                    failure.append(exc)
+                    ready.set()
+                finally:
+                    if self.state is not None:
+                        self.state.writer.close()
+                        self.state.store.close()
+
+            asyncio.run(main())
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(60)
+        if failure:
+            raise failure[0]
+        wait_healthy(self.base, 30)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+
+@contextlib.contextmanager
+def in_process_proxy(settings: Settings, backend: ServingBackend) -> Iterator[InProcessProxy]:
+    proxy = InProcessProxy(settings, backend).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

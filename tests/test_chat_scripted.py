@@ -1,0 +1,153 @@
+"""Chat completions with a scripted sampler: exact text, reasoning, tool calls, stops, logprobs, streaming."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from clawbridge.render import Renderer
+from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
+from tests.support import InProcessProxy
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                          "required": ["path"]}}}]
+ANSWER = ('<think>\nThe user wants the file.\n</think>\n\nLet me look. <tool_call>\n'
+          '{"name": "read_file", "arguments": {"path": "/tmp/a.txt"}}\n</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir: Path) -> Renderer:
+    return Renderer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def env(tiny_model_dir: Path, renderer: Renderer,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessProxy, SwitchableSampler]]:
+    sampler = SwitchableSampler(script=script_for(renderer, ANSWER), logprob=-0.25)
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path_factory.mktemp("scripted"), sampler)
+    yield proxy, sampler
+    proxy.stop()
+
+
+def sdk(proxy: InProcessProxy) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base + "/v1", api_key=proxy.state.keys.client, max_retries=0)
+
+
+def test_non_streaming_parses_reasoning_and_tool_calls(env: tuple[InProcessProxy, SwitchableSampler],
+                                                       renderer: Renderer) -> None:
+    proxy, sampler = env
+    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "read /tmp/a.txt"}]
+    resp = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                              extra_headers={"X-Session-Id": "scripted-1"})
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me look. "
+    assert choice.message.reasoning_content == "The user wants the file."  # type: ignore[attr-defined]
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    assert calls[0].function.name == "read_file"  # type: ignore[union-attr]
+    assert json.loads(calls[0].function.arguments) == {"path": "/tmp/a.txt"}  # type: ignore[union-attr]
+    assert resp.usage is not None and resp.usage.completion_tokens == len(sampler.script)
+
+    turn = proxy.state.store.session_view("scripted-1")["turns"][0]
+    # Token exact: what was fed is what the renderer makes of the request; what was sampled is the script.
+    assert turn["prompt_token_ids"] == renderer.render(messages, TOOLS)
+    assert sampler.prompts[-1] == turn["prompt_token_ids"]
+    assert turn["completion_token_ids"] == sampler.script
+    assert turn["completion_logprobs"] == [-0.25] * len(sampler.script)
+    assert turn["response"]["choices"][0]["message"]["tool_calls"][0]["id"] == calls[0].id
+
+
+def test_streaming_matches_non_streaming(env: tuple[InProcessProxy, SwitchableSampler]) -> None:
+    proxy, sampler = env
+    stream = sdk(proxy).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "go"}], tools=TOOLS, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True}, extra_headers={"X-Session-Id": "scripted-2"})
+    content, reasoning, calls, finish, usage = "", "", [], None, None
+    n_chunks = 0
+    for chunk in stream:
+        n_chunks += 1
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            reasoning += getattr(ch.delta, "reasoning_content", None) or ""
+            calls += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    assert n_chunks > 5, "deltas must be streamed piece by piece"
+    assert content == "Let me look. " and reasoning == "The user wants the file."
+    assert finish == "tool_calls" and len(calls) == 1 and calls[0].function.name == "read_file"  # type: ignore[union-attr]
+    assert usage is not None and usage.completion_tokens == len(sampler.script)
+    turn = proxy.state.store.session_view("scripted-2")["turns"][0]
+    assert turn["response"]["choices"][0]["message"]["content"] == content
+    assert turn["completion_token_ids"] == sampler.script
+
+
+def test_multi_turn_history_with_tool_results_renders_exactly(env: tuple[InProcessProxy, SwitchableSampler],
+                                                               renderer: Renderer) -> None:
+    proxy, sampler = env
+    history = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": None, "reasoning_content": "need the file",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "read_file", "arguments": '{"path": "/tmp/a.txt"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "file contents: 42"},
+        {"role": "user", "content": "and now?"},
+    ]
+    sdk(proxy).chat.completions.create(model="tiny", messages=history, tools=TOOLS,  # type: ignore[arg-type]
+                                       extra_headers={"X-Session-Id": "scripted-3"})
+    turn = proxy.state.store.session_view("scripted-3")["turns"][0]
+    assert turn["prompt_token_ids"] == renderer.render(history, TOOLS)
+    text = renderer.decode(turn["prompt_token_ids"])
+    assert "file contents: 42" in text and "read_file" in text and "Be brief." in text
+
+
+def test_logprobs_and_stop_strings(env: tuple[InProcessProxy, SwitchableSampler], renderer: Renderer) -> None:
+    proxy, sampler = env
+    resp = sdk(proxy).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=0,  # type: ignore[arg-type]
+        stop=["look"], extra_headers={"X-Session-Id": "scripted-4"})
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content is not None and "look" not in choice.message.content
+    assert choice.message.content.endswith("Let me ")
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    turn = proxy.state.store.session_view("scripted-4")["turns"][0]
+    assert [e.logprob for e in choice.logprobs.content] == turn["completion_logprobs"]
+    assert "".join(e.token for e in choice.logprobs.content) == renderer.decode(turn["completion_token_ids"])
+    # Recorded ids are the sampled prefix up to the stop string, a prefix of the script.
+    assert turn["completion_token_ids"] == sampler.script[: len(turn["completion_token_ids"])]
+
+
+def test_max_tokens_and_params_reach_the_sampler(env: tuple[InProcessProxy, SwitchableSampler]) -> None:
+    proxy, sampler = env
+    resp = sdk(proxy).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],  # type: ignore[arg-type]
+                                              max_completion_tokens=3, temperature=0.0, top_p=0.5, seed=7,
+                                              extra_body={"top_k": 5})
+    params = sampler.calls[-1]
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed) == (3, 0.0, 0.5, 5, 7)
+    assert resp.choices[0].finish_reason == "length" and resp.usage is not None and resp.usage.completion_tokens == 3
+    sdk(proxy).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4)  # type: ignore[arg-type]
+    assert sampler.calls[-1].max_tokens == 4
+
+
+def test_malformed_tool_call_comes_back_as_content(tiny_model_dir: Path, renderer: Renderer, tmp_path: Path) -> None:
+    bad = 'Sure. <tool_call>\n{"name": "read_file", "arguments": {oops</tool_call>'
+    sampler = SwitchableSampler(script=script_for(renderer, bad))
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path, sampler)
+    try:
+        msg = sdk(proxy).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}]).choices[0]  # type: ignore[arg-type]
+        assert not msg.message.tool_calls
+        assert msg.message.content is not None and "oops" in msg.message.content
+        chunks = list(sdk(proxy).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],  # type: ignore[arg-type]
+                                                         stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == msg.message.content
+    finally:
+        proxy.stop()

@@ -1,0 +1,90 @@
+"""Durability: SIGKILL the proxy mid-stream and after answered turns; every answered turn survives intact."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from clawbridge.store import Store
+from tests.support import ProxyProcess
+
+
+def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proxy = ProxyProcess(tiny_model_dir, state).start()
+    answered: dict[str, dict[str, object]] = {}
+    try:
+        client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=proxy.key(), max_retries=0, timeout=60)
+        for i in range(4):
+            stream = i % 2 == 0
+            kw = dict(model="default", messages=[{"role": "user", "content": f"turn {i}"}], max_tokens=10, seed=i,
+                      extra_headers={"X-Session-Id": "durable"})
+            if stream:
+                text = ""
+                last_id = ""
+                for chunk in client.chat.completions.create(stream=True, **kw):  # type: ignore[call-overload]
+                    last_id = chunk.id
+                    for ch in chunk.choices:
+                        text += (ch.delta.content or "") + (getattr(ch.delta, "reasoning_content", None) or "")
+                answered[last_id.replace("chatcmpl-", "turn_")] = {"text": text}
+            else:
+                r = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+                m = r.choices[0].message
+                answered[r.id.replace("chatcmpl-", "turn_")] = {
+                    "text": (m.content or "") + (getattr(m, "reasoning_content", None) or "")}
+
+        # Start a long stream, read a few chunks, then kill -9 the server while it is streaming.
+        got_chunks = threading.Event()
+
+        def long_stream() -> None:
+            try:
+                with httpx.stream("POST", proxy.base + "/v1/chat/completions", timeout=60,
+                                  headers={"Authorization": f"Bearer {proxy.key()}", "X-Session-Id": "durable"},
+                                  json={"model": "default", "messages": [{"role": "user", "content": "long"}],
+                                        "max_tokens": 5000, "stream": True, "temperature": 1.0,
+                                        "stop": ["\x00never"]}) as r:
+                    n = 0
+                    for _ in r.iter_lines():
+                        n += 1
+                        if n >= 3:
+                            got_chunks.set()
+            except httpx.HTTPError:
+                pass
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        assert got_chunks.wait(60), "the long stream never started"
+        proxy.kill()
+        t.join(30)
+    finally:
+        proxy.stop()
+
+    # Restart on the same state dir: the answered turns are all there, intact.
+    proxy2 = ProxyProcess(tiny_model_dir, state).start()
+    try:
+        store = Store.open(state)
+        view = store.session_view("durable")
+        assert view is not None
+        turns = {t["turn_id"]: t for t in view["turns"]}
+        assert set(answered) <= set(turns)
+        for turn_id, seen in answered.items():
+            t = turns[turn_id]
+            assert t["status"] == "ok"
+            assert len(t["completion_token_ids"]) == len(t["completion_logprobs"]) >= 1
+            msg = t["response"]["choices"][0]["message"]
+            assert (msg.get("content") or "") + (msg.get("reasoning_content") or "") == seen["text"]
+        # The store is usable after the crash: the restarted server records new turns into the same session.
+        client = openai.OpenAI(base_url=proxy2.base + "/v1", api_key=proxy2.key(), max_retries=0, timeout=60)
+        client.chat.completions.create(model="default", messages=[{"role": "user", "content": "after"}],  # type: ignore[arg-type]
+                                       max_tokens=4, extra_headers={"X-Session-Id": "durable"})
+        deadline = time.monotonic() + 10
+        while len(store.session_view("durable")["turns"]) <= len(view["turns"]) and time.monotonic() < deadline:  # type: ignore[index]
+            time.sleep(0.1)
+        assert len(store.session_view("durable")["turns"]) == len(view["turns"]) + 1  # type: ignore[index]
+        store.close()
+    finally:
+        proxy2.stop()

@@ -1,0 +1,131 @@
+"""`clawbridge up` as a subprocess with the real local torch engine, driven by the real `openai` SDK."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from clawbridge.parse import parse_completion
+from clawbridge.render import Renderer
+from tests.support import ProxyProcess
+
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    p = ProxyProcess(tiny_model_dir, tmp_path_factory.mktemp("engine-proxy")).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir: Path) -> Renderer:
+    return Renderer.from_pretrained(str(tiny_model_dir))
+
+
+def sdk(proxy: ProxyProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base + "/v1", api_key=proxy.key(), max_retries=0, timeout=120)
+
+
+def show(proxy: ProxyProcess, session_id: str) -> dict:  # type: ignore[type-arg]
+    out = subprocess.run([sys.executable, "-m", "clawbridge.cli.main", "sessions", "show", session_id, "--json",
+                          "--state-dir", str(proxy.state_dir)], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def strip_stop(ids: list[int], renderer: Renderer) -> list[int]:
+    return ids[:-1] if ids and ids[-1] in renderer.stop_token_ids else ids
+
+
+def message_text(msg: dict) -> str:  # type: ignore[type-arg]
+    return (msg.get("content") or "") + (msg.get("reasoning_content") or "")
+
+
+def test_models_and_health(proxy: ProxyProcess, tiny_model_dir: Path) -> None:
+    ids = [m.id for m in sdk(proxy).models.list().data]
+    assert ids == [tiny_model_dir.name, "default"]
+
+
+def test_recorded_ids_decode_to_what_the_client_received(proxy: ProxyProcess, renderer: Renderer) -> None:
+    messages = [{"role": "system", "content": "You are a helpful agent."},
+                {"role": "user", "content": "What is the weather in Paris?"}]
+    resp = sdk(proxy).chat.completions.create(model="default", messages=messages, tools=TOOLS, max_tokens=24,  # type: ignore[arg-type]
+                                              seed=3, extra_headers={"X-Session-Id": "engine-1"})
+    turn = show(proxy, "engine-1")["turns"][0]
+    assert turn["prompt_token_ids"] == renderer.render(messages, TOOLS)
+    assert 1 <= len(turn["completion_token_ids"]) <= 24
+    assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
+    assert all(lp <= 0.0 for lp in turn["completion_logprobs"])
+    assert turn["policy_version"] == 0
+    parsed = parse_completion(renderer.decode(strip_stop(turn["completion_token_ids"], renderer)))
+    got = resp.choices[0].message
+    assert (got.content or "") == (parsed.content or "")
+    assert [c.function.name for c in got.tool_calls or []] == [c.name for c in parsed.tool_calls]  # type: ignore[union-attr]
+    assert turn["response"]["choices"][0]["message"]["content"] == got.content
+
+
+def test_streaming_is_real_and_recorded(proxy: ProxyProcess, renderer: Renderer) -> None:
+    stream = sdk(proxy).chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=40,  # type: ignore[arg-type]
+        stream=True, stream_options={"include_usage": True}, seed=5, temperature=0.8,
+        extra_headers={"X-Session-Id": "engine-2"})
+    text, finish, usage, n = "", None, None, 0
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            n += 1
+            text += (ch.delta.content or "") + (getattr(ch.delta, "reasoning_content", None) or "")
+            finish = ch.finish_reason or finish
+    assert finish in ("stop", "length", "tool_calls") and usage is not None
+    turn = show(proxy, "engine-2")["turns"][0]
+    assert usage.completion_tokens == len(turn["completion_token_ids"])
+    assert n >= 2
+    assert message_text(turn["response"]["choices"][0]["message"]) == text
+
+
+def test_seed_makes_sampling_repeatable(proxy: ProxyProcess) -> None:
+    c = sdk(proxy)
+    args = dict(model="default", messages=[{"role": "user", "content": "pick a number"}], max_tokens=12, seed=11)
+    c.chat.completions.create(**args, extra_headers={"X-Session-Id": "seed-a"})  # type: ignore[call-overload]
+    c.chat.completions.create(**args, extra_headers={"X-Session-Id": "seed-b"})  # type: ignore[call-overload]
+    a = show(proxy, "seed-a")["turns"][0]
+    b = show(proxy, "seed-b")["turns"][0]
+    assert a["completion_token_ids"] == b["completion_token_ids"]
+    assert a["completion_logprobs"] == b["completion_logprobs"]
+
+
+def test_logprobs_returned_match_recorded(proxy: ProxyProcess) -> None:
+    resp = sdk(proxy).chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],  # type: ignore[arg-type]
+                                              max_tokens=8, logprobs=True, top_logprobs=3, temperature=0.0,
+                                              extra_headers={"X-Session-Id": "lp-1"})
+    lp = resp.choices[0].logprobs
+    assert lp is not None and lp.content is not None
+    turn = show(proxy, "lp-1")["turns"][0]
+    assert [e.logprob for e in lp.content] == pytest.approx(turn["completion_logprobs"], abs=1e-6)
+    for e in lp.content:
+        assert len(e.top_logprobs) == 3
+        # Greedy: the sampled token is the most likely one.
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)
+
+
+def test_concurrent_calls_all_complete(proxy: ProxyProcess) -> None:
+    import concurrent.futures as cf
+
+    def one(i: int) -> int:
+        r = sdk(proxy).chat.completions.create(model="default", messages=[{"role": "user", "content": f"n{i}"}],  # type: ignore[arg-type]
+                                               max_tokens=16, extra_headers={"X-Session-Id": "conc"})
+        return r.usage.completion_tokens if r.usage else 0
+
+    with cf.ThreadPoolExecutor(6) as ex:
+        counts = list(ex.map(one, range(6)))
+    assert all(c >= 1 for c in counts)
+    assert len(show(proxy, "conc")["turns"]) == 6

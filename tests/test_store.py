@@ -1,0 +1,104 @@
+"""The SQLite store: schema and migrations, exact blobs, concurrent readers, refusing newer schemas."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from clawbridge.store import Store, StoreError, TurnRecord
+from clawbridge.store.schema import SCHEMA_VERSION
+
+
+def turn(session_id: str, logprobs: list[float], **kw: object) -> TurnRecord:
+    now = time.time()
+    values: dict[str, object] = dict(
+        session_id=session_id, turn_type="main", status="ok", model="m", prompt_token_ids=[1, 2, 3],
+        completion_token_ids=[4_000_000_000, 5, 6][: len(logprobs)], completion_logprobs=logprobs,
+        policy_version=2, finish_reason="stop", request_json='{"messages": []}', response_json='{"ok": true}',
+        created_at=now, completed_at=now + 0.01)
+    values.update(kw)
+    return TurnRecord(**values)  # type: ignore[arg-type]
+
+
+def test_schema_is_versioned_and_wal(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    assert store.schema_version == SCHEMA_VERSION
+    mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    tables = {r[0] for r in sqlite3.connect(store.path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"sessions", "turns", "rewards", "samples", "steps", "meta"} <= tables
+    store.close()
+    # Re-opening runs no migration twice.
+    assert Store.open(tmp_path).schema_version == SCHEMA_VERSION
+
+
+def test_refuses_a_newer_schema(tmp_path: Path) -> None:
+    Store.open(tmp_path).close()
+    conn = sqlite3.connect(tmp_path / "clawbridge.db")
+    conn.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store.open(tmp_path)
+
+
+def test_ids_and_logprobs_are_stored_bit_exact(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    lps = [-1e-300, -0.1 + 1e-17, -math.pi]
+    tid = store.record_turn(turn("s", lps), "header")
+    t = store.session_view("s")["turns"][0]  # type: ignore[index]
+    assert t["turn_id"] == tid
+    assert t["completion_token_ids"] == [4_000_000_000, 5, 6]
+    assert [struct.pack("<d", x) for x in t["completion_logprobs"]] == [struct.pack("<d", x) for x in lps]
+    assert t["prompt_token_ids"] == [1, 2, 3] and t["policy_version"] == 2
+
+
+def test_turns_are_ordered_and_sessions_reopen(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.record_turn(turn("s", [-1.0]), "header")
+    store.record_turn(turn("s", [-1.0]), "header", end_reason="done_header")
+    assert store.get_session("s").status == "ended"  # type: ignore[union-attr]
+    store.record_turn(turn("s", [-1.0]), "header")
+    s = store.get_session("s")
+    assert s is not None and s.status == "active" and s.turn_count == 3
+    assert [t["seq"] for t in store.session_turns("s")] == [0, 1, 2]
+
+
+def test_rewards_validate_their_target(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    tid = store.record_turn(turn("s", [-1.0]), "header")
+    store.record_turn(turn("other", [-1.0]), "header")
+    with pytest.raises(StoreError):
+        store.add_reward("nope", 1.0, "api")
+    with pytest.raises(StoreError):
+        store.add_reward("other", 1.0, "api", tid)
+    store.add_reward("s", 1.0, "api", tid)
+    store.add_reward("s", 0.5, "api")
+    assert [(r.turn_id, r.value) for r in store.session_rewards("s")] == [(tid, 1.0), (None, 0.5)]
+    stats = store.stats()
+    assert stats["rewards"] == 2 and stats["turns"]["main"] == 2
+
+
+def test_a_second_process_reads_while_one_writes(tmp_path: Path) -> None:
+    writer = Store.open(tmp_path)
+    reader = Store.open(tmp_path)
+    for i in range(20):
+        writer.record_turn(turn(f"s{i % 3}", [-1.0]), "header")
+        assert len(reader.list_sessions()) == min(i + 1, 3)
+    assert sum(s.turn_count for s in reader.list_sessions()) == 20
+
+
+def test_session_keys_are_stored_hashed(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    sid = store.start_keyed_session("secret-session-key-123", "task")
+    assert store.session_for_key("secret-session-key-123") == sid
+    raw = (tmp_path / "clawbridge.db").read_bytes() + (tmp_path / "clawbridge.db-wal").read_bytes()
+    assert b"secret-session-key-123" not in raw
+    assert store.end_session(sid, "end_session") is True
+    assert store.session_for_key("secret-session-key-123") is None
+    assert store.end_session(sid, "end_session") is False
