@@ -90,7 +90,7 @@ def test_streaming_matches_non_streaming(env: tuple[InProcessProxy, SwitchableSa
 
 def test_multi_turn_history_with_tool_results_renders_exactly(env: tuple[InProcessProxy, SwitchableSampler],
                                                                renderer: Renderer) -> None:
-    proxy, sampler = env
+    proxy, _sampler = env
     history = [
         {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
         {"role": "user", "content": "read it"},

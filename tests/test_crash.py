@@ -47,9 +47,7 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
                                   json={"model": "default", "messages": [{"role": "user", "content": "long"}],
                                         "max_tokens": 5000, "stream": True, "temperature": 1.0,
                                         "stop": ["\x00never"]}) as r:
-                    n = 0
-                    for _ in r.iter_lines():
-                        n += 1
+                    for n, _ in enumerate(r.iter_lines(), start=1):
                         if n >= 3:
                             got_chunks.set()
             except httpx.HTTPError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,9 +38,11 @@ class StoreWriter:
         await self.call(self.store.record_turn, turn, source, end_reason)
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
-        fut = self._pool.submit(self.store.record_turn, turn, source, end_reason)
-        fut.add_done_callback(lambda f: f.exception() and log.error("recording %s failed: %s", turn.turn_id,
-                                                                    f.exception()))
+        def report(f: Future[str]) -> None:
+            if f.exception() is not None:
+                log.error("recording %s failed: %s", turn.turn_id, f.exception())
+
+        self._pool.submit(self.store.record_turn, turn, source, end_reason).add_done_callback(report)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
