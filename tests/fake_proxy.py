@@ -9,7 +9,7 @@ from pathlib import Path
 from clawbridge.backend import FakeServingBackend, ModelInfo
 from clawbridge.config import Settings
 from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler, SampleStream, SamplerError, SamplingParams
+from clawbridge.sampler import FakeSampler, SamplerError, SampleStream, SamplingParams
 from tests.support import InProcessProxy, free_port
 
 

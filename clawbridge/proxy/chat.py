@@ -36,11 +36,11 @@ from clawbridge.render import RenderError
 from clawbridge.sampler import (
     PromptTooLong,
     SampledToken,
-    SampleStream,
     SamplerError,
     SamplerOverloaded,
     SamplerTimeout,
     SamplerUnavailable,
+    SampleStream,
     SamplingParams,
 )
 from clawbridge.store import TurnRecord
