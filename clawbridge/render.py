@@ -1,0 +1,336 @@
+"""Renderer: OpenAI-shaped chat messages -> prompt token ids, through the model's chat template.
+
+Invariants:
+- Token exact: `render` returns exactly `tokenizer(text, add_special_tokens=False).input_ids` for
+  the template's text (`render_text`). The speed-up (per-segment caching) never changes the ids:
+  text is split only at added tokens the tokenizer itself splits at first (no lstrip/rstrip/
+  single_word, not normalized), so each segment tokenizes independently of its neighbours.
+- Bounded memory: the segment cache holds at most `max_entries` segments and `max_chars` text.
+- Bad input raises `RenderError` (a `ValueError`) with a message fit for an HTTP 400 body; the
+  caller's messages are never mutated.
+- Thread safe: the cache is guarded by a lock; the tokenizer and template are read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""Message roles `render` accepts."""
+
+STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>")
+"""End-of-turn markers whose ids (when in the vocabulary) end sampling, with the eos id."""
+
+_HUGE_MAX_LENGTH = 1_000_000_000
+"""transformers' `model_max_length` when a tokenizer does not know its context (VERY_LARGE_INTEGER)."""
+
+
+_BATCH_MIN_CHARS = 64 * 1024
+"""Below this much uncached text, segments are tokenized one by one instead of in a batch."""
+
+
+class RenderError(ValueError):
+    """The request cannot be rendered (bad messages, tools or template failure): HTTP 400."""
+
+
+@dataclass
+class SegmentCache:
+    """LRU map from segment text to its token ids, bounded in entries and total characters."""
+
+    max_entries: int = 4096
+    """At most this many segments are kept."""
+    max_chars: int = 32 * 1024 * 1024
+    """At most this many characters of segment text are kept (ids are ~4x smaller in count)."""
+    hits: int = 0
+    misses: int = 0
+    _data: OrderedDict[str, tuple[int, ...]] = field(default_factory=OrderedDict, repr=False)
+    _chars: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        with self._lock:
+            ids = self._data.get(text)
+            if ids is None:
+                self.misses += 1
+                return None
+            self._data.move_to_end(text)
+            self.hits += 1
+            return ids
+
+    def put(self, text: str, ids: tuple[int, ...]) -> None:
+        if len(text) > self.max_chars:
+            return
+        with self._lock:
+            if text in self._data:
+                self._data.move_to_end(text)
+                return
+            self._data[text] = ids
+            self._chars += len(text)
+            while len(self._data) > self.max_entries or self._chars > self.max_chars:
+                old, _ = self._data.popitem(last=False)
+                self._chars -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._chars = 0
+
+
+def _text_of(content: Any, where: str) -> str:
+    """OpenAI content (str, None, or a list of text parts) as one string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            if not isinstance(part, Mapping):
+                raise RenderError(f"{where}: content parts must be objects")
+            ptype = part.get("type")
+            if ptype not in ("text", "input_text", "output_text"):
+                raise RenderError(f"{where}: content part type {ptype!r} is not supported (text only)")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise RenderError(f"{where}: text content part without a string 'text'")
+            texts.append(text)
+        return "\n".join(texts)
+    raise RenderError(f"{where}: content must be a string, null or a list of text parts")
+
+
+def _normalize_tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, Mapping):
+        raise RenderError(f"{where}: each tool call must be an object")
+    fn = call.get("function", call)
+    if not isinstance(fn, Mapping):
+        raise RenderError(f"{where}: tool call 'function' must be an object")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise RenderError(f"{where}: tool call without a function name")
+    args: Any = fn.get("arguments")
+    if args is None or args == "":
+        args = {}
+    elif isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            args = parsed
+    elif not isinstance(args, Mapping):
+        raise RenderError(f"{where}: tool call arguments must be a JSON string or an object")
+    out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def normalize_messages(messages: Any, *, developer_as_system: bool) -> list[dict[str, Any]]:
+    """Validate OpenAI-shaped messages and rewrite them into what chat templates expect.
+
+    Content becomes a string (text parts joined with "\\n", null -> ""); assistant tool call
+    arguments that are JSON objects in a string become dicts (other strings stay as they are);
+    `reasoning_content` is kept; `developer` becomes `system` when `developer_as_system`.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise RenderError("'messages' must be a non-empty list")
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, Mapping):
+            raise RenderError(f"{where} must be an object")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RenderError(f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})")
+        if role == "developer" and developer_as_system:
+            role = "system"
+        if role == "tool" and msg.get("content") is None:
+            raise RenderError(f"{where}: a tool message needs 'content'")
+        norm: dict[str, Any] = {"role": role, "content": _text_of(msg.get("content"), where)}
+        if role == "assistant":
+            reasoning = msg.get("reasoning_content")
+            if reasoning is not None:
+                if not isinstance(reasoning, str):
+                    raise RenderError(f"{where}: 'reasoning_content' must be a string")
+                norm["reasoning_content"] = reasoning
+            calls = msg.get("tool_calls")
+            if calls:
+                if not isinstance(calls, list):
+                    raise RenderError(f"{where}: 'tool_calls' must be a list")
+                norm["tool_calls"] = [
+                    _normalize_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)
+                ]
+        for key in ("name", "tool_call_id"):
+            if isinstance(msg.get(key), str):
+                norm[key] = msg[key]
+        out.append(norm)
+    return out
+
+
+def select_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools to show the model: all of them, none (`"none"`), or only the named one."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+        raise RenderError("'tools' must be a list of objects")
+
+    def tool_name(t: Mapping[str, Any]) -> Any:
+        fn = t.get("function")
+        return fn.get("name") if isinstance(fn, Mapping) else t.get("name")
+
+    for j, t in enumerate(tools):
+        if not isinstance(tool_name(t), str):
+            raise RenderError(f"tools[{j}]: a tool needs a function name")
+    if tool_choice is None or tool_choice in ("auto", "required"):
+        return [dict(t) for t in tools]
+    if tool_choice == "none":
+        return None
+    if isinstance(tool_choice, Mapping):
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else tool_choice.get("name")
+        if not isinstance(name, str):
+            raise RenderError("'tool_choice' object must name a function")
+        chosen = [dict(t) for t in tools if tool_name(t) == name]
+        if not chosen:
+            raise RenderError(f"'tool_choice' names {name!r}, which is not in 'tools'")
+        return chosen
+    raise RenderError("'tool_choice' must be 'none', 'auto', 'required' or a function object")
+
+
+class Renderer:
+    """Chat template + tokenizer of one model, with a segment cache for fast repeated prompts."""
+
+    def __init__(self, tokenizer: Any, *, cache: SegmentCache | None = None) -> None:
+        """`tokenizer`: a transformers fast tokenizer with a chat template."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise RenderError("the tokenizer has no chat template")
+        self.tokenizer: Any = tokenizer
+        """The transformers tokenizer (read-only)."""
+        self.cache: SegmentCache = cache if cache is not None else SegmentCache()
+        """Segment text -> ids; shared by every render of this renderer."""
+        self._backend: Any = tokenizer.backend_tokenizer
+        template = str(tokenizer.chat_template)
+        self.developer_role_supported: bool = "developer" in template
+        """Whether the template renders `developer` messages itself (else they become `system`)."""
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        splittable = {
+            tok.content: tid
+            for tid, tok in added.items()
+            if not (tok.lstrip or tok.rstrip or tok.single_word or tok.normalized)
+        }
+        self._special_ids: dict[str, int] = splittable
+        self._split_re: re.Pattern[str] | None = (
+            re.compile("(" + "|".join(re.escape(t) for t in sorted(splittable, key=len, reverse=True)) + ")")
+            if splittable
+            else None
+        )
+        vocab = tokenizer.get_vocab()
+        stops: list[int] = [vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab]
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if isinstance(eos, int) and eos not in stops:
+            stops.append(eos)
+        self.stop_token_ids: tuple[int, ...] = tuple(stops)
+        """Ids that end an assistant turn (`<|im_end|>`, `<|endoftext|>`, eos), in that order."""
+        max_len = getattr(tokenizer, "model_max_length", None)
+        self.context_window: int | None = (
+            int(max_len) if isinstance(max_len, int) and 0 < max_len < _HUGE_MAX_LENGTH else None
+        )
+        """The tokenizer's `model_max_length` when it knows one (a hint; the backend decides)."""
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str) -> Renderer:
+        """Load the tokenizer (offline when `path_or_id` is a local folder)."""
+        from transformers import AutoTokenizer
+
+        local = Path(path_or_id).expanduser().is_dir()
+        source = str(Path(path_or_id).expanduser()) if local else path_or_id
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+        if not getattr(tokenizer, "is_fast", False):
+            raise RenderError(f"{path_or_id}: a fast (tokenizers-backed) tokenizer is required")
+        return cls(tokenizer)
+
+    # ----------------------------------------------------------------------------------------
+
+    def render_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text: normalized messages through the chat template, generation prompt added."""
+        norm = normalize_messages(messages, developer_as_system=not self.developer_role_supported)
+        shown = select_tools(tools, tool_choice)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                norm, tools=shown, tokenize=False, add_generation_prompt=True
+            )
+        except RenderError:
+            raise
+        except Exception as e:  # jinja2.TemplateError, raise_exception(), bad types inside the template
+            raise RenderError(f"chat template failed: {e}") from e
+        if not isinstance(text, str):
+            raise RenderError("chat template did not produce text")
+        return text
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Prompt token ids for an OpenAI chat request (ends with the assistant generation prompt)."""
+        return self.encode(self.render_text(messages, tools, tool_choice))
+
+    def segments(self, text: str) -> list[str]:
+        """`text` split at added tokens (kept as their own items); empty pieces dropped."""
+        if self._split_re is None:
+            return [text] if text else []
+        return [s for s in self._split_re.split(text) if s]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no BOS/EOS added), equal to tokenizing it whole; cached by segment."""
+        ids: list[int] = []
+        missing: dict[str, None] = {}
+        parts = self.segments(text)
+        found: list[tuple[int, ...] | None] = []
+        for seg in parts:
+            sid = self._special_ids.get(seg)
+            if sid is not None:
+                found.append((sid,))
+                continue
+            cached = self.cache.get(seg)
+            found.append(cached)
+            if cached is None:
+                missing[seg] = None
+        if missing:
+            todo = list(missing)
+            if sum(map(len, todo)) >= _BATCH_MIN_CHARS:
+                # Large new text (a first request, a big tool result): tokenize in parallel.
+                encs = self._backend.encode_batch(todo, add_special_tokens=False)
+            else:  # a few short new segments: a thread pool would cost more than it saves
+                encs = [self._backend.encode(seg, add_special_tokens=False) for seg in todo]
+            fresh = {seg: tuple(enc.ids) for seg, enc in zip(todo, encs, strict=True)}
+            for seg, seg_ids in fresh.items():
+                self.cache.put(seg, seg_ids)
+            found = [f if f is not None else fresh[seg] for seg, f in zip(parts, found, strict=True)]
+        for f in found:
+            assert f is not None
+            ids.extend(f)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens included, no clean-up (inverse of `encode` for byte-level BPE)."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=False))
