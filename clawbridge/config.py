@@ -67,10 +67,68 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(10, description="Save a checkpoint every N training steps (0: never).")
 
     # --- trainer loop (section owned by clawbridge/trainer)
+    train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
+    batch_size: int = Field(8, ge=1, description="Datums (main turns) per training step; a step runs once this many are ready.")
+    loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
+        "importance_sampling", description="Policy-gradient loss (Tinker / Fireworks semantics)."
+    )
+    clip_low: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio floor is 1 - clip_low.")
+    clip_high: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio ceiling is 1 + clip_high.")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL penalty toward the base policy (0: off).")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Turn discount: r[i] += gamma * r[i+1], last turn first.")
+    baseline: Literal["none", "running_mean", "group_mean", "group_mean_std"] = Field(
+        "group_mean",
+        description="Advantage baseline: group_* over sessions sharing a task_id (others: running_mean per source).",
+    )
+    advantage_normalization: Literal["token_mean", "sequence_mean", "sum"] = Field(
+        "token_mean", description="How advantages are scaled so every backend's token-sum loss means the same."
+    )
+    max_off_policy_steps: int = Field(2, ge=0, description="Datums sampled more policy versions ago than this are stale.")
+    stale_policy: Literal["drop", "importance_weight"] = Field(
+        "drop", description="Stale datums: drop (counted) or keep (the sampler logprobs act as importance weights)."
+    )
+    capacity_mode: bool = Field(False, description="Answer /rl/start_session 429 while the training backlog is full.")
+    max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")
+    reward_wait_s: float = Field(600.0, gt=0, description="Ended sessions still without any reward this long are dropped.")
+    trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
 
     # --- tinker backend (section owned by backends/tinker)
+    tinker_base_url: str = Field("", description="Tinker API URL (default: TINKER_BASE_URL, else Tinker's production API).")
+    tinker_base_model: str = Field("", description="Tinker base model to train, e.g. Qwen/Qwen3-8B (default: the model).")
+    tinker_step_timeout_s: float = Field(900.0, description="forward_backward + optim_step longer than this fail (transient).")
+    tinker_sample_timeout_s: float = Field(300.0, description="A Tinker sample call longer than this gets 504.")
+    tinker_publish_timeout_s: float = Field(600.0, description="Saving weights for the sampler longer than this fails.")
+    tinker_max_retries: int = Field(3, description="Retries of a transient Tinker failure (429, timeout, connection) before giving up.")
+    tinker_retry_backoff_s: float = Field(1.0, description="First wait between Tinker retries; doubles each retry.")
+    tinker_telemetry: bool = Field(False, description="Send the Tinker SDK's telemetry to Tinker (off by default).")
 
     # --- fireworks backend (section owned by backends/fireworks)
+    fireworks_base_url: str = Field("https://api.fireworks.ai", description="Fireworks control-plane API URL.")
+    fireworks_inference_url: str = Field("", description="Fireworks inference gateway URL (default: fireworks_base_url).")
+    fireworks_hotload_url: str = Field("", description="Fireworks hot-load gateway URL (default: fireworks_base_url).")
+    fireworks_trainer_gateway_url: str = Field("", description="Fireworks trainer gateway URL (default: fireworks_base_url).")
+    fireworks_training_shape: str = Field(
+        "", description="Training shape, accounts/<a>/trainingShapes/<s>[/versions/<v>]; needed to create a trainer."
+    )
+    fireworks_trainer_job: str = Field("", description="Existing trainer job id to reuse (never deleted by clawbridge).")
+    fireworks_deployment: str = Field("", description="Existing hot-load deployment id to reuse (never deleted).")
+    fireworks_region: str = Field("", description="Region for a created trainer and deployment (default: any).")
+    fireworks_yes: bool = Field(False, description="Consent to create billable Fireworks trainer jobs and deployments.")
+    fireworks_delete_on_shutdown: bool = Field(
+        False, description="At shutdown, delete the trainer job and deployment clawbridge created (never reused ones)."
+    )
+    fireworks_grad_accumulation_normalization: Literal["num_loss_tokens", "num_sequences", "none"] = Field(
+        "num_loss_tokens", description="How optim_step normalizes the summed policy-gradient loss."
+    )
+    fireworks_grad_clip_norm: float = Field(1.0, description="Adam global gradient-norm clip (0: off).")
+    fireworks_weight_decay: float = Field(0.0, description="Adam decoupled weight decay.")
+    fireworks_poll_interval_s: float = Field(5.0, description="Polling interval while a trainer or deployment starts.")
+    fireworks_trainer_timeout_s: float = Field(3600.0, description="Wait for a trainer job to become ready.")
+    fireworks_deployment_timeout_s: float = Field(5400.0, description="Wait for a deployment to become ready.")
+    fireworks_step_timeout_s: float = Field(900.0, description="Wait for one forward_backward + optim_step.")
+    fireworks_hotload_timeout_s: int = Field(600, description="Wait for a hot load onto the deployment.")
+    fireworks_retry_budget_s: float = Field(60.0, description="Total backoff on 425/429 for one sampling call.")
+    fireworks_telemetry: bool = Field(False, description="Let the Fireworks training SDK send its telemetry.")
 
     # --- hosted backends: keys from their usual variables
     tinker_api_key: SecretStr | None = Field(
