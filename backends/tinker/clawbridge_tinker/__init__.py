@@ -1,0 +1,20 @@
+"""clawbridge backend for Tinker: LoRA training and sampling through the hosted Tinker API."""
+
+from .backend import TinkerBackend, configure_telemetry, create
+from .doctor import doctor_checks
+from .errors import TinkerError, TinkerRequestFailed, TinkerTransientError
+from .sampler import FakeSamplingClient, FinishedSampleStream, SamplerLimits, TinkerSampler
+
+__all__ = [
+    "FakeSamplingClient",
+    "FinishedSampleStream",
+    "SamplerLimits",
+    "TinkerBackend",
+    "TinkerError",
+    "TinkerRequestFailed",
+    "TinkerSampler",
+    "TinkerTransientError",
+    "configure_telemetry",
+    "create",
+    "doctor_checks",
+]

@@ -1,0 +1,279 @@
+"""The Tinker TrainingBackend: a LoRA trained by Tinker, sampled through Tinker.
+
+Invariants:
+- One `ServiceClient` per backend, created in a worker thread (its constructor blocks on HTTP),
+  never on the event loop. Telemetry is decided before it exists (`settings.tinker_telemetry`).
+- `train_step` submits `forward_backward` and `optim_step` back to back (so Tinker can run them
+  in one clock cycle), then awaits both under one explicit deadline and returns the metrics the
+  server reported. It is not re-submitted on failure: `TinkerRequestFailed` (permanent) or
+  `TinkerTransientError` (timeout/429/connection) propagate, and the caller keeps its samples.
+- `publish` saves the weights for sampling and swaps the sampler's client in one assignment,
+  tagged with `policy_version + 1`; streams in flight finish on the old client.
+- `save_checkpoint` records the `tinker://` path, step and version in the manifest
+  (`<state_dir>/tinker/manifest.json`, replaced atomically); `start` resumes from its latest
+  entry with `create_training_client_from_state_with_optimizer`.
+- The tokenizer is the user's (`settings.tokenizer_source`); `TrainingClient.get_tokenizer()`
+  is never called (it downloads from a hub).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.config import Settings
+from clawbridge.sampler import Sampler
+
+from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
+from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
+from .manifest import CheckpointEntry, Manifest, load_manifest, manifest_path, write_manifest
+from .sampler import SamplerLimits, TinkerSampler
+from .sdk import TELEMETRY_ENV, AdamParams, RequestFailedError, RetryConfig, ServiceClient, TrainingClient
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_WINDOW = 32768
+"""Used when the server does not report the base model's context length."""
+
+
+def configure_telemetry(enabled: bool) -> None:
+    """Turn the SDK's telemetry on or off for clients created after this call."""
+    os.environ[TELEMETRY_ENV] = "1" if enabled else "0"
+
+
+class TinkerBackend:
+    """TrainingBackend over Tinker's hosted LoRA training and sampling."""
+
+    name = "tinker"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.base_model = settings.tinker_base_model or settings.model
+        self.step = 0
+        """Training steps completed (restored from the manifest on resume)."""
+        self.policy_version = 0
+        self.last_metrics: dict[str, float] = {}
+        self.manifest_file = manifest_path(settings.state_path)
+        self._service: ServiceClient | None = None
+        self._training: TrainingClient | None = None
+        self._sampler: TinkerSampler | None = None
+        self._context_window = DEFAULT_CONTEXT_WINDOW
+        self._lock = asyncio.Lock()
+        """Serialises train_step / publish / checkpoint calls on the one training client."""
+
+    # ---- lifecycle
+
+    async def start(self) -> None:
+        s = self.settings
+        if not self.base_model:
+            raise ValueError("set tinker_base_model (or model) to the Tinker base model to train")
+        if not s.tokenizer_source:
+            raise ValueError("set tokenizer (or model) to a local folder or id the tokenizer loads from")
+        api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
+        configure_telemetry(s.tinker_telemetry)
+        base_url = s.tinker_base_url or None
+        self._service = await asyncio.to_thread(ServiceClient, base_url=base_url, api_key=api_key)
+        self._context_window = await self._fetch_context_window(base_url, api_key)
+        manifest = load_manifest(self.manifest_file)
+        if manifest is not None and manifest.latest is not None:
+            log.info("tinker: resuming from %s (step %d)", manifest.latest.path, manifest.latest.step)
+            await self.restore_checkpoint(manifest.latest.path)
+            return
+        service = self._service
+        self._training = await self._retry(
+            "create LoRA training client",
+            lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
+            s.tinker_publish_timeout_s,
+        )
+        client = await self._retry(
+            "create sampling client",
+            lambda: service.create_sampling_client(
+                base_model=self.base_model, retry_config=self._retry_config()
+            ).result_async(),
+            s.tinker_publish_timeout_s,
+        )
+        self._sampler = TinkerSampler(client, self.policy_version, self._limits())
+
+    async def close(self) -> None:
+        service, self._service = self._service, None
+        if service is not None:
+            await service.close("success")
+
+    def model_info(self) -> ModelInfo:
+        s = self.settings
+        return ModelInfo(
+            name=s.model_name,
+            tokenizer_path=s.tokenizer_source,
+            context_window=self._context_window,
+            max_output_tokens=s.default_max_tokens,
+        )
+
+    def sampler(self) -> Sampler:
+        if self._sampler is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        return self._sampler
+
+    # ---- training
+
+    async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
+        if not batch:
+            raise ValueError("train_step needs at least one datum")
+        tc = self._require_training()
+        loss_fn, loss_cfg = loss_fn_and_config(loss)
+        data = [to_tinker_datum(d) for d in batch]
+        adam = AdamParams(learning_rate=self.settings.learning_rate)
+        timeout = self.settings.tinker_step_timeout_s
+        async with self._lock:
+            fb_future = tc.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]
+            optim_future = tc.optim_step(adam)
+            try:
+                async with asyncio.timeout(timeout):
+                    fb = await fb_future.result_async()
+                    optim = await optim_future.result_async()
+            except RequestFailedError as e:
+                log.error("tinker: training step %d failed: %s", self.step + 1, e)
+                raise TinkerRequestFailed(f"training step {self.step + 1} failed on Tinker: {e}") from e
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                why = f"no answer within {timeout:g}s" if isinstance(e, TimeoutError) else str(e)
+                log.warning("tinker: training step %d: %s", self.step + 1, why)
+                raise TinkerTransientError(
+                    f"training step {self.step + 1}: {why}; Tinker may still apply it"
+                ) from e
+            self.step += 1
+        metrics: dict[str, float] = {f"tinker/{k}": float(v) for k, v in fb.metrics.items()}
+        metrics.update({f"tinker/optim/{k}": float(v) for k, v in (optim.metrics or {}).items()})
+        if "loss:sum" in fb.metrics:
+            metrics["loss"] = float(fb.metrics["loss:sum"])
+        metrics["tokens"] = float(loss_tokens(batch))
+        metrics["step"] = float(self.step)
+        self.last_metrics = metrics
+        return StepResult(metrics=metrics)
+
+    async def publish(self) -> int:
+        tc = self._require_training()
+        sampler = self._sampler
+        if sampler is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        async with self._lock:
+            client = await self._retry(
+                "save weights for sampler",
+                lambda: tc.save_weights_and_get_sampling_client(
+                    retry_config=self._retry_config()
+                ).result_async(),
+                self.settings.tinker_publish_timeout_s,
+            )
+            version = self.policy_version + 1
+            sampler.swap(client, version)
+            self.policy_version = version
+        return version
+
+    # ---- checkpoints
+
+    async def save_checkpoint(self, name: str) -> str:
+        tc = self._require_training()
+        async with self._lock:
+            saved = await self._retry(
+                f"save_state {name!r}",
+                lambda: tc.save_state(name).result_async(),
+                self.settings.tinker_publish_timeout_s,
+            )
+            manifest = load_manifest(self.manifest_file) or Manifest(self.base_model, self.settings.lora_rank)
+            manifest.checkpoints.append(
+                CheckpointEntry(name, saved.path, self.step, self.policy_version, time.time())
+            )
+            write_manifest(self.manifest_file, manifest)
+        return saved.path
+
+    async def restore_checkpoint(self, path: str) -> int:
+        service = self._service
+        if service is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        manifest = load_manifest(self.manifest_file)
+        entry = manifest.find(path) if manifest else None
+        if entry is None:
+            raise ValueError(
+                f"{path} is not in {self.manifest_file}; only checkpoints saved here can be resumed"
+            )
+        timeout = self.settings.tinker_publish_timeout_s
+        async with self._lock:
+            self._training = await self._retry(
+                "restore training state",
+                lambda: service.create_training_client_from_state_with_optimizer(path).result_async(),
+                timeout,
+            )
+            tc = self._training
+            client = await self._retry(
+                "sampling client for restored weights",
+                lambda: tc.save_weights_and_get_sampling_client(
+                    retry_config=self._retry_config()
+                ).result_async(),
+                timeout,
+            )
+            self.step = entry.step
+            if self._sampler is None:
+                self._sampler = TinkerSampler(client, entry.policy_version, self._limits())
+            elif entry.policy_version > self._sampler.policy_version:
+                self._sampler.swap(client, entry.policy_version)
+            else:  # going back: keep versions increasing
+                self._sampler.swap(client, self._sampler.policy_version + 1)
+            self.policy_version = self._sampler.policy_version
+        return self.policy_version
+
+    # ---- helpers
+
+    def _require_training(self) -> TrainingClient:
+        if self._training is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        return self._training
+
+    def _limits(self) -> SamplerLimits:
+        s = self.settings
+        return SamplerLimits(
+            context_window=self._context_window,
+            timeout_s=s.tinker_sample_timeout_s,
+            max_retries=s.tinker_max_retries,
+            backoff_s=s.tinker_retry_backoff_s,
+        )
+
+    def _retry_config(self) -> RetryConfig:
+        # The SDK's own sampling retries stop making progress-less attempts at our bound.
+        return RetryConfig(progress_timeout=self.settings.tinker_sample_timeout_s)
+
+    async def _retry(self, what: str, call: Any, timeout_s: float) -> Any:
+        s = self.settings
+        return await retry_transient(
+            what,
+            call,
+            timeout_s=timeout_s,
+            max_retries=s.tinker_max_retries,
+            backoff_s=s.tinker_retry_backoff_s,
+        )
+
+    async def _fetch_context_window(self, base_url: str | None, api_key: str | None) -> int:
+        from .doctor import fetch_capabilities
+
+        try:
+            caps = await asyncio.wait_for(asyncio.to_thread(fetch_capabilities, base_url, api_key), 30)
+        except Exception as e:
+            log.warning(
+                "tinker: could not read server capabilities (%s); assuming %d tokens",
+                e,
+                DEFAULT_CONTEXT_WINDOW,
+            )
+            return DEFAULT_CONTEXT_WINDOW
+        for m in caps.supported_models:
+            if m.model_name == self.base_model and m.max_context_length:
+                return int(m.max_context_length)
+        return DEFAULT_CONTEXT_WINDOW
+
+
+def create(settings: Settings) -> TinkerBackend:
+    """Entry point (`clawbridge.backends`: tinker)."""
+    return TinkerBackend(settings)

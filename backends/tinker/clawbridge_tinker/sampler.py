@@ -1,0 +1,237 @@
+"""Token-level sampling through a Tinker `SamplingClient`, behind clawbridge's Sampler seam.
+
+Invariants:
+- Tinker returns a finished sample, not a token stream. The stream handed to the proxy is chunked
+  from that finished sample: ids and logprobs are exactly what Tinker returned.
+- Each stream reads (policy version, sampling client) once, as one tuple, when it starts. `swap`
+  replaces that tuple in a single assignment, so a publish never pauses sampling, and a call in
+  flight finishes on the client it started on and reports that client's version.
+- Versions only go up: `swap` refuses a version that is not newer than the current one.
+- Errors map onto the seam: timeout -> SamplerTimeout, 429 that outlasts the retries ->
+  SamplerOverloaded, anything else Tinker fails -> SamplerUnavailable; an over-long prompt is
+  refused before anything is sent (PromptTooLong).
+
+`FakeSamplingClient` beside the seam scripts Tinker responses for unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from clawbridge.sampler import (
+    FinishReason,
+    PromptTooLong,
+    SampledToken,
+    SamplerOverloaded,
+    SamplerTimeout,
+    SamplerUnavailable,
+    SampleStream,
+    SamplingParams,
+)
+
+from .convert import to_tinker_sampling_params
+from .errors import TinkerRequestFailed, TinkerTransientError, retry_transient
+from .sdk import ModelInput, RateLimitError, SampleResponse
+from .sdk import SamplingParams as TinkerSamplingParams
+
+
+class SampleCall(Protocol):
+    """The one `tinker.SamplingClient` method this module uses."""
+
+    def sample(
+        self,
+        prompt: ModelInput,
+        num_samples: int,
+        sampling_params: TinkerSamplingParams,
+        include_prompt_logprobs: bool = ...,
+        topk_prompt_logprobs: int = ...,
+        topk_sample_logprobs: int = ...,
+    ) -> Any:
+        """Returns an awaitable of `tinker.SampleResponse` (an `APIFuture`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SamplerLimits:
+    """Bounds on one sample call."""
+
+    context_window: int
+    """Prompt + max_tokens above this is refused with PromptTooLong."""
+    timeout_s: float = 300.0
+    """Wall-clock bound on one sample, retries included."""
+    max_retries: int = 3
+    """Retries of a transient failure."""
+    backoff_s: float = 1.0
+    """First wait between retries; doubles each time."""
+    chunk_size: int = 16
+    """Tokens yielded between event-loop yields when replaying the finished sample."""
+
+
+@dataclass
+class FinishedSampleStream:
+    """A SampleStream replaying a finished Tinker sample, `chunk_size` tokens at a time."""
+
+    tokens: list[SampledToken]
+    policy_version: int
+    final_reason: FinishReason
+    """The finish reason once every token has been yielded."""
+    chunk_size: int = 16
+    finish_reason: FinishReason | None = None
+    _closed: bool = False
+
+    def __aiter__(self) -> AsyncIterator[SampledToken]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[SampledToken]:
+        for i, tok in enumerate(self.tokens):
+            if self._closed:
+                self.finish_reason = "cancelled"
+                return
+            if i and i % self.chunk_size == 0:
+                await asyncio.sleep(0)
+            yield tok
+        self.finish_reason = self.final_reason
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+
+class TinkerSampler:
+    """Sampler over the current Tinker sampling client; `swap` publishes a new one."""
+
+    def __init__(self, client: SampleCall, version: int, limits: SamplerLimits) -> None:
+        self._current: tuple[int, SampleCall] = (version, client)
+        self.limits = limits
+
+    @property
+    def policy_version(self) -> int:
+        return self._current[0]
+
+    def swap(self, client: SampleCall, version: int) -> None:
+        """Serve `client` as `version` for streams started from now on."""
+        if version <= self._current[0]:
+            raise ValueError(f"policy version must increase: {version} <= {self._current[0]}")
+        self._current = (version, client)
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
+        version, client = self._current
+        limits = self.limits
+        if len(prompt_ids) + params.max_tokens > limits.context_window:
+            raise PromptTooLong(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"context window ({limits.context_window})"
+            )
+        prompt = ModelInput.from_ints([int(t) for t in prompt_ids])
+        tparams = to_tinker_sampling_params(params)
+
+        def call() -> Awaitable[SampleResponse]:
+            return _as_coroutine(
+                client.sample(
+                    prompt,
+                    num_samples=1,
+                    sampling_params=tparams,
+                    topk_sample_logprobs=params.top_logprobs,
+                )
+            )
+
+        try:
+            response = await retry_transient(
+                "tinker sample",
+                call,
+                timeout_s=limits.timeout_s,
+                max_retries=limits.max_retries,
+                backoff_s=limits.backoff_s,
+            )
+        except TinkerTransientError as e:
+            cause = e.__cause__
+            if isinstance(cause, TimeoutError):
+                raise SamplerTimeout(str(e)) from e
+            if isinstance(cause, RateLimitError):
+                raise SamplerOverloaded(str(e), retry_after_s=limits.backoff_s) from e
+            raise SamplerUnavailable(str(e)) from e
+        except TinkerRequestFailed as e:
+            raise SamplerUnavailable(str(e)) from e
+        except Exception as e:  # the SDK raises ValueError/APIStatusError for protocol trouble
+            raise SamplerUnavailable(f"tinker sample failed: {type(e).__name__}: {e}") from e
+        tokens, reason = sampled_tokens(response, params)
+        return FinishedSampleStream(tokens, version, reason, limits.chunk_size)
+
+
+async def _as_coroutine(awaitable: Any) -> SampleResponse:
+    result: SampleResponse = await awaitable
+    return result
+
+
+def sampled_tokens(
+    response: SampleResponse, params: SamplingParams
+) -> tuple[list[SampledToken], FinishReason]:
+    """The sampled ids with their logprobs, cut after a stop id or at max_tokens."""
+    if not response.sequences:
+        raise SamplerUnavailable("tinker returned no sequence")
+    seq = response.sequences[0]
+    ids = [int(t) for t in seq.tokens]
+    logprobs = seq.logprobs
+    if logprobs is None or len(logprobs) != len(ids):
+        raise SamplerUnavailable(
+            "tinker returned no logprob per sampled token; cannot record token-exact data"
+        )
+    topk = seq.topk_logprobs if params.top_logprobs else None
+    out: list[SampledToken] = []
+    reason: FinishReason = "stop" if seq.stop_reason == "stop" else "length"
+    stops = set(params.stop_token_ids)
+    for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
+        if i >= params.max_tokens:
+            reason = "length"
+            break
+        alts: tuple[tuple[int, float], ...] = ()
+        row = topk[i] if topk is not None and i < len(topk) else None
+        if row:
+            alts = tuple((int(a), float(b)) for a, b in row)
+        out.append(SampledToken(tid, float(lp), alts))
+        if tid in stops:
+            reason = "stop"
+            break
+    return out, reason
+
+
+# --------------------------------------------------------------------------------------------
+# Fake, for unit tests of the seam without a server.
+
+
+@dataclass
+class FakeSamplingClient:
+    """Answers every sample with `tokens` / `logprobs`; records each call in `calls`."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str = "stop"
+    calls: list[tuple[list[int], TinkerSamplingParams]] = field(default_factory=list)
+
+    def sample(
+        self,
+        prompt: ModelInput,
+        num_samples: int,
+        sampling_params: TinkerSamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+    ) -> Awaitable[SampleResponse]:
+        from tinker.types import SampledSequence
+
+        self.calls.append((prompt.to_ints(), sampling_params))
+        seq = SampledSequence(
+            stop_reason=self.stop_reason,  # type: ignore[arg-type]
+            sequence_id="fake-0",
+            tokens_np=np.asarray(self.tokens, dtype=np.int32),
+            logprobs_np=np.asarray(self.logprobs, dtype=np.float32),
+        )
+
+        async def done() -> SampleResponse:
+            return SampleResponse(sequences=[seq])
+
+        return done()
