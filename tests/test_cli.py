@@ -102,3 +102,17 @@ def test_up_without_model_or_backend_explains(tmp_path: Path) -> None:
         assert "backends/fireworks" in r.stderr or "cannot start" in r.stderr
     r = cli("up", "--host", "0.0.0.0", "--model", "x", "--state-dir", str(tmp_path), check=False)
     assert r.returncode == 1 and "refusing to bind" in r.stderr
+
+
+def test_doctor_names_what_to_fix(tmp_path: Path) -> None:
+    r = cli("doctor", "--backend", "tinker", "--state-dir", str(tmp_path), check=False)
+    assert r.returncode == 1
+    assert "ok   state dir" in r.stdout and "FAIL TINKER_API_KEY is not set: export TINKER_API_KEY" in r.stdout
+    r = cli("doctor", "--backend", "fireworks", "--state-dir", str(tmp_path), check=False)
+    assert r.returncode == 1 and "FIREWORKS_API_KEY" in r.stdout
+    r = cli("doctor", "--backend", "nosuch", "--state-dir", str(tmp_path), check=False)
+    assert r.returncode == 1 and "not installed" in r.stdout
+    (tmp_path / "client_key").write_text("k")
+    (tmp_path / "client_key").chmod(0o644)
+    r = cli("doctor", "--backend", "local", "--state-dir", str(tmp_path), check=False)
+    assert "chmod 600" in r.stdout and r.returncode == 1

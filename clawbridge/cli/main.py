@@ -211,6 +211,23 @@ def reward(
     console.print(f"reward {value:g} recorded on {target or 'session ' + session_id} (id {rid})")
 
 
+@app.command()
+def doctor(
+    backend: Annotated[str | None, typer.Option(help="Check this backend (default: the configured one).")] = None,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Check keys, packages, state dir and the backend's reachability; say how to fix what is wrong."""
+    from clawbridge.cli.doctor import run_doctor
+
+    settings = _settings(config, state_dir=state_dir)
+    checks = run_doctor(settings, backend)
+    for ok, line in checks:
+        console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + line, highlight=False, soft_wrap=True)
+    if not all(ok for ok, _ in checks):
+        raise typer.Exit(1)
+
+
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer into.")],
