@@ -11,12 +11,12 @@ Nothing is dropped: every call is recorded in some session.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 
+from clawbridge.openclaw.runtime_line import SESSION_ID_RE, parse_runtime_session, validate_session_headers
 from clawbridge.proxy.auth import Principal
 from clawbridge.proxy.errors import ApiError
 from clawbridge.store import new_id
@@ -26,10 +26,6 @@ TURN_TYPE_HEADER = "x-turn-type"
 TURN_ID_HEADER = "x-turn-id"
 TURN_TRIGGER_HEADER = "x-turn-trigger"
 SESSION_DONE_HEADER = "x-session-done"
-
-_SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")
-_RUNTIME_RE = re.compile(r"Runtime:[^\n]*?\bsession=([^\s|]+)")
-
 
 @dataclass(frozen=True)
 class CallSession:
@@ -44,7 +40,7 @@ class CallSession:
 
 
 def check_session_id(value: str, what: str) -> str:
-    if not _SESSION_ID_RE.match(value):
+    if not SESSION_ID_RE.match(value):
         raise ApiError(
             400,
             f"invalid {what} {value[:80]!r}: use 1-256 characters from letters, digits and ._:@/+=-",
@@ -53,28 +49,14 @@ def check_session_id(value: str, what: str) -> str:
     return value
 
 
-def runtime_session_key(messages: list[dict[str, Any]]) -> str | None:
-    """OpenClaw's session key from the `Runtime: ... session=<key> | ...` line of the first user message."""
-    for msg in messages:
-        if msg.get("role") != "user":
-            continue
-        content = msg.get("content")
-        if isinstance(content, list):
-            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        if isinstance(content, str) and "Runtime:" in content:
-            m = _RUNTIME_RE.search(content)
-            return m.group(1) if m else None
-        return None
-    return None
-
-
 def resolve_call_session(
     request: Request, principal: Principal, url_session: str | None, messages: list[dict[str, Any]]
 ) -> CallSession:
     h = request.headers
+    problem = validate_session_headers(h.get(SESSION_HEADER), h.get(TURN_TYPE_HEADER))
+    if problem is not None:
+        raise ApiError(400, problem, code="invalid_session_headers")
     turn_type = (h.get(TURN_TYPE_HEADER) or "main").strip().lower()
-    if turn_type not in ("main", "side"):
-        raise ApiError(400, f"invalid X-Turn-Type {turn_type[:40]!r}: use 'main' or 'side'", code="invalid_turn_type")
     meta: dict[str, Any] = {}
     for name, key in ((TURN_ID_HEADER, "turn_id_header"), (TURN_TRIGGER_HEADER, "trigger")):
         if h.get(name):
@@ -84,7 +66,7 @@ def resolve_call_session(
 
     header_sid = h.get(SESSION_HEADER)
     if header_sid is not None:
-        sid = check_session_id(header_sid.strip(), "X-Session-Id")
+        sid = header_sid.strip()
         if principal.kind == "session" and principal.session_id != sid:
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
         return CallSession(sid, "header", turn_type, end_after, meta)
@@ -92,8 +74,7 @@ def resolve_call_session(
         return CallSession(principal.session_id, "session_key", turn_type, end_after, meta)
     if url_session is not None:
         return CallSession(check_session_id(url_session, "session id in the URL"), "url", turn_type, end_after, meta)
-    runtime = runtime_session_key(messages)
+    runtime = parse_runtime_session(messages)
     if runtime is not None:
-        sid = check_session_id(runtime, "OpenClaw Runtime session")
-        return CallSession(sid, "openclaw_runtime", turn_type, end_after, meta)
+        return CallSession(runtime, "openclaw_runtime", turn_type, end_after, meta)
     return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta)

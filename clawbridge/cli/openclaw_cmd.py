@@ -1,0 +1,199 @@
+"""`clawbridge openclaw install | uninstall | status` (mounted by `clawbridge.cli.main`).
+
+Invariants:
+- The client key is never printed; the config path and the key's source are.
+- install asks the running server (`GET <base_url>/models`) for the served model's id,
+  `context_window` and `max_output_tokens`; when the server is not reachable it says so and uses
+  the defaults (re-run install after `clawbridge up` to pick up the real values).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from clawbridge.config import load_settings
+from clawbridge.openclaw import installer
+
+app = typer.Typer(
+    help="Connect OpenClaw to clawbridge (provider + session-header extension).", no_args_is_help=True
+)
+console = Console()
+err = Console(stderr=True)
+
+OpenClawConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--openclaw-config", help="openclaw.json to edit (default: where OpenClaw looks for it)."),
+]
+StateOpt = Annotated[
+    Path | None, typer.Option("--state-dir", help="clawbridge state dir (default ~/.clawbridge).")
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="clawbridge TOML config file.")]
+
+
+def _settings_state_and_url(config: Path | None, state_dir: Path | None) -> tuple[Path, str]:
+    try:
+        settings = load_settings(config, state_dir=state_dir)
+    except Exception as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    return settings.state_path, installer.base_url_for(settings.host, settings.port)
+
+
+def served_model(base_url: str, api_key: str, timeout_s: float = 3.0) -> dict[str, Any] | None:
+    """The first model the server lists (id, context_window, max_output_tokens), or None."""
+    import httpx
+
+    try:
+        resp = httpx.get(
+            f"{base_url.rstrip('/')}/models",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout_s,
+        )
+        resp.raise_for_status()
+        data = resp.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    models = [m for m in data if isinstance(m, dict) and m.get("id")]
+    named = [m for m in models if m.get("id") != "default"]
+    candidates = named or models
+    return candidates[0] if candidates else None
+
+
+@app.command()
+def install(
+    openclaw_config: OpenClawConfigOpt = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="clawbridge URL (default from settings).")
+    ] = None,
+    provider_id: Annotated[str, typer.Option("--provider-id", help="OpenClaw provider id.")] = "clawbridge",
+    model_id: Annotated[
+        str | None, typer.Option("--model-id", help="Model id (default: what the server serves).")
+    ] = None,
+    set_default: Annotated[
+        bool, typer.Option("--set-default", help="Make it OpenClaw's default model.")
+    ] = False,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Add the clawbridge provider and extension to openclaw.json (idempotent, backed up first)."""
+    state, settings_url = _settings_state_and_url(config, state_dir)
+    url = (base_url or settings_url).rstrip("/")
+    try:
+        key = installer.resolve_client_key(state)
+    except Exception as exc:
+        err.print(f"[red]cannot read the client key:[/red] {exc}")
+        raise typer.Exit(1) from None
+    info = served_model(url, key)
+    if info is None:
+        err.print(
+            f"[yellow]clawbridge is not answering at {url}; using default model limits "
+            f"(context {installer.DEFAULT_CONTEXT_WINDOW}, max tokens {installer.DEFAULT_MAX_TOKENS}).[/yellow]"
+        )
+        info = {}
+    opts = installer.InstallOptions(
+        api_key=key,
+        config_path=openclaw_config,
+        base_url=url,
+        provider_id=provider_id,
+        model_id=model_id or str(info.get("id") or installer.DEFAULT_MODEL_ID),
+        context_window=int(info.get("context_window") or installer.DEFAULT_CONTEXT_WINDOW),
+        max_tokens=int(info.get("max_output_tokens") or installer.DEFAULT_MAX_TOKENS),
+        set_default=set_default,
+    )
+    try:
+        result = installer.install(state, opts)
+    except installer.InstallError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    if result.changed:
+        console.print(f"updated {result.config_path}: " + ", ".join(result.changed))
+        if result.backup_path:
+            console.print(f"backup: {result.backup_path}")
+    else:
+        console.print(
+            f"{result.config_path} already has clawbridge ({opts.provider_id}/{opts.model_id}); nothing to do"
+        )
+    console.print(f"extension: {result.extension_dir}")
+    console.print(
+        f"model: {opts.provider_id}/{opts.model_id} at {opts.base_url}"
+        + ("" if set_default else f"  (use --set-default or `--model {opts.provider_id}/{opts.model_id}`)")
+    )
+
+
+@app.command()
+def uninstall(
+    openclaw_config: OpenClawConfigOpt = None, state_dir: StateOpt = None, config: ConfigOpt = None
+) -> None:
+    """Undo what install changed in openclaw.json and remove the extension copy."""
+    state, _ = _settings_state_and_url(config, state_dir)
+    try:
+        result = installer.uninstall(state, openclaw_config)
+    except installer.InstallError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    if not result.was_installed:
+        console.print(f"clawbridge has no record of installing into {result.config_path}; nothing to do")
+        return
+    console.print(
+        f"restored in {result.config_path}: " + (", ".join(result.restored) or "nothing to restore")
+    )
+    if result.kept:
+        err.print("[yellow]left alone (changed since install): " + ", ".join(result.kept) + "[/yellow]")
+    if result.backup_path:
+        console.print(f"backup: {result.backup_path}")
+
+
+@app.command()
+def status(
+    openclaw_config: OpenClawConfigOpt = None,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Say what is installed and whether recent calls carried the session headers."""
+    state, _ = _settings_state_and_url(config, state_dir)
+    try:
+        report = installer.status(state, openclaw_config)
+    except installer.InstallError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    if as_json:
+        console.print_json(json.dumps(report))
+        return
+    ok = "[green]yes[/green]"
+    no = "[red]no[/red]"
+    console.print(
+        f"openclaw config: {report['config_path']}" + ("" if report["config_exists"] else " (missing)")
+    )
+    console.print(f"installed: {ok if report['installed'] else no}")
+    provider = report["provider"]
+    console.print(
+        f"provider {report['provider_id']}: "
+        + (f"{provider['baseUrl']} models={provider['models']}" if provider else "absent")
+    )
+    console.print(
+        f"plugin enabled: {ok if report['plugin_enabled'] else no}; "
+        f"conversation access: {ok if report['conversation_access'] else no}; "
+        f"load path: {ok if report['load_path_configured'] else no}; "
+        f"extension files: {ok if report['extension_present'] else no}"
+        + ("" if report["extension_current"] is not False else " (outdated: run install again)")
+    )
+    if report["allowlist"] is not None:
+        console.print(f"in plugins.allow: {ok if report['allowlist'] else no}")
+    console.print(f"default model: {report['default_model'] or '(not set)'}")
+    calls = report["recent_calls"]
+    if calls is None:
+        console.print("recent calls: no store yet (start `clawbridge up` and run an OpenClaw turn)")
+    elif calls["turns"] == 0:
+        console.print("recent calls: none recorded yet")
+    else:
+        console.print(
+            f"recent calls: {calls['with_turn_headers']}/{calls['turns']} carried the turn headers, "
+            f"{calls['in_header_sessions']} in X-Session-Id sessions; main={calls['main']} "
+            f"side={calls['side']} triggers={calls['triggers']}"
+        )

@@ -1,0 +1,223 @@
+/**
+ * clawbridge extension for OpenClaw (2026.9.x).
+ *
+ * Owns a model provider (default id `clawbridge`) whose requests go to a local clawbridge proxy,
+ * and adds four headers to every model request of that provider:
+ *
+ *   X-Session-Id    the OpenClaw session key (e.g. `agent:main:main`)
+ *   X-Turn-Type     `main` for a turn started by an external user, `side` for everything else
+ *   X-Turn-Id       one id per model request (stable across the transport's retries)
+ *   X-Turn-Trigger  the run trigger OpenClaw reported (`user`, `manual`, `heartbeat`, `cron`,
+ *                   `memory`, `overflow`, ...), or `completion` for direct completions
+ *
+ * Invariants:
+ * - No global patching: headers travel only through the provider hooks OpenClaw gives us
+ *   (`wrapStreamFn`, `wrapSimpleCompletionStreamFn`, `resolveTransportTurnState`), so they
+ *   reach the wire exactly for this provider's requests and never for any other provider.
+ * - The stream functions only see OpenClaw's session *id*; the session *key* and the trigger come
+ *   from agent hooks (`before_model_resolve`, `before_agent_run`, `llm_input`, `model_call_started`)
+ *   and are kept in a bounded map keyed by session id (runs in one session are serialized, so the
+ *   latest run's facts are the current call's facts).
+ * - `main` requires positive evidence: trigger `user` or `manual` and an input provenance that is
+ *   not an inter-session delivery or an internal system message. Unknown means `side`.
+ * - When nothing is known about a call's session, no X-Session-Id is sent (clawbridge then falls
+ *   back to the `Runtime: ... session=<key>` line in the prompt) and the turn is `side`.
+ * - Header values are always single-line printable ASCII (other characters are percent-encoded),
+ *   so a header can never make the request fail or smuggle another header.
+ */
+export const DEFAULT_PROVIDER_ID = "clawbridge";
+export const DEFAULT_HEADERS = Object.freeze({
+    sessionId: "X-Session-Id",
+    turnType: "X-Turn-Type",
+    turnId: "X-Turn-Id",
+    turnTrigger: "X-Turn-Trigger",
+});
+export const DEFAULT_MAX_TRACKED_SESSIONS = 1024;
+/** Triggers that mean a person asked for this turn. */
+const USER_TRIGGERS = new Set(["user", "manual"]);
+/** Input provenance kinds that mean the input did not come from an external user. */
+const NON_USER_PROVENANCE = new Set(["inter_session", "internal_system"]);
+/** RFC 9110 token: what a header name may be. */
+const HEADER_TOKEN = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/;
+const PROVIDER_ID = /^[a-z0-9][a-z0-9._-]*$/;
+function asRecord(value) {
+    return value !== null && typeof value === "object" && !Array.isArray(value)
+        ? value
+        : {};
+}
+function nonEmptyString(value) {
+    return typeof value === "string" && value.trim() !== "" ? value.trim() : undefined;
+}
+/**
+ * Resolve the plugin config, falling back to defaults for anything missing or malformed
+ * (a bad header name would make every request fail, so it is never used).
+ */
+export function resolveConfig(raw, warn = () => { }) {
+    const cfg = asRecord(raw);
+    const headersRaw = asRecord(cfg.headers);
+    const headers = { ...DEFAULT_HEADERS };
+    for (const key of Object.keys(DEFAULT_HEADERS)) {
+        const value = headersRaw[key];
+        if (value === undefined)
+            continue;
+        if (typeof value === "string" && HEADER_TOKEN.test(value))
+            headers[key] = value;
+        else
+            warn(`clawbridge: ignoring invalid header name for ${key}: ${JSON.stringify(value)}`);
+    }
+    const names = Object.values(headers).map((name) => name.toLowerCase());
+    if (new Set(names).size !== names.length) {
+        warn("clawbridge: configured header names collide; using the defaults");
+        Object.assign(headers, DEFAULT_HEADERS);
+    }
+    let providerId = DEFAULT_PROVIDER_ID;
+    const providerRaw = nonEmptyString(cfg.providerId);
+    if (providerRaw !== undefined) {
+        if (PROVIDER_ID.test(providerRaw))
+            providerId = providerRaw;
+        else
+            warn(`clawbridge: ignoring invalid providerId ${JSON.stringify(providerRaw)}`);
+    }
+    let maxTrackedSessions = DEFAULT_MAX_TRACKED_SESSIONS;
+    const maxRaw = cfg.maxTrackedSessions;
+    if (typeof maxRaw === "number" && Number.isInteger(maxRaw) && maxRaw > 0)
+        maxTrackedSessions = maxRaw;
+    return { providerId, headers, maxTrackedSessions };
+}
+/** `main` only for a user/manual trigger whose input did not come from another session or the system. */
+export function classifyTurn(facts) {
+    if (!facts?.trigger || !USER_TRIGGERS.has(facts.trigger))
+        return "side";
+    if (facts.provenanceKind !== undefined && NON_USER_PROVENANCE.has(facts.provenanceKind))
+        return "side";
+    return "main";
+}
+/** Make a value safe for an HTTP header: printable ASCII kept, anything else percent-encoded. */
+export function headerValue(value) {
+    let out = "";
+    for (const ch of value) {
+        const code = ch.codePointAt(0) ?? 0;
+        out += code >= 0x20 && code < 0x7f && ch !== "%" ? ch : encodeURIComponent(ch);
+    }
+    return out;
+}
+/** Bounded map from OpenClaw session id to the facts of its latest run (oldest evicted first). */
+export class SessionFactsMap {
+    capacity;
+    entries = new Map();
+    constructor(capacity) {
+        this.capacity = capacity;
+    }
+    get size() {
+        return this.entries.size;
+    }
+    get(sessionId) {
+        return sessionId === undefined ? undefined : this.entries.get(sessionId);
+    }
+    /**
+     * Merge what a hook saw into the session's facts. A hook of a different run (by `runId`)
+     * starts fresh facts, keeping only the session key, which belongs to the session.
+     */
+    record(ctx, eventSessionId) {
+        const sessionId = nonEmptyString(ctx?.sessionId) ?? nonEmptyString(eventSessionId);
+        if (sessionId === undefined || ctx === undefined)
+            return;
+        const previous = this.entries.get(sessionId);
+        const runId = nonEmptyString(ctx.runId);
+        const sameRun = runId === undefined || previous?.runId === undefined || previous.runId === runId;
+        const next = sameRun
+            ? { ...previous }
+            : previous?.sessionKey !== undefined
+                ? { sessionKey: previous.sessionKey }
+                : {};
+        const sessionKey = nonEmptyString(ctx.sessionKey);
+        const trigger = nonEmptyString(ctx.trigger);
+        const provenanceKind = nonEmptyString(ctx.inputProvenance?.kind);
+        if (sessionKey !== undefined)
+            next.sessionKey = sessionKey;
+        if (runId !== undefined)
+            next.runId = runId;
+        if (trigger !== undefined)
+            next.trigger = trigger;
+        if (provenanceKind !== undefined)
+            next.provenanceKind = provenanceKind;
+        this.entries.delete(sessionId);
+        this.entries.set(sessionId, next);
+        while (this.entries.size > this.capacity) {
+            const oldest = this.entries.keys().next().value;
+            if (oldest === undefined)
+                break;
+            this.entries.delete(oldest);
+        }
+    }
+}
+/** The headers for one model request. `forceSide` marks calls made outside an agent run. */
+export function buildHeaders(names, facts, turnId, forceSide = false) {
+    const headers = {};
+    if (facts?.sessionKey !== undefined)
+        headers[names.sessionId] = headerValue(facts.sessionKey);
+    headers[names.turnType] = forceSide ? "side" : classifyTurn(facts);
+    headers[names.turnId] = headerValue(turnId);
+    headers[names.turnTrigger] = headerValue(forceSide ? "completion" : (facts?.trigger ?? "unknown"));
+    return headers;
+}
+/** Drop any header whose name matches one of ours (case-insensitively), then add ours. */
+function mergeHeaders(existing, ours) {
+    const ourNames = new Set(Object.keys(ours).map((name) => name.toLowerCase()));
+    const merged = {};
+    for (const [name, value] of Object.entries(existing ?? {})) {
+        if (!ourNames.has(name.toLowerCase()))
+            merged[name] = value;
+    }
+    return { ...merged, ...ours };
+}
+/** Hooks whose context carries the session key, trigger and input provenance of a run. */
+export const TRACKED_HOOKS = ["before_model_resolve", "before_agent_run", "llm_input", "model_call_started"];
+/** Register the provider and the hooks. Returns the session map (for tests and diagnostics). */
+export function register(api) {
+    const warn = (message) => api.logger?.warn(message);
+    const debug = (message) => api.logger?.debug?.(message);
+    const config = resolveConfig(api.pluginConfig, warn);
+    const sessions = new SessionFactsMap(config.maxTrackedSessions);
+    for (const hookName of TRACKED_HOOKS) {
+        api.on(hookName, (event, ctx) => {
+            sessions.record(ctx, nonEmptyString(asRecord(event).sessionId));
+            return undefined;
+        });
+    }
+    const wrap = (forceSide) => (ctx) => {
+        const inner = ctx.streamFn;
+        if (typeof inner !== "function")
+            return undefined;
+        return (model, context, options) => {
+            const facts = sessions.get(nonEmptyString(options?.sessionId));
+            const turnId = nonEmptyString(options?.requestId) ?? crypto.randomUUID();
+            const ours = buildHeaders(config.headers, facts, turnId, forceSide);
+            debug(`clawbridge: session ${options?.sessionId ?? "?"} headers ${JSON.stringify(ours)}`);
+            return inner(model, context, { ...options, headers: mergeHeaders(options?.headers, ours) });
+        };
+    };
+    api.registerProvider({
+        id: config.providerId,
+        label: "clawbridge",
+        auth: [],
+        wrapStreamFn: wrap(false),
+        wrapSimpleCompletionStreamFn: wrap(true),
+        // Transports that do not go through a wrapped stream function still get the headers;
+        // where both apply, the stream options' headers (set above) win over these.
+        resolveTransportTurnState: (ctx) => ({
+            headers: buildHeaders(config.headers, sessions.get(nonEmptyString(ctx.sessionId)), ctx.turnId),
+        }),
+    });
+    return sessions;
+}
+/** The plugin entry OpenClaw loads (`openclaw.extensions` in package.json). */
+const plugin = {
+    id: "clawbridge",
+    name: "clawbridge",
+    description: "Tags model calls with their OpenClaw session and turn type for clawbridge.",
+    register(api) {
+        register(api);
+    },
+};
+export default plugin;

@@ -1,0 +1,270 @@
+"""End to end with real OpenClaw: clawbridge records OpenClaw's turns, grouped by session.
+
+Needs Node 24 and openclaw@2026.9.6 (`.ci/install_openclaw.sh`); skipped with the reason otherwise.
+Starts `clawbridge up` with the tiny model, installs the extension with the installer into a
+temporary OpenClaw home, runs two user turns in one session (`agent --local --session-id`) and a
+heartbeat through a gateway (`system event --mode now`), then asserts on
+`clawbridge sessions show <session> --json`:
+- the user session (`agent:main:explicit:<id>`, the key OpenClaw sends as X-Session-Id) has
+  exactly two main turns, whose recorded completion ids decode to what OpenClaw printed;
+- the heartbeat is recorded as a side turn in the main session (`agent:main:main`).
+Each OpenClaw step runs under a timeout; on this 2-core machine a turn takes 25-60 s and the
+gateway 60-70 s to start, so the whole test takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from clawbridge.openclaw import installer, json5edit
+from clawbridge.openclaw.toolchain import find_node, find_openclaw, missing_reason
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SESSION = "e2e-s1"
+SESSION_KEY = f"agent:main:explicit:{SESSION}"
+HEARTBEAT_SESSION_KEY = "agent:main:main"
+TURN_TIMEOUT_S = 240
+GATEWAY_READY_TIMEOUT_S = 240
+MAX_TOKENS = 48
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _clawbridge() -> list[str]:
+    exe = Path(sys.executable).parent / "clawbridge"
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "clawbridge.cli.main"]
+
+
+def _openclaw_env(home: Path, gateway_port: int | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCLAW_", "CLAWBRIDGE_"))}
+    env.update(
+        HOME=str(home), CI="1", OPENCLAW_NO_AUTO_UPDATE="1", DO_NOT_TRACK="1", OPENCLAW_DISABLE_BONJOUR="1"
+    )
+    if gateway_port is not None:
+        env.update(OPENCLAW_GATEWAY_PORT=str(gateway_port), OPENCLAW_GATEWAY_TOKEN="e2e-token")
+    return env
+
+
+def _openclaw(
+    home: Path, *args: str, timeout: float = TURN_TIMEOUT_S, gateway_port: int | None = None
+) -> str:
+    node, entry = find_node(), find_openclaw()
+    assert node is not None and entry is not None
+    proc = subprocess.run(
+        [str(node), str(entry), *args],
+        env=_openclaw_env(home, gateway_port),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=home,
+    )
+    assert proc.returncode == 0, f"openclaw {args[:3]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def _show(state: Path, session_id: str) -> dict[str, Any] | None:
+    proc = subprocess.run(
+        [*_clawbridge(), "sessions", "show", session_id, "--json", "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        return None
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def _printed_text(stdout: str) -> str:
+    """The assistant text `openclaw agent --json` printed (local and gateway output shapes)."""
+    doc = json.loads(stdout)
+    result = doc.get("result", doc)
+    meta = result.get("meta") or {}
+    if isinstance(meta.get("finalAssistantRawText"), str):
+        return str(meta["finalAssistantRawText"])
+    return "".join(p.get("text") or "" for p in result.get("payloads") or [])
+
+
+@pytest.fixture(scope="module")
+def toolchain() -> None:
+    reason = missing_reason(need_openclaw=True)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def clawbridge_server(toolchain: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("e2e")
+    model_dir, state = root / "tiny", root / "state"
+    subprocess.run([*_clawbridge(), "model", "tiny", str(model_dir)], check=True, timeout=300)
+    port = _free_port()
+    log = (root / "clawbridge.log").open("w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWBRIDGE_")}
+    proc = subprocess.Popen(
+        [*_clawbridge(), "up", "--backend", "local", "--model", str(model_dir), "--port", str(port),
+         "--state-dir", str(state)],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"clawbridge up exited {proc.returncode}:\n{(root / 'clawbridge.log').read_text()[-4000:]}"
+                )
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("clawbridge did not become healthy in 180 s")
+            time.sleep(1)
+        yield {
+            "root": root,
+            "state": state,
+            "model_dir": model_dir,
+            "base_url": base_url,
+            "log": root / "clawbridge.log",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def openclaw_home(clawbridge_server: dict[str, Any]) -> Path:
+    """A fresh OpenClaw home with clawbridge installed by the installer (as the default model)."""
+    from clawbridge.cli.openclaw_cmd import served_model
+
+    home = clawbridge_server["root"] / "home"
+    config = home / ".openclaw" / "openclaw.json"
+    config.parent.mkdir(parents=True)
+    config.write_text("// e2e OpenClaw home\n{\n  update: { checkOnStart: false }, // no network here\n}\n")
+    state = clawbridge_server["state"]
+    key = installer.resolve_client_key(state, {})
+    info = served_model(clawbridge_server["base_url"], key) or {}
+    assert info.get("id"), "clawbridge /v1/models listed no model"
+    installer.install(
+        state,
+        installer.InstallOptions(
+            api_key=key,
+            config_path=config,
+            base_url=clawbridge_server["base_url"],
+            model_id=str(info["id"]),
+            context_window=int(info.get("context_window") or installer.DEFAULT_CONTEXT_WINDOW),
+            max_tokens=min(MAX_TOKENS, int(info.get("max_output_tokens") or MAX_TOKENS)),
+            set_default=True,
+        ),
+    )
+    text = config.read_text()
+    assert "// no network here" in text
+    assert json5edit.get(text, ["agents", "defaults", "model", "primary"]) == f"clawbridge/{info['id']}"
+    return home
+
+
+def _decode(model_dir: Path, ids: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    return str(tok.decode(ids, skip_special_tokens=True))
+
+
+def test_two_user_turns_are_one_session_of_main_turns(
+    clawbridge_server: dict[str, Any], openclaw_home: Path
+) -> None:
+    started = time.monotonic()
+    printed = []
+    for message in ("Hello there, first message.", "And a second message."):
+        out = _openclaw(
+            openclaw_home, "agent", "--local", "--session-id", SESSION, "--message", message, "--json"
+        )
+        printed.append(_printed_text(out))
+    turn_seconds = (time.monotonic() - started) / 2
+    print(f"openclaw local turn: {turn_seconds:.1f} s each")
+
+    doc = _show(clawbridge_server["state"], SESSION_KEY)
+    assert doc is not None, f"no session {SESSION_KEY}; log:\n{clawbridge_server['log'].read_text()[-3000:]}"
+    assert doc["session_id"] == SESSION_KEY
+    main = [t for t in doc["turns"] if t["turn_type"] == "main"]
+    assert len(main) == 2, [(t["turn_type"], t.get("meta")) for t in doc["turns"]]
+    assert all(t["turn_type"] == "side" for t in doc["turns"] if t not in main)
+    for turn, text in zip(main, printed, strict=True):
+        assert turn["completion_token_ids"], "no completion recorded"
+        assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
+        assert turn["prompt_token_ids"]
+        assert (turn.get("meta") or {}).get("trigger", "user") == "user"
+        decoded = _decode(clawbridge_server["model_dir"], turn["completion_token_ids"])
+        assert text.strip() in decoded, (text, decoded)
+    # The second turn's prompt carries the first turn's conversation.
+    first_user = main[0]["request"]["messages"]
+    second_user = main[1]["request"]["messages"]
+    assert len(second_user) > len(first_user)
+
+
+def test_heartbeat_through_gateway_is_a_side_turn(
+    clawbridge_server: dict[str, Any], openclaw_home: Path
+) -> None:
+    node, entry = find_node(), find_openclaw()
+    assert node is not None and entry is not None
+    port = _free_port()
+    log_path = clawbridge_server["root"] / "gateway.log"
+    with log_path.open("w") as log:
+        gateway = subprocess.Popen(
+            [str(node), str(entry), "gateway", "run", "--port", str(port), "--bind", "loopback", "--auth", "token",
+             "--token", "e2e-token", "--allow-unconfigured"],
+            env=_openclaw_env(openclaw_home, port), stdout=log, stderr=subprocess.STDOUT, cwd=openclaw_home,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
+            while "[gateway] ready" not in log_path.read_text().replace("\x1b[36m", "").replace(
+                "\x1b[39m", ""
+            ):
+                assert gateway.poll() is None, f"gateway exited:\n{log_path.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"gateway not ready:\n{log_path.read_text()[-3000:]}"
+                time.sleep(2)
+            _openclaw(openclaw_home, "system", "event", "--text", "Check for urgent follow-ups", "--mode", "now",
+                      gateway_port=port, timeout=120)  # fmt: skip
+            deadline = time.monotonic() + TURN_TIMEOUT_S
+            side: list[dict[str, Any]] = []
+            while not side:
+                doc = _show(clawbridge_server["state"], HEARTBEAT_SESSION_KEY)
+                side = [
+                    t
+                    for t in (doc or {}).get("turns", [])
+                    if (t.get("meta") or {}).get("trigger") == "heartbeat"
+                ]
+                if not side:
+                    assert time.monotonic() < deadline, (
+                        f"no heartbeat turn; gateway log:\n{log_path.read_text()[-3000:]}"
+                    )
+                    time.sleep(3)
+            assert all(t["turn_type"] == "side" for t in side)
+            assert side[0]["completion_token_ids"]
+        finally:
+            gateway.terminate()
+            try:
+                gateway.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
