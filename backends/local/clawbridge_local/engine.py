@@ -1,0 +1,404 @@
+"""`TorchEngine`: an in-process torch `Sampler` over a transformers causal LM.
+
+Threading:
+- One worker thread owns the model and does all torch work. The asyncio side only validates,
+  counts and enqueues (`sample`), and reads tokens from a per-request `asyncio.Queue` that the
+  worker fills through `loop.call_soon_threadsafe`.
+- The worker admits up to `max_running` requests; each has its own transformers `DynamicCache`.
+  A round gives every running request one step (its prefill, or one decode token), so all running
+  requests progress together. Requests past `max_running` wait, up to `max_queued` of them; past
+  that `sample` raises `SamplerOverloaded` at once.
+- Requests run one at a time through the model (no padding, no batching), so a request's tokens
+  are the same whether or not other requests run beside it.
+
+Invariants:
+- The slot count (`in flight`) is requests accepted and not yet released; a request is released
+  exactly once: when it ends (stop, length, error), or at once when its stream is closed or its
+  consuming task is cancelled. The worker checks the cancel flag before every step, so a cancelled
+  request takes at most the step already running.
+- Weight publishing (`swap_weights`) happens in the worker between steps, never during a forward.
+  The policy version of a stream is that of the weights captured in `sample`, and those are the
+  weights every one of its steps runs on:
+  * if no accepted request holds the current weights, they are updated in place;
+  * otherwise the model is copied, the copy is updated and becomes current, and the old copy is
+    freed when its last stream ends (peak memory: two copies while old streams finish).
+- Logprobs follow `clawbridge_local.sampling` (float32, tempered, untruncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import dataclasses
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from clawbridge.sampler import (
+    FinishReason,
+    PromptTooLong,
+    SampledToken,
+    SamplerOverloaded,
+    SamplerUnavailable,
+    SamplingParams,
+)
+from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
+from clawbridge_local.sampling import choose, make_generator
+
+WeightUpdate = Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
+"""A new state (all or some parameters, by name) or a function that updates a module in place."""
+
+
+@dataclass(eq=False)
+class _Weights:
+    """One published set of weights."""
+
+    model: torch.nn.Module
+    version: int
+    users: int = 0
+    """Accepted, unreleased requests that run on these weights (guarded by the engine lock)."""
+
+
+@dataclass(frozen=True)
+class _End:
+    """Last item of a request's output queue."""
+
+    reason: FinishReason
+    error: Exception | None = None
+
+
+@dataclass(eq=False)
+class _Request:
+    """One accepted sample request. Fields below `out` belong to the worker thread."""
+
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    """With max_tokens already clamped to the context."""
+    weights: _Weights
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[SampledToken | _End]
+    cancelled: bool = False
+    released: bool = False
+    cache: Any = None
+    generator: torch.Generator | None = None
+    last_token: int = -1
+    generated: int = 0
+
+
+@dataclass(eq=False)
+class _Swap:
+    """A weight publish waiting for the worker."""
+
+    update: WeightUpdate
+    version: int
+    done: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+
+
+_SHUTDOWN = object()
+
+
+class TorchSampleStream:
+    """The `SampleStream` of one `TorchEngine` request. Iterate it once."""
+
+    def __init__(self, engine: TorchEngine, req: _Request) -> None:
+        self._engine = engine
+        self._req = req
+        self.policy_version: int = req.weights.version
+        """The version of the weights that sample this stream (fixed at creation)."""
+        self.finish_reason: FinishReason | None = None
+        """'stop', 'length' or 'cancelled' once the stream has ended."""
+
+    def __aiter__(self) -> AsyncIterator[SampledToken]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[SampledToken]:
+        try:
+            while self.finish_reason is None:
+                item = await self._req.out.get()
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    self.finish_reason = self.finish_reason or item.reason
+                    return
+                yield item
+        finally:
+            if self.finish_reason is None:  # consumer cancelled or left early: stop generating
+                self.finish_reason = "cancelled"
+                self._engine._cancel(self._req)
+
+    async def aclose(self) -> None:
+        """Stop sampling now and free the slot. Idempotent."""
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+            self._engine._cancel(self._req)
+            self._req.out.put_nowait(_End("cancelled"))  # wakes a consumer waiting in another task
+
+
+class TorchEngine:
+    """A `Sampler` running a transformers causal LM in this process (see module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_running: int = 8,
+        max_queued: int = 64,
+        policy_version: int = 0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if max_running < 1 or max_queued < 0:
+            raise ValueError("max_running must be >= 1 and max_queued >= 0")
+        cfg: Any = getattr(model, "config", None)
+        self.context_window: int = int(cfg.max_position_embeddings)
+        """Maximum prompt + completion tokens (the model's max_position_embeddings)."""
+        self.vocab_size: int = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
+        self.device: torch.device = next(model.parameters()).device
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.retry_after_s = retry_after_s
+        model.eval()
+        self._lock = threading.Lock()
+        self._current = _Weights(model, policy_version)
+        self._in_flight = 0
+        self._closed = False
+        self._ids = itertools.count()
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._worker = threading.Thread(target=self._run, name="clawbridge-torch-engine", daemon=True)
+        self._worker.start()
+
+    @classmethod
+    def load(
+        cls,
+        model: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_running: int = 8,
+        max_queued: int = 64,
+        policy_version: int = 0,
+        progress: bool = True,
+        local_files_only: bool = True,
+    ) -> TorchEngine:
+        """Load `model` (a folder, or a cached HF id) and start the engine. Blocking."""
+        dev = resolve_device(device)
+        lm = load_causal_lm(
+            model, dev, resolve_dtype(dtype, dev), local_files_only=local_files_only, progress=progress
+        )
+        return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version)
+
+    # ------------------------------------------------------------------ asyncio side
+
+    @property
+    def policy_version(self) -> int:
+        """The version new streams will be sampled from."""
+        return self._current.version
+
+    @property
+    def in_flight(self) -> int:
+        """Requests accepted and not yet released (running + waiting)."""
+        return self._in_flight
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> TorchSampleStream:
+        """Start sampling; raises PromptTooLong, SamplerOverloaded or SamplerUnavailable."""
+        if self._closed:
+            raise SamplerUnavailable("the torch engine is shut down")
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt must have at least one token")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if params.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if len(prompt) + 1 > self.context_window:
+            raise PromptTooLong(
+                f"prompt has {len(prompt)} tokens; the context window is {self.context_window} "
+                "and at least one must be left for the completion"
+            )
+        fits = self.context_window - len(prompt)
+        if params.max_tokens > fits:
+            params = dataclasses.replace(params, max_tokens=fits)
+        with self._lock:
+            if self._in_flight >= self.max_running + self.max_queued:
+                raise SamplerOverloaded(
+                    f"{self._in_flight} requests in flight (max {self.max_running} running "
+                    f"+ {self.max_queued} queued)",
+                    retry_after_s=self.retry_after_s,
+                )
+            self._in_flight += 1
+            weights = self._current
+            weights.users += 1
+        req = _Request(next(self._ids), prompt, params, weights, asyncio.get_running_loop(), asyncio.Queue())
+        self._inbox.put(req)
+        if not self._worker.is_alive():  # it stopped after the check above
+            self._cancel(req)
+            raise SamplerUnavailable("the torch engine is shut down")
+        return TorchSampleStream(self, req)
+
+    async def swap_weights(self, update: WeightUpdate, new_version: int) -> int:
+        """Publish new weights for new streams as `new_version` (> current); return it.
+
+        Applied by the worker between steps. Streams already created keep their weights and version
+        (see module docstring for when that costs a model copy). A state dict is checked (names,
+        shapes) before anything changes; a callable that raises while updating weights in place
+        leaves them partly updated under `new_version`, so a caller must not reuse that version.
+        """
+        if self._closed:
+            raise SamplerUnavailable("the torch engine is shut down")
+        swap = _Swap(update, new_version)
+        self._inbox.put(swap)
+        return await asyncio.wrap_future(swap.done)
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker (open streams end with SamplerUnavailable) and join it. Blocking."""
+        self._closed = True
+        self._inbox.put(_SHUTDOWN)
+        self._worker.join(timeout_s)
+
+    def _cancel(self, req: _Request) -> None:
+        """Mark `req` cancelled and free its slot now (any thread)."""
+        req.cancelled = True
+        self._release(req)
+
+    def _release(self, req: _Request) -> None:
+        with self._lock:
+            if req.released:
+                return
+            req.released = True
+            self._in_flight -= 1
+            req.weights.users -= 1
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._drain_inbox(block=not self._running and not self._waiting):
+                    while self._waiting and len(self._running) < self.max_running:
+                        req = self._waiting.popleft()
+                        if not req.cancelled:
+                            self._running.append(req)
+                    for req in list(self._running):
+                        if req.cancelled:
+                            self._running.remove(req)
+                            req.cache = None
+                        else:
+                            self._step(req)
+        finally:  # shutdown, or a bug in this loop: nobody may wait forever
+            self._closed = True
+            for req in [*self._running, *self._waiting]:
+                self._finish(req, _End("cancelled", SamplerUnavailable("the torch engine shut down")))
+            self._running.clear()
+            self._waiting.clear()
+            self._drain_inbox(block=False)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Take in new requests and apply swaps; False once shutdown was asked."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is _SHUTDOWN or self._closed:
+                if isinstance(item, _Request):
+                    self._finish(item, _End("cancelled", SamplerUnavailable("the torch engine shut down")))
+                elif isinstance(item, _Swap):
+                    item.done.set_exception(SamplerUnavailable("the torch engine shut down"))
+                if item is _SHUTDOWN:
+                    return False
+            elif isinstance(item, _Request):
+                self._waiting.append(item)
+            elif isinstance(item, _Swap):
+                self._apply_swap(item)
+
+    def _step(self, req: _Request) -> None:
+        """Prefill (first call) or decode one token for `req`, and hand the token over."""
+        model = req.weights.model
+        try:
+            if req.cache is None:
+                from transformers import DynamicCache
+
+                req.cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
+                req.generator = make_generator(req.params.seed, self.device)
+                ids = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
+            else:
+                ids = torch.tensor([[req.last_token]], dtype=torch.long, device=self.device)
+            out = model(input_ids=ids, past_key_values=req.cache, use_cache=True, logits_to_keep=1)
+            choice = choose(out.logits[0, -1], req.params, req.generator)
+        except Exception as e:
+            self._finish(req, _End("cancelled", SamplerUnavailable(f"torch engine failed: {e!r}")))
+            return
+        req.last_token = choice.token_id
+        req.generated += 1
+        self._emit(req, choice.to_sampled())
+        if choice.token_id in req.params.stop_token_ids:
+            self._finish(req, _End("stop"))
+        elif req.generated >= req.params.max_tokens:
+            self._finish(req, _End("length"))
+
+    def _finish(self, req: _Request, end: _End) -> None:
+        if req in self._running:
+            self._running.remove(req)
+        req.cache = None
+        self._release(req)
+        self._emit(req, end)
+
+    def _emit(self, req: _Request, item: SampledToken | _End) -> None:
+        try:
+            req.loop.call_soon_threadsafe(req.out.put_nowait, item)
+        except RuntimeError:  # the request's event loop is closed: nobody is listening
+            self._cancel(req)
+
+    def _apply_swap(self, swap: _Swap) -> None:
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                swap.done.set_result(self._publish(swap.update, swap.version))
+        except Exception as e:
+            swap.done.set_exception(e)
+
+    def _publish(self, update: WeightUpdate, version: int) -> int:
+        if isinstance(update, Mapping):
+            _check_state(self._current.model, update)
+        with self._lock:
+            cur = self._current
+            if version <= cur.version:
+                raise ValueError(f"new policy version {version} must be > {cur.version}")
+            in_place = cur.users == 0
+            if in_place:  # nobody holds these weights: new requests get the new version right away
+                self._current = _Weights(cur.model, version)
+        if in_place:
+            _apply_update(cur.model, update)
+            return version
+        fresh = copy.deepcopy(cur.model)
+        _apply_update(fresh, update)
+        with self._lock:
+            self._current = _Weights(fresh, version)
+        return version
+
+
+def _check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Raise before anything changes if `state` names unknown tensors or has wrong shapes."""
+    own = model.state_dict()
+    unknown = [k for k in state if k not in own]
+    if unknown:
+        raise ValueError(f"unknown weight names: {unknown[:5]}")
+    bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+    if bad:
+        raise ValueError(f"shape mismatch for: {bad[:5]}")
+
+
+def _apply_update(model: torch.nn.Module, update: WeightUpdate) -> None:
+    if isinstance(update, Mapping):
+        model.load_state_dict(dict(update), strict=False)
+    else:
+        update(model)

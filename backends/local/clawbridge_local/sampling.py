@@ -1,0 +1,83 @@
+"""Turning one position's logits into a sampled token, its logprob and its alternatives.
+
+Invariants:
+- Everything is computed in float32, whatever dtype the model runs in.
+- The reported logprob is `log_softmax(logits / temperature)[token]` over the whole vocabulary
+  (plain `log_softmax(logits)` for temperature 0): top-k / top-p only restrict which tokens may be
+  drawn, they do not renormalise the reported logprob. This is the number a trainer compares with
+  its own `log_softmax` for importance ratios.
+- Randomness comes only from the `torch.Generator` passed in, so one request's draws do not depend
+  on what other requests do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from clawbridge.sampler import SampledToken, SamplingParams
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The result of sampling one position."""
+
+    token_id: int
+    """The sampled id."""
+    logprob: float
+    """Its logprob under the (tempered, untruncated) distribution."""
+    top_logprobs: tuple[tuple[int, float], ...]
+    """Best alternatives `(id, logprob)`, best first; empty unless asked for."""
+
+    def to_sampled(self) -> SampledToken:
+        """The seam's token type."""
+        return SampledToken(self.token_id, self.logprob, self.top_logprobs)
+
+
+def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) the logits outside the top-k and outside the top-p nucleus."""
+    out = scaled
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(out, top_k).values[-1]
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Keep a token if the mass strictly before it is < top_p (the first token is always kept).
+        before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Choice:
+    """Sample one token from `logits` (shape [vocab], any dtype) as `params` asks."""
+    logits = logits.float()
+    if params.temperature <= 0.0:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        token = int(torch.argmax(logits).item())
+    else:
+        scaled = logits / params.temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        allowed = _truncate(scaled, params.top_k, params.top_p)
+        probs = torch.softmax(allowed, dim=-1)
+        token = int(torch.multinomial(probs, 1, generator=generator).item())
+    top: tuple[tuple[int, float], ...] = ()
+    if params.top_logprobs > 0:
+        k = min(params.top_logprobs, logprobs.shape[-1])
+        vals, ids = torch.topk(logprobs, k)
+        top = tuple((int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True))
+    return Choice(token, float(logprobs[token].item()), top)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A generator for one request: seeded with `seed`, or from fresh OS entropy when None."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen

@@ -1,0 +1,166 @@
+"""Building the trained model (full or LoRA), FSDP2 wrapping, and what is written to disk.
+
+Invariants:
+- Every rank builds the same model from `TrainerConfig.model_path` with the same seed, then
+  `fully_shard` wraps each decoder layer and the root; gradients are SUM-reduced (divide factor
+  1), matching the token-sum normalization in `clawbridge_local.losses`.
+- Master weights are fp32; on GPU with precision bf16/auto, FSDP casts params to bf16 for compute
+  and reduces gradients in fp32 (`MixedPrecisionPolicy`).
+- State dicts leave the group as FULL tensors on CPU (`get_model_state_dict(full_state_dict=True,
+  cpu_offload=True)`), with the same keys in 1-process and FSDP runs, so exports and checkpoints
+  written by any world size load into any other. Only rank 0 writes; callers rename into place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from clawbridge_local.trainer.config import TrainerConfig
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+"""Files copied from the base folder into full exports so they are self-contained."""
+
+
+def use_bf16(config: TrainerConfig, device: torch.device) -> bool:
+    """Whether compute runs in bf16 (GPU only; CPU always fp32)."""
+    return device.type == "cuda" and config.precision in ("auto", "bf16")
+
+
+def build_model(config: TrainerConfig, device: torch.device) -> nn.Module:
+    """Load the causal LM in fp32 on CPU, add LoRA if configured; not yet sharded or moved."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(config.seed)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        config.model_path, dtype=torch.float32, local_files_only=True
+    )
+    model.config.use_cache = False
+    if config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(
+            r=config.lora.rank,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=list(config.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lcfg)
+    model.train()
+    return model
+
+
+def build_reference(config: TrainerConfig) -> nn.Module:
+    """A frozen copy of the base model (full fine-tuning with a KL penalty)."""
+    from transformers import AutoModelForCausalLM
+
+    ref: Any = AutoModelForCausalLM.from_pretrained(
+        config.model_path, dtype=torch.float32, local_files_only=True
+    )
+    ref.config.use_cache = False
+    ref.eval().requires_grad_(False)
+    return ref
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: the children of the first ModuleList named `layers`."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
+            return list(mod)
+    raise ValueError("no decoder `layers` ModuleList found; cannot shard per layer")
+
+
+def shard_model(model: nn.Module, bf16: bool) -> None:
+    """FSDP2: `fully_shard` each decoder layer, then the root; SUM gradient reduction."""
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    for mod in model.modules():
+        if isinstance(mod, FSDPModule):
+            mod.set_gradient_divide_factor(1.0)
+            mod.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+
+
+def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full CPU tensors of the trainable parameters (collective under FSDP: call on all ranks)."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    sd: dict[str, torch.Tensor] = dict(get_model_state_dict(model, options=opts))  # type: ignore[arg-type]
+    return sd
+
+
+def _save_sharded(sd: dict[str, torch.Tensor], out: Path, max_shard: str = "5GB") -> None:
+    """save_pretrained-compatible safetensors (+ index when more than one shard)."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    split = split_torch_state_dict_into_shards(
+        sd, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard
+    )
+    for filename, keys in split.filename_to_tensors.items():
+        save_file({k: sd[k].contiguous() for k in keys}, str(out / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def write_full_export(
+    model: nn.Module, sd: dict[str, torch.Tensor], config: TrainerConfig, out: Path
+) -> None:
+    """A folder `AutoModelForCausalLM.from_pretrained` loads: config, weights, tokenizer files."""
+    hf_config: Any = model.config
+    if getattr(hf_config, "tie_word_embeddings", False):
+        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    hf_config.save_pretrained(out)
+    _save_sharded(sd, out)
+    for name in TOKENIZER_FILES:
+        src = Path(config.model_path) / name
+        if src.exists():
+            shutil.copy2(src, out / name)
+
+
+def write_lora_export(model: nn.Module, sd: dict[str, torch.Tensor], out: Path) -> None:
+    """A peft adapter folder (`PeftModel.from_pretrained(base, out)` loads it)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    peft_model: Any = model
+    adapter = get_peft_model_state_dict(peft_model, state_dict=sd)
+    save_file(
+        {k: v.contiguous() for k, v in adapter.items()},
+        str(out / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    peft_model.peft_config["default"].save_pretrained(str(out))
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move the finished `tmp` directory to `final` atomically (replacing an old `final`)."""
+    old = final.with_name(f".{final.name}.old")
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        final.rename(old)
+    tmp.rename(final)
+    if old.exists():
+        shutil.rmtree(old)

@@ -1,0 +1,255 @@
+"""One rank's trainer: the step code shared by the in-process mode and every torchrun rank.
+
+Invariants:
+- `TrainerCore` is used identically with `distributed=False` (plain module, world size 1) and
+  `distributed=True` (FSDP2, one per rank); only the wrapping differs, so the two produce the
+  same step to float tolerance.
+- A train step = zero grads; for each micro-batch: forward, token-sum loss, backward (FSDP
+  reduces gradients with SUM, only after the last micro-batch); clip global grad norm; AdamW
+  step. Metrics are all-reduced sums, identical on every rank.
+- Collective methods (`train_step`, `export`, `save_checkpoint`, `restore_checkpoint`) must be
+  called on every rank in the same order with the same arguments. Only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from clawbridge.backend import Datum, LossConfig
+from clawbridge_local.losses import LossInputs, LossSums, compute_loss, finalize_metrics
+from clawbridge_local.trainer import model as model_io
+from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum
+from clawbridge_local.trainer.config import TrainerConfig
+
+
+def resolve_device(config: TrainerConfig, local_rank: int) -> torch.device:
+    """`auto`: this rank's GPU when CUDA is available, else CPU."""
+    if config.device == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device(config.device)
+
+
+def token_logprobs(model: nn.Module, c: Collated) -> torch.Tensor:
+    """[B, T] logprob of each target token (fp32 log-softmax over the vocabulary)."""
+    logits = model(input_ids=c.input_ids, attention_mask=c.attention_mask).logits.float()
+    return logits.gather(-1, c.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+class TrainerCore:
+    """Model + optimizer + step counter of one rank."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        distributed: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.distributed = distributed
+        """True under torchrun: FSDP2-wrapped, collectives on every call."""
+        self.device = resolve_device(config, local_rank)
+        self.bf16 = model_io.use_bf16(config, self.device)
+        self.model = model_io.build_model(config, self.device)
+        self._place(self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=config.learning_rate,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+        self.step = 0
+        """Optimizer steps taken (restored from checkpoints)."""
+        self._reference: nn.Module | None = None
+
+    def _place(self, module: nn.Module) -> None:
+        if self.distributed:
+            model_io.shard_model(module, self.bf16)
+            module.to(self.device)
+        else:
+            module.to(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # FSDP's MixedPrecisionPolicy does the casting when distributed; plain modules use autocast.
+        if self.bf16 and not self.distributed:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _reference_logprobs(self, c: Collated) -> torch.Tensor:
+        """Base-policy logprobs: LoRA disabled, or a frozen copy of the base for full fine-tuning."""
+        with torch.no_grad(), self._autocast():
+            if self.config.lora is not None:
+                peft_model: Any = self.model
+                with peft_model.disable_adapter():
+                    return token_logprobs(self.model, c)
+            if self._reference is None:
+                self._reference = model_io.build_reference(self.config)
+                self._place(self._reference)
+            return token_logprobs(self._reference, c)
+
+    def _set_grad_sync(self, enabled: bool) -> None:
+        if isinstance(self.model, FSDPModule):
+            self.model.set_requires_gradient_sync(enabled)
+
+    def _grad_norm_and_clip(self) -> float:
+        """Global L2 norm of the gradients (float64, over all shards); scale them to max_grad_norm."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for g in local:
+            sq += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2
+        if self.distributed:
+            dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
+        norm = float(sq.sqrt())
+        if self.config.max_grad_norm > 0 and norm > self.config.max_grad_norm:
+            coef = self.config.max_grad_norm / (norm + 1e-6)
+            with torch.no_grad():
+                for g in local:  # views of the (sharded) .grad tensors
+                    g.mul_(coef)
+        return norm
+
+    def _all_reduce_sums(self, sums: LossSums) -> LossSums:
+        if not self.distributed:
+            return sums
+        t = sums.as_tensor().to(self.device)
+        dist.all_reduce(t)
+        return LossSums.from_tensor(t.cpu())
+
+    def _fault_pause(self) -> None:
+        """Fault injection for tests: inside a step, wait while `extra["pause_while_exists"]` exists."""
+        marker = self.config.extra.get("pause_while_exists")
+        deadline = time.monotonic() + 120.0
+        while marker and os.path.exists(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> dict[str, float]:
+        """Forward/backward over this rank's shard of `batch` and one optimizer step."""
+        t0 = time.perf_counter()
+        for d in batch:
+            validate_datum(d)
+        self._fault_pause()
+        micros = micro_batches(batch, self.rank, self.world_size, self.config.micro_batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = LossSums.zero()
+        for k, micro in enumerate(micros):
+            self._set_grad_sync(k == len(micros) - 1)
+            c = collate(micro).to(self.device)
+            ref = self._reference_logprobs(c) if loss.kl_coef > 0 else None
+            with self._autocast():
+                logp = token_logprobs(self.model, c)
+            out = compute_loss(loss, LossInputs(logp, c.sampler_logprobs, c.advantages, c.mask, ref))
+            out.loss.backward()
+            sums = sums + out.sums
+        grad_norm = self._grad_norm_and_clip()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        metrics = finalize_metrics(self._all_reduce_sums(sums))
+        metrics.update(
+            grad_norm=grad_norm,
+            step=float(self.step),
+            learning_rate=self.config.learning_rate,
+            datums=float(len(batch)),
+            micro_batches=float(len(micros)),
+            world_size=float(self.world_size),
+            step_seconds=time.perf_counter() - t0,
+        )
+        return metrics
+
+    def export(self, out_dir: Path, name: str) -> Path:
+        """Write weights (full: HF folder; LoRA: peft adapter) to `out_dir/name` atomically."""
+        sd = model_io.trainable_state_dict(self.model)
+        final = out_dir / name
+        if self.rank == 0:
+            with _tmp_dir(out_dir, name) as tmp:
+                if self.config.lora is not None:
+                    model_io.write_lora_export(self.model, sd, tmp)
+                else:
+                    model_io.write_full_export(self.model, sd, self.config, tmp)
+                model_io.replace_dir(tmp, final)
+        return final
+
+    def save_checkpoint(self, path: Path, policy_version: int) -> Path:
+        """Trainable weights + full optimizer state + step + policy version, atomically."""
+        from safetensors.torch import save_file
+
+        sd = model_io.trainable_state_dict(self.model)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        osd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _tmp_dir(path.parent, path.name) as tmp:
+                save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
+                torch.save(osd, tmp / "optimizer.pt")
+                state = {
+                    "step": self.step,
+                    "policy_version": policy_version,
+                    "lora": self.config.lora is not None,
+                }
+                (tmp / "trainer_state.json").write_text(json.dumps(state))
+                model_io.replace_dir(tmp, path)
+        return path
+
+    def restore_checkpoint(self, path: Path) -> dict[str, int]:
+        """Load what `save_checkpoint` wrote (by any world size); returns step and policy version."""
+        from safetensors.torch import load_file
+
+        state = json.loads((path / "trainer_state.json").read_text())
+        if bool(state["lora"]) != (self.config.lora is not None):
+            raise ValueError(f"checkpoint {path} is {'LoRA' if state['lora'] else 'full'}; trainer is not")
+        sd = load_file(str(path / "model.safetensors"))
+        expected = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(sd) != expected:
+            missing, extra = sorted(expected - set(sd))[:3], sorted(set(sd) - expected)[:3]
+            raise ValueError(
+                f"checkpoint {path} does not match the model (missing {missing}, unexpected {extra})"
+            )
+        loaded: dict[str, Any] = dict(sd)
+        set_model_state_dict(self.model, loaded, options=StateDictOptions(full_state_dict=True, strict=False))
+        osd = torch.load(path / "optimizer.pt", weights_only=True)
+        set_optimizer_state_dict(
+            self.model, self.optimizer, osd, options=StateDictOptions(full_state_dict=True)
+        )
+        self.step = int(state["step"])
+        return {"step": self.step, "policy_version": int(state["policy_version"])}
+
+
+@contextlib.contextmanager
+def _tmp_dir(parent: Path, name: str) -> Iterator[Path]:
+    """A fresh hidden sibling directory; removed if the block fails before renaming it."""
+    import shutil
+
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".tmp-{name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

@@ -1,0 +1,139 @@
+"""The training half of the local backend: FSDP/LoRA steps, and publishing them to the torch engine.
+
+Invariants:
+- The trainer starts lazily (first step, or a checkpoint to restore): serving-only use pays nothing.
+- Publishing exports the trained weights (a transformers folder, or a peft adapter), turns them
+  into a state dict named like the served model's parameters (LoRA is merged: W + (alpha/r)·B·A,
+  in float32 from the base weights kept at start), and swaps it into the engine under a new,
+  strictly greater policy version. Streams already running finish on the weights they started on.
+- Checkpoints (weights or adapter + optimizer + step + policy version) go to
+  `<state_dir>/checkpoints/local/step-XXXXXXXX`, written atomically by the trainer; `latest()`
+  finds the newest complete one, which `LocalBackend.start()` restores.
+- Only the newest export is kept on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clawbridge.backend import Datum, LossConfig, StepResult
+from clawbridge.config import Settings
+from clawbridge_local.trainer.client import FsdpTrainerClient
+from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
+
+CHECKPOINT_STATE = "trainer_state.json"
+
+
+def trainer_config(settings: Settings, model_path: str) -> TrainerConfig:
+    """The FSDP trainer's configuration from clawbridge settings."""
+    lora = None
+    if settings.lora_rank > 0:
+        lora = LoraSettings(rank=settings.lora_rank, alpha=int(settings.lora_alpha),
+                            target_modules=tuple(settings.lora_target_modules))
+    return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.learning_rate,
+                         max_grad_norm=settings.max_grad_norm, micro_batch_size=settings.micro_batch_size)
+
+
+def resolve_model_folder(model: str) -> Path:
+    """A local folder for `model` (a folder, or an already-cached Hugging Face id)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))
+
+
+def load_safetensors_dir(folder: Path) -> dict[str, Any]:
+    """Every tensor in the folder's *.safetensors files."""
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
+    """Merged weights for every module the adapter touches: W + (alpha / r) * B @ A (float32)."""
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
+    tensors = load_safetensors_dir(adapter_dir)
+    merged: dict[str, Any] = {}
+    for key, a in tensors.items():
+        if ".lora_A." not in key:
+            continue
+        module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
+        b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        name = f"{module}.weight"
+        if name not in base:
+            raise KeyError(f"adapter module {module!r} has no base weight {name!r}")
+        w = base[name].float()
+        merged[name] = (w + scale * (b.float() @ a.float())).to(base[name].dtype)
+    if not merged:
+        raise ValueError(f"{adapter_dir} has no LoRA weights")
+    return merged
+
+
+class LocalTrainer:
+    """Owns the `FsdpTrainerClient` and makes engine weight updates from its exports. Blocking:
+    async callers use `asyncio.to_thread`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.model_dir = resolve_model_folder(settings.model)
+        self.work_dir = settings.state_path / "trainer" / "local"
+        self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
+        self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir)), self.work_dir)
+        self._base: dict[str, Any] | None = None
+        self._last_export: Path | None = None
+
+    @property
+    def lora(self) -> bool:
+        return self.settings.lora_rank > 0
+
+    def ensure_started(self) -> None:
+        if self.client.alive:
+            return
+        self.client.start(self.settings.train_world_size)
+        if self.lora and self._base is None:
+            self._base = load_safetensors_dir(self.model_dir)
+
+    def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
+        self.ensure_started()
+        return self.client.train_step(batch, loss)
+
+    def weight_update(self) -> dict[str, Any]:
+        """The current trained weights as a state dict for the engine."""
+        self.ensure_started()
+        export = self.client.export_weights(self.work_dir / "exports")
+        try:
+            if self.lora:
+                assert self._base is not None
+                return merge_lora(export, self._base)
+            return load_safetensors_dir(export)
+        finally:
+            if self._last_export is not None and self._last_export != export:
+                shutil.rmtree(self._last_export, ignore_errors=True)
+            self._last_export = export
+
+    def save_checkpoint(self, name: str, policy_version: int) -> Path:
+        return self.client.save_checkpoint(self.checkpoint_dir / name, policy_version)
+
+    def restore_checkpoint(self, path: Path) -> int:
+        self.ensure_started()
+        return self.client.restore_checkpoint(path).policy_version
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, if any."""
+        if not self.checkpoint_dir.is_dir():
+            return None
+        done = sorted(p for p in self.checkpoint_dir.iterdir() if (p / CHECKPOINT_STATE).is_file())
+        return done[-1] if done else None
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,237 @@
+"""The FSDP trainer (backends/local): 2 ranks == 1 process, accumulation, checkpoints, dead ranks.
+
+CPU only: torchrun with gloo, fp32, the tiny Qwen3 model from `clawbridge.tinymodel`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import torch
+from clawbridge_local.trainer import FsdpTrainerClient, TrainerConfig, TrainerError
+from clawbridge_local.trainer.batch import collate, micro_batches, shard
+from safetensors.torch import load_file
+
+from clawbridge.backend import Datum, LossConfig
+from clawbridge.tinymodel import TinyModelSpec, build_tiny_model
+
+TINY = TinyModelSpec(
+    hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128
+)
+LOSS = LossConfig("ppo", clip_low=0.2, clip_high=0.3, kl_coef=0.05)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", spec=TINY)
+
+
+def make_batch(seed: int, lengths: tuple[int, ...] = (3, 6, 4, 7)) -> list[Datum]:
+    """Deterministic datums: 5 prompt tokens + `n` sampled tokens with logprobs/advantages."""
+    rng = random.Random(seed)
+    out = []
+    for n in lengths:
+        prompt = [rng.randrange(10, 3000) for _ in range(5)]
+        comp = [rng.randrange(10, 3000) for _ in range(n)]
+        lps = [-rng.uniform(6.0, 9.0) for _ in comp]  # near the tiny model's own logprobs (~ -8.3)
+        advs = [rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 1.0) for _ in comp]
+        out.append(Datum.from_turn(prompt, comp, lps, advs, policy_version=0, turn_id=f"t{seed}-{n}"))
+    return out
+
+
+def config(model: Path, **kw: Any) -> TrainerConfig:
+    base: dict[str, Any] = {
+        "model_path": str(model),
+        "learning_rate": 1e-3,
+        "max_grad_norm": 1.0,
+        "micro_batch_size": 4,
+    }
+    base.update(kw)
+    return TrainerConfig(**base)
+
+
+def params(client: FsdpTrainerClient) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in client.core.model.named_parameters()}
+
+
+def assert_close_dicts(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
+    assert a.keys() == b.keys()
+    worst = max((float((a[k] - b[k]).abs().max()), k) for k in a)
+    assert worst[0] <= atol, f"max |diff| {worst[0]:.3g} at {worst[1]}"
+
+
+def assert_metrics_close(m1: dict[str, float], m2: dict[str, float], rel: float = 1e-5) -> None:
+    """Loss terms and the global grad norm (which catches any gradient-scaling error) to `rel`."""
+    for key in ("loss", "pg_loss", "kl", "clip_fraction", "ratio_mean", "tokens", "grad_norm", "step"):
+        assert m1[key] == pytest.approx(m2[key], rel=rel, abs=1e-6), key
+
+
+def test_shard_and_micro_batches_cover_every_datum_once() -> None:
+    batch = make_batch(0, lengths=(9, 1, 4, 4, 2, 7, 3))
+    owners = shard([len(d.tokens) for d in batch], 3)
+    assert sorted(i for o in owners for i in o) == list(range(7))
+    loads = [sum(len(batch[i].tokens) for i in o) for o in owners]
+    assert max(loads) - min(loads) <= 9
+    per_rank = [micro_batches(batch, r, 3, 2) for r in range(3)]
+    assert len({len(m) for m in per_rank}) == 1  # same number of forward/backward on every rank
+    seen = [d.turn_id for m in per_rank for micro in m for d in micro]
+    assert sorted(seen) == sorted(d.turn_id for d in batch)
+    # more ranks than datums: the spare rank runs an all-masked dummy
+    spare = micro_batches(batch[:1], 1, 2, 4)
+    assert spare == [[]] and float(collate(spare[0]).mask.sum()) == 0.0
+
+
+def test_gradient_accumulation_equals_one_big_batch(tiny_model: Path, tmp_path: Path) -> None:
+    batch = make_batch(1)
+    results = []
+    for mbs in (4, 2):  # one micro-batch of 4 vs two of 2
+        client = FsdpTrainerClient(config(tiny_model, micro_batch_size=mbs), tmp_path / f"mbs{mbs}")
+        client.start(1)
+        m = client.train_step(batch, LOSS).metrics
+        results.append((m, params(client)))
+        client.close()
+    (m_big, p_big), (m_acc, p_acc) = results
+    assert m_acc["micro_batches"] == 2 and m_big["micro_batches"] == 1
+    assert_metrics_close(m_big, m_acc)
+    assert_close_dicts(p_big, p_acc, atol=1e-5)
+    moved = max(float((p_big[k] - p).abs().max()) for k, p in _initial_params(tiny_model).items())
+    assert moved > 1e-4  # the step really changed the weights
+
+
+def _initial_params(model: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    return {n: p.detach() for n, p in m.named_parameters()}
+
+
+def test_checkpoint_restore_continues_like_uninterrupted(tiny_model: Path, tmp_path: Path) -> None:
+    b1, b2 = make_batch(2), make_batch(3)
+    a = FsdpTrainerClient(config(tiny_model), tmp_path / "a")
+    a.start(1)
+    a.train_step(b1, LOSS)
+    ckpt = a.save_checkpoint(tmp_path / "ckpt" / "step-1", policy_version=7)
+    m_a = a.train_step(b2, LOSS).metrics
+    p_a = params(a)
+    a.close()
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+    ]
+    assert not [p for p in ckpt.parent.iterdir() if p.name.startswith(".")]  # no tmp left behind
+
+    b = FsdpTrainerClient(config(tiny_model), tmp_path / "b")
+    b.start(1)
+    info = b.restore_checkpoint(ckpt)
+    assert (info.step, info.policy_version) == (1, 7)
+    m_b = b.train_step(b2, LOSS).metrics
+    assert_metrics_close(m_a, m_b, rel=1e-6)
+    assert_close_dicts(p_a, params(b), atol=1e-6)
+    b.close()
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process_and_export_loads(tiny_model: Path, tmp_path: Path) -> None:
+    """torchrun --nproc_per_node=2 (gloo, FSDP2, 2 micro-batches/rank) vs the in-process trainer."""
+    from transformers import AutoModelForCausalLM
+
+    b1, b2 = make_batch(4), make_batch(5)
+    one = FsdpTrainerClient(config(tiny_model), tmp_path / "one")
+    one.start(1)
+    m1 = [one.train_step(b1, LOSS).metrics, one.train_step(b2, LOSS).metrics]
+
+    two = FsdpTrainerClient(config(tiny_model, micro_batch_size=1), tmp_path / "two", launcher="torchrun")
+    two.start(2)
+    t0 = time.perf_counter()
+    m2 = [two.train_step(b1, LOSS).metrics]
+    step_s = time.perf_counter() - t0
+    ckpt = two.save_checkpoint(tmp_path / "ckpt2", policy_version=3)
+    m2.append(two.train_step(b2, LOSS).metrics)
+    export = two.export_weights(tmp_path / "exports")
+    two.close()
+    print(f"2-rank step round trip {step_s:.3f}s; in-worker {m2[0]['step_seconds']:.3f}s")
+
+    assert m2[0]["world_size"] == 2 and m2[0]["micro_batches"] == 2
+    for a, b in zip(m1, m2, strict=True):
+        print({k: (a[k], b[k]) for k in ("loss", "kl", "grad_norm")})
+        assert_metrics_close(a, b)
+    assert export.name == "step-00000002"
+    exported = load_file(str(export / "model.safetensors"))
+    assert_close_dicts(params(one), exported, atol=1e-5)
+
+    # the export is a transformers folder that gives the trained model's logits
+    loaded = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    ids = torch.tensor([b1[0].tokens])
+    with torch.no_grad():
+        ref_logits = one.core.model(input_ids=ids).logits
+        torch.testing.assert_close(loaded(input_ids=ids).logits, ref_logits, atol=1e-4, rtol=1e-4)
+    assert (export / "tokenizer.json").exists()
+
+    # a checkpoint written by 2 ranks restores into 1 process and continues identically
+    three = FsdpTrainerClient(config(tiny_model), tmp_path / "three")
+    three.start(1)
+    assert three.restore_checkpoint(ckpt).policy_version == 3
+    assert_metrics_close(three.train_step(b2, LOSS).metrics, m1[1])
+    assert_close_dicts(params(three), params(one), atol=1e-5)
+    three.close()
+    one.close()
+
+
+@pytest.mark.slow
+def test_killed_rank_raises_clearly_and_group_restarts(tiny_model: Path, tmp_path: Path) -> None:
+    pause = tmp_path / "pause"
+    client = FsdpTrainerClient(
+        config(tiny_model, extra={"pause_while_exists": str(pause)}, step_timeout_s=120.0),
+        tmp_path / "work",
+        launcher="torchrun",
+    )
+    client.start(2)
+    run_dir = client.run_dir
+    assert run_dir is not None
+    victim = int((run_dir / "rank1.pid").read_text())
+    pause.touch()  # ranks will sit inside the step until we kill one
+    outcome: dict[str, Any] = {}
+
+    def step() -> None:
+        t0 = time.monotonic()
+        try:
+            client.train_step(make_batch(6), LOSS)
+        except TrainerError as exc:
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - t0
+
+    th = threading.Thread(target=step)
+    th.start()
+    time.sleep(1.0)
+    os.kill(victim, signal.SIGKILL)
+    th.join(timeout=90)
+    pause.unlink()
+    assert not th.is_alive(), "train_step hung after a rank was killed"
+    assert "error" in outcome, "train_step returned although a rank died mid-step"
+    assert "exited" in str(outcome["error"]) and "train_step" in str(outcome["error"])
+    print(f"dead rank surfaced after {outcome['seconds']:.1f}s")
+    assert outcome["seconds"] < 60
+    assert not client.alive
+    with pytest.raises(TrainerError, match="not running"):
+        client.train_step(make_batch(6), LOSS)
+
+    t0 = time.monotonic()
+    client.restart()
+    print(f"restart took {time.monotonic() - t0:.1f}s")
+    assert client.alive and client.run_dir != run_dir
+    m = client.train_step(make_batch(6), LOSS).metrics
+    assert m["step"] == 1 and m["world_size"] == 2
+    client.close()
+    assert not client.alive
