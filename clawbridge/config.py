@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     )
     learning_rate: float = Field(1e-4, description="AdamW / Adam learning rate.")
     checkpoint_every: int = Field(10, description="Save a checkpoint every N training steps (0: never).")
+    max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (local backend; 0: off).")
+    micro_batch_size: int = Field(8, description="Datums per forward/backward; larger batches accumulate (local).")
+    train_world_size: int = Field(
+        1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process (local backend)."
+    )
 
     # --- trainer loop (section owned by clawbridge/trainer)
     train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
@@ -118,7 +123,9 @@ class Settings(BaseSettings):
         False, description="At shutdown, delete the trainer job and deployment clawbridge created (never reused ones)."
     )
     fireworks_grad_accumulation_normalization: Literal["num_loss_tokens", "num_sequences", "none"] = Field(
-        "num_loss_tokens", description="How optim_step normalizes the summed policy-gradient loss."
+        "none",
+        description="How optim_step normalizes the summed loss; 'none' because the trainer loop already folds "
+        "its normalization (advantage_normalization) into the advantages, the same for every backend.",
     )
     fireworks_grad_clip_norm: float = Field(1.0, description="Adam global gradient-norm clip (0: off).")
     fireworks_weight_decay: float = Field(0.0, description="Adam decoupled weight decay.")
@@ -132,13 +139,14 @@ class Settings(BaseSettings):
 
     # --- hosted backends: keys from their usual variables
     tinker_api_key: SecretStr | None = Field(
-        None, validation_alias=AliasChoices("TINKER_API_KEY", "CLAWBRIDGE_TINKER_API_KEY", "tinker_api_key")
+        None, description="Tinker API key.", validation_alias=AliasChoices("TINKER_API_KEY", "CLAWBRIDGE_TINKER_API_KEY", "tinker_api_key")
     )
     fireworks_api_key: SecretStr | None = Field(
-        None, validation_alias=AliasChoices("FIREWORKS_API_KEY", "CLAWBRIDGE_FIREWORKS_API_KEY", "fireworks_api_key")
+        None, description="Fireworks API key.", validation_alias=AliasChoices("FIREWORKS_API_KEY", "CLAWBRIDGE_FIREWORKS_API_KEY", "fireworks_api_key")
     )
     fireworks_account_id: str | None = Field(
         None,
+        description="Fireworks account id.",
         validation_alias=AliasChoices("FIREWORKS_ACCOUNT_ID", "CLAWBRIDGE_FIREWORKS_ACCOUNT_ID", "fireworks_account_id"),
     )
 

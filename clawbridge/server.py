@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from clawbridge.backend import ServingBackend, load_backend
+from clawbridge.backend import ServingBackend, TrainingBackend, load_backend
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.proxy.app import build_app
@@ -22,6 +22,7 @@ from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
 from clawbridge.store import Store
+from clawbridge.trainer import TrainerLoop
 
 log = logging.getLogger("clawbridge")
 
@@ -72,8 +73,11 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
     info = backend.model_info()
     renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)
     store = Store.open(settings.state_path)
-    return ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
-                      writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
+    state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
+                       writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
+    if settings.train and isinstance(backend, TrainingBackend):
+        state.trainer = TrainerLoop.from_settings(settings, store, backend)
+    return state
 
 
 def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, info: Any) -> str:
@@ -104,6 +108,10 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     admin_where = "$CLAWBRIDGE_ADMIN_KEY" if keys.admin.source == "env" else keys.admin.source
     announce(f"admin key (for /rl/*): {admin_where}")
     announce(f"store: {state.store.path}")
+    if state.trainer is not None:
+        announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}); watch with `clawbridge status`")
+    else:
+        announce("training: off (the backend serves only, or train = false)")
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
              + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
     try:

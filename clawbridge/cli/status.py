@@ -35,14 +35,18 @@ def gather_status(settings: Settings) -> dict[str, Any]:
             r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {key}"}, timeout=5.0)
             if r.status_code == 200:
                 info["store"] = r.json()["store"]
+                info["trainer"] = r.json().get("trainer")
     except (httpx.HTTPError, ValueError):
         pass
     if "store" not in info:
         path = settings.state_path / DB_FILENAME
         if path.exists():
+            from clawbridge.store.training import TrainingStore
+
             store = Store(path)
             try:
                 info["store"] = store.stats()
+                info["trainer"] = TrainingStore(store).training_stats()
             finally:
                 store.close()
     return info
@@ -64,3 +68,31 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
                   f"tokens: {s['prompt_tokens']} prompt, {s['completion_tokens']} completion")
     console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
                   f"last trained policy: {s['last_trained_policy_version']}")
+    print_trainer(console, info.get("trainer"))
+
+
+def _fmt_metrics(m: dict[str, Any] | None) -> str:
+    if not m:
+        return ""
+    keys = ("loss", "reward_mean", "kl", "clip_fraction", "tokens", "seconds")
+    parts = []
+    for k in keys:
+        v = m.get(k)
+        if isinstance(v, int | float):
+            parts.append(f"{k} {v:.4g}")
+    return ", ".join(parts)
+
+
+def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
+    if not t:
+        console.print("trainer: off")
+        return
+    s = t["samples"]
+    dropped = ", ".join(f"{k} {v}" for k, v in s["dropped"].items()) or "none"
+    console.print(f"trainer: samples {s['pending']} pending, {s['consumed']} trained, dropped: {dropped}; "
+                  f"steps {t['steps']['ok']} ok, {t['steps']['failed']} failed")
+    for step in t.get("recent_steps", [])[:5]:
+        console.print(f"  step {step['step']} {step['status']} -> policy v{step['policy_version']}: "
+                      f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
+    if t.get("last_error"):
+        console.print(f"  last error (step {t['last_error']['step']}): {t['last_error']['error']}", highlight=False)

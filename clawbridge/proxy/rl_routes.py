@@ -73,6 +73,13 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def start_session(request: Request) -> dict[str, Any]:
         require_admin(authenticate(request, state.keys, state.store))
         req = _validate(StartSession, await body_of(request))
+        # --- trainer capacity mode (owned by clawbridge/trainer): new sessions only, never model calls
+        if state.trainer is not None:
+            over, retry_after = state.trainer.backlog_exceeded()
+            if over:
+                raise ApiError(429, "the training backlog is full; start the session later", code="training_backlog",
+                               headers={"Retry-After": str(math.ceil(retry_after))})
+        # --- end trainer capacity mode
         key = req.api_key or f"cbs-{secrets.token_urlsafe(24)}"
         if len(key) < 16:
             raise ApiError(400, "api_key must be at least 16 characters", param="api_key")
@@ -87,6 +94,8 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         if state.store.get_session(sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
         ended = await state.writer.call(state.store.end_session, sid, "end_session")
+        if state.trainer is not None:
+            state.trainer.notify()
         return {"session_id": sid, "ended": ended}
 
     @router.post("/set_reward")
@@ -152,6 +161,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def status(request: Request) -> dict[str, Any]:
         require_admin(authenticate(request, state.keys, state.store))
         return {"model": state.model_info.name, "backend": state.backend.name,
-                "policy_version": state.sampler.policy_version, "store": state.store.stats()}
+                "policy_version": state.sampler.policy_version, "store": state.store.stats(),
+                "trainer": state.trainer.status() if state.trainer is not None else None}
 
     return router

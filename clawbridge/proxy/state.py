@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.config import Settings
@@ -19,6 +19,9 @@ from clawbridge.proxy.auth import Keys
 from clawbridge.render import Renderer
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
+
+if TYPE_CHECKING:
+    from clawbridge.trainer.loop import TrainerLoop
 
 log = logging.getLogger("clawbridge.store")
 T = TypeVar("T")
@@ -59,6 +62,8 @@ class ProxyState:
     store: Store
     writer: StoreWriter
     keys: Keys
+    trainer: TrainerLoop | None = None
+    """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
 
     @property
     def sampler(self) -> Sampler:

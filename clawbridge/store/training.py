@@ -1,0 +1,356 @@
+"""The trainer's view of the store: samples, steps and the traces advantages are computed from.
+
+Operates on a `Store`'s connection through its `_tx` (BEGIN IMMEDIATE ... COMMIT) and `_lock`, so
+it shares the Store's thread safety and never changes the Store's own methods.
+
+Invariants:
+- When a turn becomes trainable: once its session has ENDED (any end reason), `ingest_ended`
+  inserts one `samples` row per ok main turn, with the turn's policy_version. Side turns and
+  cancelled/errored turns never get a sample. Ingestion is idempotent (`INSERT OR IGNORE` on the
+  turn id), so rescanning is always safe.
+- A sample is READY when it is unconsumed, not dropped, its session is (still) ended and has at
+  least one reward (turn-level or session-level). Samples of sessions that stay unrewarded for
+  `reward_wait_s` after ending are dropped with reason `no_reward`.
+- Exactly-once in the store: `commit_step` records the step as ok AND sets `consumed_step` on its
+  samples in ONE transaction, and refuses (rolls back) if any sample was already consumed or
+  dropped. A failed, cancelled or killed step leaves its samples untouched; a `running` row left by
+  a killed process is marked failed by `recover_interrupted`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clawbridge.store.codec import decode_floats, decode_ids
+from clawbridge.store.store import Store, StoreError
+
+INGEST_MARGIN_S = 60.0
+"""Sessions ended up to this long before the last watermark are rescanned (out-of-order commits)."""
+
+INTERRUPTED_ERROR = "interrupted: the process ended during this step; its samples stay for the next step"
+
+
+@dataclass(frozen=True)
+class PendingSample:
+    """A ready sample with what batching needs (no token blobs)."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    """The turn's position in its session."""
+    policy_version: int
+    """The version that sampled the turn."""
+    task_id: str | None
+    """The session's task id: the group id for group baselines."""
+    source: str
+    """How the session was resolved (header, session_key, ...): the running-mean key without a task."""
+    completion_tokens: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class TraceTurn:
+    """One ok turn of a session, for reward bookkeeping."""
+
+    turn_id: str
+    seq: int
+    trainable: bool
+    """A main turn with status ok (the only kind that becomes a datum)."""
+    reward: float | None
+    """The latest turn-level reward, if any."""
+
+
+@dataclass(frozen=True)
+class SessionTrace:
+    """A session's ok turns in order, with its rewards."""
+
+    session_id: str
+    task_id: str | None
+    source: str
+    turns: tuple[TraceTurn, ...]
+    session_reward: float | None
+    """The latest session-level reward (`/rl/set_session_reward`), if any."""
+
+
+@dataclass(frozen=True)
+class TurnTokens:
+    """What a datum is built from, exactly as recorded."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of `steps`."""
+
+    step: int
+    policy_version: int | None
+    status: str
+    """running | ok | failed"""
+    metrics: dict[str, Any]
+    error: str | None
+    started_at: float
+    finished_at: float | None
+    samples: int = 0
+    """How many samples this step consumed (0 unless ok)."""
+
+
+class TrainingStore:
+    """Samples and steps on a `Store`'s connection."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ samples
+    def ingest_ended(self, since: float = 0.0) -> tuple[int, float]:
+        """Insert samples for ok main turns of sessions ended at or after `since - INGEST_MARGIN_S`.
+
+        Returns (rows inserted, the new watermark to pass next time)."""
+        now = time.time()
+        with self.store._tx() as c:
+            row = c.execute("SELECT MAX(ended_at) FROM sessions WHERE status='ended'").fetchone()
+            watermark = max(since, float(row[0])) if row[0] is not None else since
+            cur = c.execute(
+                "INSERT OR IGNORE INTO samples(turn_id, session_id, policy_version, created_at) "
+                "SELECT t.turn_id, t.session_id, t.policy_version, ? FROM sessions s "
+                "JOIN turns t ON t.session_id = s.session_id "
+                "WHERE s.status='ended' AND s.ended_at >= ? AND t.turn_type='main' AND t.status='ok'",
+                (now, since - INGEST_MARGIN_S if since > 0 else float("-inf")),
+            )
+            return cur.rowcount, watermark
+
+    def ready_samples(self) -> list[PendingSample]:
+        """READY samples (see the module invariants), oldest first, a session's turns in order."""
+        with self.store._lock:
+            rows = self.store._conn.execute(
+                "SELECT sa.turn_id, sa.session_id, t.seq, sa.policy_version, s.task_id, s.source, "
+                "t.completion_tokens, sa.created_at FROM samples sa "
+                "JOIN turns t ON t.turn_id = sa.turn_id JOIN sessions s ON s.session_id = sa.session_id "
+                "WHERE sa.consumed_step IS NULL AND sa.dropped_reason IS NULL AND s.status='ended' "
+                "AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = sa.session_id) "
+                "ORDER BY sa.created_at, s.ended_at, sa.session_id, t.seq"
+            ).fetchall()
+        return [
+            PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]))
+            for r in rows
+        ]
+
+    def drop_samples(self, turn_ids: Iterable[str], reason: str) -> int:
+        """Mark unconsumed samples dropped; returns how many changed."""
+        ids = list(turn_ids)
+        with self.store._tx() as c:
+            return sum(
+                c.execute(
+                    "UPDATE samples SET dropped_reason=? WHERE turn_id=? AND consumed_step IS NULL "
+                    "AND dropped_reason IS NULL",
+                    (reason, tid),
+                ).rowcount
+                for tid in ids
+            )
+
+    def drop_unrewarded(self, wait_s: float) -> int:
+        """Drop (`no_reward`) pending samples of sessions ended over `wait_s` ago without any reward."""
+        cutoff = time.time() - wait_s
+        with self.store._tx() as c:
+            return c.execute(
+                "UPDATE samples SET dropped_reason='no_reward' WHERE consumed_step IS NULL AND dropped_reason IS NULL "
+                "AND session_id IN (SELECT session_id FROM sessions WHERE status='ended' AND ended_at < ?) "
+                "AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = samples.session_id)",
+                (cutoff,),
+            ).rowcount
+
+    def session_traces(self, session_ids: Iterable[str]) -> dict[str, SessionTrace]:
+        """Each session's ok turns (main and side) in order, with the latest reward per turn."""
+        out: dict[str, SessionTrace] = {}
+        with self.store._lock:
+            c = self.store._conn
+            for sid in dict.fromkeys(session_ids):
+                s = c.execute("SELECT task_id, source FROM sessions WHERE session_id=?", (sid,)).fetchone()
+                if s is None:
+                    raise StoreError(f"unknown session {sid!r}")
+                turns = c.execute(
+                    "SELECT turn_id, seq, turn_type FROM turns WHERE session_id=? AND status='ok' ORDER BY seq",
+                    (sid,),
+                ).fetchall()
+                latest_turn: dict[str, float] = {}
+                session_reward: float | None = None
+                for r in c.execute(
+                    "SELECT turn_id, value FROM rewards WHERE session_id=? ORDER BY reward_id", (sid,)
+                ).fetchall():
+                    if r[0] is None:
+                        session_reward = float(r[1])
+                    else:
+                        latest_turn[str(r[0])] = float(r[1])
+                out[sid] = SessionTrace(
+                    session_id=sid,
+                    task_id=s[0],
+                    source=str(s[1]),
+                    turns=tuple(
+                        TraceTurn(str(t[0]), int(t[1]), t[2] == "main", latest_turn.get(str(t[0])))
+                        for t in turns
+                    ),
+                    session_reward=session_reward,
+                )
+        return out
+
+    def turn_tokens(self, turn_ids: Sequence[str]) -> dict[str, TurnTokens]:
+        """Prompt ids, completion ids and logprobs exactly as recorded."""
+        out: dict[str, TurnTokens] = {}
+        with self.store._lock:
+            for tid in turn_ids:
+                r = self.store._conn.execute(
+                    "SELECT prompt_token_ids, completion_token_ids, completion_logprobs, policy_version "
+                    "FROM turns WHERE turn_id=?",
+                    (tid,),
+                ).fetchone()
+                if r is None:
+                    raise StoreError(f"unknown turn {tid!r}")
+                out[tid] = TurnTokens(decode_ids(r[0]), decode_ids(r[1]), decode_floats(r[2]), int(r[3]))
+        return out
+
+    def backlog(self, since: float = 0.0) -> int:
+        """Datums on their way to the trainer: unconsumed, undropped samples; ok main turns of
+        sessions ended at or after `since - INGEST_MARGIN_S` that are not samples yet; and, for
+        every active session, its ok main turns (at least 1: a started session will bring one)."""
+        with self.store._lock:
+            c = self.store._conn
+            pending = c.execute(
+                "SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL AND dropped_reason IS NULL"
+            ).fetchone()[0]
+            not_ingested = c.execute(
+                "SELECT COUNT(*) FROM sessions s JOIN turns t ON t.session_id = s.session_id "
+                "WHERE s.status='ended' AND s.ended_at >= ? AND t.turn_type='main' AND t.status='ok' "
+                "AND NOT EXISTS (SELECT 1 FROM samples sa WHERE sa.turn_id = t.turn_id)",
+                (since - INGEST_MARGIN_S if since > 0 else float("-inf"),),
+            ).fetchone()[0]
+            active = c.execute(
+                "SELECT COALESCE(SUM(MAX(1, (SELECT COUNT(*) FROM turns t WHERE t.session_id = s.session_id "
+                "AND t.turn_type='main' AND t.status='ok'))), 0) FROM sessions s WHERE s.status='active'"
+            ).fetchone()[0]
+        return int(pending) + int(not_ingested) + int(active)
+
+    # ------------------------------------------------------------------ steps
+    def recover_interrupted(self) -> int:
+        """Mark steps left `running` by a killed process as failed; their samples stay unconsumed."""
+        with self.store._tx() as c:
+            return c.execute(
+                "UPDATE steps SET status='failed', error=?, finished_at=? WHERE status='running'",
+                (INTERRUPTED_ERROR, time.time()),
+            ).rowcount
+
+    def begin_step(self) -> int:
+        """Insert a `running` step row; returns its step number."""
+        with self.store._tx() as c:
+            cur = c.execute("INSERT INTO steps(status, started_at) VALUES('running', ?)", (time.time(),))
+            return int(cur.lastrowid or 0)
+
+    def commit_step(
+        self, step: int, policy_version: int, metrics: dict[str, Any], turn_ids: Sequence[str]
+    ) -> None:
+        """In ONE transaction: the step becomes ok with its metrics and version, and its samples
+        are consumed by it. Raises StoreError (nothing written) if a sample is not pending."""
+        with self.store._tx() as c:
+            changed = 0
+            for tid in turn_ids:
+                changed += c.execute(
+                    "UPDATE samples SET consumed_step=? WHERE turn_id=? AND consumed_step IS NULL "
+                    "AND dropped_reason IS NULL",
+                    (step, tid),
+                ).rowcount
+            if changed != len(set(turn_ids)):
+                raise StoreError(
+                    f"step {step}: {len(set(turn_ids)) - changed} sample(s) were no longer pending"
+                )
+            cur = c.execute(
+                "UPDATE steps SET status='ok', policy_version=?, metrics_json=?, error=NULL, finished_at=? "
+                "WHERE step=? AND status='running'",
+                (policy_version, json.dumps(metrics), time.time(), step),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(f"step {step} is not running")
+
+    def fail_step(self, step: int, error: str, metrics: dict[str, Any] | None = None) -> None:
+        """Record the step as failed with its error; its samples are not touched."""
+        with self.store._tx() as c:
+            c.execute(
+                "UPDATE steps SET status='failed', error=?, metrics_json=?, finished_at=? WHERE step=?",
+                (error[:4000], json.dumps(metrics) if metrics else None, time.time(), step),
+            )
+
+    def steps(self, limit: int = 20) -> list[StepRow]:
+        """Newest first, with how many samples each consumed."""
+        return self._select_steps("ORDER BY st.step DESC LIMIT ?", (limit,))
+
+    def last_error(self) -> StepRow | None:
+        """The most recent failed step, if any."""
+        rows = self._select_steps("WHERE st.status='failed' ORDER BY st.step DESC LIMIT 1", ())
+        return rows[0] if rows else None
+
+    def _select_steps(self, tail: str, args: tuple[Any, ...]) -> list[StepRow]:
+        with self.store._lock:
+            rows = self.store._conn.execute(
+                "SELECT st.*, (SELECT COUNT(*) FROM samples sa WHERE sa.consumed_step = st.step) AS n "
+                f"FROM steps st {tail}",
+                args,
+            ).fetchall()
+        return [
+            StepRow(
+                step=int(r["step"]),
+                policy_version=r["policy_version"],
+                status=str(r["status"]),
+                metrics=json.loads(r["metrics_json"]) if r["metrics_json"] else {},
+                error=r["error"],
+                started_at=float(r["started_at"]),
+                finished_at=r["finished_at"],
+                samples=int(r["n"]),
+            )
+            for r in rows
+        ]
+
+    def training_stats(self, recent: int = 10) -> dict[str, Any]:
+        """The trainer section of `clawbridge status`: sample counts, step counts, recent steps,
+        the last error."""
+        with self.store._lock:
+            c = self.store._conn
+            consumed = c.execute("SELECT COUNT(*) FROM samples WHERE consumed_step IS NOT NULL").fetchone()[0]
+            pending = c.execute(
+                "SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL AND dropped_reason IS NULL"
+            ).fetchone()[0]
+            dropped = dict(
+                c.execute(
+                    "SELECT dropped_reason, COUNT(*) FROM samples WHERE dropped_reason IS NOT NULL "
+                    "GROUP BY dropped_reason"
+                ).fetchall()
+            )
+            steps = dict(c.execute("SELECT status, COUNT(*) FROM steps GROUP BY status").fetchall())
+        last_error = self.last_error()
+        return {
+            "samples": {"pending": pending, "consumed": consumed, "dropped": dropped},
+            "steps": {
+                "ok": steps.get("ok", 0),
+                "failed": steps.get("failed", 0),
+                "running": steps.get("running", 0),
+            },
+            "recent_steps": [_step_dict(s) for s in self.steps(recent)],
+            "last_error": None if last_error is None else _step_dict(last_error),
+        }
+
+
+def _step_dict(s: StepRow) -> dict[str, Any]:
+    return {
+        "step": s.step,
+        "status": s.status,
+        "policy_version": s.policy_version,
+        "samples": s.samples,
+        "metrics": s.metrics,
+        "error": s.error,
+        "started_at": s.started_at,
+        "finished_at": s.finished_at,
+    }

@@ -1,0 +1,338 @@
+"""The trainer loop: ready samples -> batches -> `train_step` -> `publish` -> one committed step.
+
+Runs as one asyncio task beside the proxy (`start()` / `stop()`); the step is awaited on the same
+event loop, so serving never pauses (backends do their heavy work off the loop) and the proxy
+never answers 503 because of training.
+
+Invariants:
+- When a turn becomes trainable: its session has ended (end_session, X-Session-Done, idle, a
+  replaced session key, a one-call session) and it has at least one reward. See
+  `clawbridge.store.training` for the sample lifecycle.
+- A step = `train_step(batch, LossConfig)` then `publish()`, and only then, in ONE transaction,
+  the `steps` row becomes ok (with the published version and metrics) and the batch's samples get
+  `consumed_step`. A raise anywhere (store read, datum build, train_step, publish) records the
+  step as failed with its error and leaves the samples for the next step; so does a cancel.
+- Exactly-once in the store, at-least-once at the backend: a process killed after `train_step`
+  (or `publish`) but before the commit leaves the step `running` and its samples unconsumed; the
+  next loop marks that step failed (`recover_interrupted`) and trains the samples again, so the
+  backend may see a sample twice across a crash, but the store consumes it once.
+- Staleness is checked when a batch is formed: a sample more than `max_off_policy_steps` versions
+  behind the serving version is dropped (`dropped_reason='stale'`, counted in the next step's
+  metrics) under `stale_policy='drop'`, or kept under `importance_weight` (the recorded sampler
+  logprobs make the loss ratio an importance weight).
+- Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
+  never a model call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from clawbridge.backend import LossConfig, TrainingBackend
+from clawbridge.store import Store
+from clawbridge.store.training import PendingSample, TrainingStore
+from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
+from clawbridge.trainer.datums import PreparedBatch, prepare_batch, screen, select_batch
+
+if TYPE_CHECKING:
+    from clawbridge.config import Settings
+
+log = logging.getLogger("clawbridge.trainer")
+
+StalePolicy = Literal["drop", "importance_weight"]
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The trainer loop's options (`Settings`' "trainer loop" section, see `from_settings`)."""
+
+    batch_size: int = 8
+    """Ready datums needed before a step runs (a batch may hold more: whole sessions/groups)."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Loss name, clip thresholds and KL coefficient sent with every step."""
+    gamma: float = 1.0
+    """Turn discount (advantages rule 2)."""
+    baseline: BaselineRule = "group_mean"
+    """Advantages rule 3."""
+    normalization: NormalizationRule = "token_mean"
+    """Advantages rule 4."""
+    max_off_policy_steps: int = 2
+    """Datums sampled more than this many versions before the serving one are stale."""
+    stale_policy: StalePolicy = "drop"
+    capacity_mode: bool = False
+    """Refuse new sessions (429) while the backlog is at its bound."""
+    max_backlog: int = 0
+    """The capacity bound in datums; 0: batch_size * (max_off_policy_steps + 1)."""
+    reward_wait_s: float = 600.0
+    """Samples of sessions ended this long ago without any reward are dropped (`no_reward`)."""
+    poll_interval_s: float = 1.0
+    """How often the loop looks for a ready batch when idle."""
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> TrainerConfig:
+        return cls(
+            batch_size=s.batch_size,
+            loss=LossConfig(name=s.loss, clip_low=s.clip_low, clip_high=s.clip_high, kl_coef=s.kl_coef),
+            gamma=s.gamma,
+            baseline=s.baseline,
+            normalization=s.advantage_normalization,
+            max_off_policy_steps=s.max_off_policy_steps,
+            stale_policy=s.stale_policy,
+            capacity_mode=s.capacity_mode,
+            max_backlog=s.max_backlog,
+            reward_wait_s=s.reward_wait_s,
+            poll_interval_s=s.trainer_poll_interval_s,
+        )
+
+    @property
+    def backlog_bound(self) -> int:
+        return self.max_backlog or self.batch_size * (self.max_off_policy_steps + 1)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """The outcome of one attempted step."""
+
+    step: int
+    ok: bool
+    policy_version: int | None
+    """The version `publish()` returned (None when the step failed)."""
+    metrics: dict[str, Any]
+    error: str | None
+    turn_ids: tuple[str, ...]
+
+
+class TrainerLoop:
+    """Turns ended, rewarded sessions into training steps on a `TrainingBackend`."""
+
+    def __init__(self, store: Store, backend: TrainingBackend, config: TrainerConfig | None = None) -> None:
+        self.store = store
+        self.tstore = TrainingStore(store)
+        self.backend = backend
+        self.config = config or TrainerConfig()
+        self.running_means = RunningMeans()
+        """Running-mean baselines, advanced only when a step commits."""
+        self.last_report: StepReport | None = None
+        self._watermark = 0.0
+        self._recovered = False
+        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0}
+        self._last_step_s: float | None = None
+        self._in_step = False
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, store: Store, backend: TrainingBackend) -> TrainerLoop:
+        return cls(store, backend, TrainerConfig.from_settings(settings))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the background task (idempotent)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._stop.clear()
+        self._task = asyncio.create_task(self._run(), name="clawbridge-trainer")
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Let a step in progress finish for up to `timeout_s`, then cancel it (it is recorded as
+        failed and its samples stay). Idempotent."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        except Exception:
+            log.exception("trainer loop ended with an error")
+
+    def notify(self) -> None:
+        """Look for a ready batch now instead of at the next poll (e.g. after a session ends)."""
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                report = await self.run_once()
+            except Exception:
+                log.exception("trainer loop iteration failed; retrying")
+                report = None
+                failures += 1
+            else:
+                failures = failures + 1 if report is not None and not report.ok else 0
+            if report is not None and report.ok:
+                continue  # another batch may already be ready
+            delay = self.config.poll_interval_s * (2 ** min(failures, 6) if failures else 1)
+            await self._sleep(min(delay, max(60.0, self.config.poll_interval_s)))
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+    # ------------------------------------------------------------------ one iteration
+    async def run_once(self) -> StepReport | None:
+        """Ingest ended sessions, drop what must be dropped, and run one step if a batch is ready.
+        Returns None when no batch was ready, else the step's report (ok or failed)."""
+        async with self._lock:
+            batch = await asyncio.to_thread(self._collect)
+            if not batch:
+                return None
+            return await self._step(batch)
+
+    def _collect(self) -> list[PendingSample]:
+        cfg = self.config
+        if not self._recovered:
+            n = self.tstore.recover_interrupted()
+            if n:
+                log.warning(
+                    "marked %d interrupted training step(s) failed; their samples will be retrained", n
+                )
+            self._recovered = True
+        _, self._watermark = self.tstore.ingest_ended(self._watermark)
+        self._dropped["no_reward"] += self.tstore.drop_unrewarded(cfg.reward_wait_s)
+        current = self.backend.sampler().policy_version
+        screened = screen(
+            self.tstore.ready_samples(), current, cfg.max_off_policy_steps, cfg.stale_policy == "drop"
+        )
+        if screened.stale:
+            self._dropped["stale"] += self.tstore.drop_samples((s.turn_id for s in screened.stale), "stale")
+            log.info(
+                "dropped %d stale sample(s) (policy v%d, max %d behind)",
+                len(screened.stale),
+                current,
+                cfg.max_off_policy_steps,
+            )
+        if screened.empty:
+            self._dropped["empty"] += self.tstore.drop_samples((s.turn_id for s in screened.empty), "empty")
+        whole_groups = cfg.baseline in ("group_mean", "group_mean_std")
+        return select_batch(screened.usable, cfg.batch_size, whole_groups)
+
+    def _prepare(self, batch: list[PendingSample]) -> PreparedBatch:
+        cfg = self.config
+        return prepare_batch(
+            self.tstore,
+            batch,
+            gamma=cfg.gamma,
+            baseline=cfg.baseline,
+            normalization=cfg.normalization,
+            running=self.running_means,
+            current_version=self.backend.sampler().policy_version,
+        )
+
+    async def _step(self, batch: list[PendingSample]) -> StepReport:
+        turn_ids = tuple(s.turn_id for s in batch)
+        step = await asyncio.to_thread(self.tstore.begin_step)
+        self._in_step = True
+        metrics: dict[str, Any] = {}
+        try:
+            prepared = await asyncio.to_thread(self._prepare, batch)
+            metrics.update(prepared.metrics)
+            t0 = time.monotonic()
+            result = await self.backend.train_step(prepared.datums, self.config.loss)
+            t1 = time.monotonic()
+            version = await self.backend.publish()
+            t2 = time.monotonic()
+            metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
+            await asyncio.to_thread(self.tstore.commit_step, step, version, metrics, turn_ids)
+        except asyncio.CancelledError:
+            self.tstore.fail_step(step, "cancelled: the trainer stopped during this step", metrics)
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "training step %d failed (%d samples stay for the next step): %s", step, len(batch), error
+            )
+            await asyncio.to_thread(self.tstore.fail_step, step, error, metrics)
+            self.last_report = StepReport(step, False, None, metrics, error, turn_ids)
+            return self.last_report
+        finally:
+            self._in_step = False
+        self.running_means = prepared.running
+        self._last_step_s = t2 - t0
+        self._dropped = dict.fromkeys(self._dropped, 0)
+        log.info(
+            "training step %d ok: %d datums, policy v%d, loss %s, reward mean %.4f",
+            step,
+            len(batch),
+            version,
+            metrics.get("loss"),
+            metrics["reward_mean"],
+        )
+        self.last_report = StepReport(step, True, version, metrics, None, turn_ids)
+        return self.last_report
+
+    def _step_metrics(
+        self, prepared: PreparedBatch, backend_metrics: dict[str, float], train_s: float, publish_s: float
+    ) -> dict[str, Any]:
+        m: dict[str, Any] = {k: float(v) for k, v in backend_metrics.items() if _finite(v)}
+        m.update(prepared.metrics)
+        for key in ("loss", "kl", "clip_fraction"):
+            m.setdefault(key, None)
+        m.update(
+            {
+                "seconds": train_s + publish_s,
+                "train_seconds": train_s,
+                "publish_seconds": publish_s,
+                "dropped_stale": float(self._dropped["stale"]),
+                "dropped_empty": float(self._dropped["empty"]),
+                "dropped_no_reward": float(self._dropped["no_reward"]),
+                "normalization": self.config.normalization,
+                "baseline": self.config.baseline,
+            }
+        )
+        return m
+
+    # ------------------------------------------------------------------ for the proxy and status
+    def backlog_exceeded(self) -> tuple[bool, float]:
+        """Capacity mode: (True, retry_after_s) when starting one more session would take the
+        backlog (`TrainingStore.backlog`, in datums) past its bound; always (False, 0) when off."""
+        if not self.config.capacity_mode:
+            return False, 0.0
+        if self.tstore.backlog(self._watermark) < self.config.backlog_bound:
+            return False, 0.0
+        expected = self._last_step_s if self._last_step_s is not None else self.config.poll_interval_s
+        return True, float(min(60.0, max(1.0, math.ceil(expected))))
+
+    def status(self) -> dict[str, Any]:
+        """The trainer section for `/rl/status` and `clawbridge status`."""
+        cfg = self.config
+        return {
+            "enabled": True,
+            "running": self.running,
+            "in_step": self._in_step,
+            "serving_policy_version": self.backend.sampler().policy_version,
+            "backlog": self.tstore.backlog(self._watermark),
+            "capacity": {"mode": cfg.capacity_mode, "bound": cfg.backlog_bound},
+            "config": {
+                "batch_size": cfg.batch_size,
+                "loss": cfg.loss.name,
+                "gamma": cfg.gamma,
+                "baseline": cfg.baseline,
+                "normalization": cfg.normalization,
+                "max_off_policy_steps": cfg.max_off_policy_steps,
+                "stale_policy": cfg.stale_policy,
+            },
+            **self.tstore.training_stats(),
+        }
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and math.isfinite(float(v))
