@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible model calls, the session API, health.
+"""The FastAPI app: OpenAI- and Anthropic-compatible model calls, the session API, health.
 
 Invariants: see `chat` (token exactness, commit before last byte) and `errors` (never a 500 for
 bad input). Idle sessions are ended by a background task every `reaper_interval_s`.
@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from clawbridge.proxy.anthropic import build_anthropic_router
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.chat import chat_completions
 from clawbridge.proxy.errors import ApiError, install_error_handlers
@@ -43,9 +44,13 @@ def build_app(state: ProxyState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_idle(state))
+        if state.trainer is not None:
+            await state.trainer.start()
         try:
             yield
         finally:
+            if state.trainer is not None:
+                await state.trainer.stop()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
@@ -93,6 +98,7 @@ def build_app(state: ProxyState) -> FastAPI:
                 "policy_version": state.sampler.policy_version}
 
     app.include_router(build_rl_router(state))
+    app.include_router(build_anthropic_router(state))
 
     @app.post("/v1/completions")
     async def legacy_completions() -> Response:

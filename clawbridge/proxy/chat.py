@@ -222,7 +222,26 @@ class ChatCall:
                                              "single_call" if self.call.source == "implicit" else None)
 
     # ------------------------------------------------------------------ non-streaming
+    def response_body(self) -> dict[str, Any]:
+        """The response for the whole sampled text (also what is recorded); API shapes override it."""
+        parsed = parse_completion(self.gen.text)
+        return self.completion_body(parsed.to_openai(), self.openai_finish_reason(bool(parsed.tool_calls)))
+
     async def complete(self, request: Request) -> Response:
+        """Sample to the end, record the turn, then answer `response_body()` as JSON."""
+        abandoned = await self.sample_all(request)
+        if abandoned is not None:
+            return abandoned
+        body = self.response_body()
+        await self.record("ok", body)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    async def sample_all(self, request: Request) -> Response | None:
+        """Sample to the end; a 499 response if the client left (the call is recorded cancelled).
+
+        Sampler failures and the request timeout raise `ApiError` (also recorded cancelled).
+        """
+
         async def run() -> None:
             async for _ in self.pieces():
                 pass
@@ -252,11 +271,7 @@ class ChatCall:
             task.cancel()
             self.record_cancelled_soon()
             raise
-        parsed = parse_completion(self.gen.text)
-        message = parsed.to_openai()
-        body = self.completion_body(message, self.openai_finish_reason(bool(parsed.tool_calls)))
-        await self.record("ok", body)
-        return Response(orjson.dumps(body), media_type="application/json")
+        return None
 
     # ------------------------------------------------------------------ streaming
     def chunk(self, delta: dict[str, Any], finish: str | None = None,

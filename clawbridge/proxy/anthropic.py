@@ -1,0 +1,263 @@
+"""POST /v1/messages (Anthropic Messages API) over the same render/sample/record path as chat completions.
+
+Invariants:
+- Everything `chat` promises holds here, because the sampling and recording are `ChatCall`'s:
+  token exact, the turn committed before the last byte (for a stream, before the `message_delta`
+  carrying `stop_reason`), an abandoned call recorded `cancelled`. The recorded request is the
+  raw body the client sent; the recorded response is the Anthropic message object.
+- Streamed and non-streamed answers are built by the same `Blocks` from the same `StreamParser`
+  deltas, so a stream's accumulated message equals the non-streamed one (ids aside).
+- Every error on these routes, including auth, body size and JSON errors raised before the
+  handler, is answered Anthropic-shaped (`{"type": "error", "error": {"type", "message"}}`)
+  with the status and headers (Retry-After) of the underlying `ApiError`; mid-stream as an
+  `event: error`. Never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from clawbridge.parse import Delta, StreamParser
+from clawbridge.proxy.anthropic_request import MessagesRequest, openai_data, validate_messages_request
+from clawbridge.proxy.auth import authenticate
+from clawbridge.proxy.chat import ChatCall, sampler_error
+from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
+from clawbridge.proxy.sessions import resolve_call_session
+from clawbridge.proxy.state import ProxyState
+from clawbridge.render import RenderError
+from clawbridge.sampler import SamplerError, SamplerTimeout
+
+log = logging.getLogger("clawbridge.proxy")
+
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+    422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 502: "api_error",
+    503: "api_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
+
+def anthropic_error_body(err: ApiError) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}`; a busy model is an `overloaded_error`."""
+    kind = "overloaded_error" if err.code == "overloaded" else ERROR_TYPES.get(err.status, "api_error")
+    message = err.message
+    if err.code == "missing_api_key":
+        message = "missing API key: send 'x-api-key: <key>' or 'Authorization: Bearer <key>'"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error(err: ApiError) -> JSONResponse:
+    return JSONResponse(anthropic_error_body(err), status_code=err.status, headers=err.headers)
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A tool call's JSON-string arguments as the object Anthropic's `input` must be."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"arguments": arguments}
+
+
+class Blocks:
+    """Anthropic content blocks built from parser deltas, with the stream events that build them."""
+
+    def __init__(self) -> None:
+        self.content: list[dict[str, Any]] = []
+        self._open = False
+
+    def _close(self, events: list[dict[str, Any]]) -> None:
+        if self._open:
+            events.append({"type": "content_block_stop", "index": len(self.content) - 1})
+            self._open = False
+
+    def _start(self, block: dict[str, Any], events: list[dict[str, Any]]) -> int:
+        self._close(events)
+        self.content.append(block)
+        self._open = True
+        events.append({"type": "content_block_start", "index": len(self.content) - 1,
+                       "content_block": dict(block)})
+        return len(self.content) - 1
+
+    def add(self, deltas: list[Delta]) -> list[dict[str, Any]]:
+        """Fold `deltas` into the blocks; the events that say so, in order."""
+        events: list[dict[str, Any]] = []
+        for d in deltas:
+            if d.kind in ("reasoning", "content"):
+                kind, field = ("thinking", "thinking") if d.kind == "reasoning" else ("text", "text")
+                last = self.content[-1] if self.content else None
+                if not (self._open and last is not None and last["type"] == kind):
+                    block = {"type": kind, field: ""} | ({"signature": ""} if kind == "thinking" else {})
+                    self._start(block, events)
+                self.content[-1][field] += d.text
+                events.append({"type": "content_block_delta", "index": len(self.content) - 1,
+                               "delta": {"type": f"{kind}_delta", field: d.text}})
+            elif d.kind == "tool_call" and d.tool_call is not None:
+                call = d.tool_call
+                args = tool_input(call.arguments)
+                index = self._start({"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"),
+                                     "name": call.name, "input": {}}, events)
+                self.content[index]["input"] = args
+                events.append({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "input_json_delta",
+                                         "partial_json": json.dumps(args, ensure_ascii=False)}})
+                self._close(events)
+        return events
+
+    def finish(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        self._close(events)
+        return events
+
+    @property
+    def has_tool_use(self) -> bool:
+        return any(b["type"] == "tool_use" for b in self.content)
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+class MessagesCall(ChatCall):
+    """A `ChatCall` whose answer is an Anthropic message (or its event stream)."""
+
+    @property
+    def message_id(self) -> str:
+        return "msg_" + self.completion_id.removeprefix("chatcmpl-")
+
+    def stop(self, has_tool_use: bool) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence) for what was sampled."""
+        if self.gen.finish_reason == "length":
+            return "max_tokens", None
+        if self.gen.finish_reason == "stop" and self.req.stop_strings:
+            # The matched stop string starts right where the released text ends.
+            full = self.state.renderer.decode(self.gen.ids)
+            at = len(self.gen.text)
+            for s in self.req.stop_strings:
+                if full.startswith(s, at):
+                    return "stop_sequence", s
+        return ("tool_use" if has_tool_use else "end_turn"), None
+
+    def usage_body(self) -> dict[str, int]:
+        return {"input_tokens": len(self.prompt_ids), "output_tokens": len(self.gen.ids)}
+
+    def message(self, content: list[dict[str, Any]], stop_reason: str | None,
+                stop_sequence: str | None) -> dict[str, Any]:
+        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                "usage": self.usage_body()}
+
+    def response_body(self) -> dict[str, Any]:
+        parser, blocks = StreamParser(), Blocks()
+        blocks.add(parser.feed(self.gen.text))
+        blocks.add(parser.finish())
+        blocks.finish()
+        return self.message(blocks.content, *self.stop(blocks.has_tool_use))
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        parser, blocks = StreamParser(), Blocks()
+        finished = False
+        deadline = time.monotonic() + self.state.settings.request_timeout_s
+        try:
+            start = self.message([], None, None)
+            start["usage"] = {"input_tokens": len(self.prompt_ids), "output_tokens": 0}
+            yield sse_event({"type": "message_start", "message": start})
+            yield sse_event({"type": "ping"})
+            async for text, _toks in self.pieces():
+                for event in blocks.add(parser.feed(text)) if text else []:
+                    yield sse_event(event)
+                if time.monotonic() > deadline:
+                    raise SamplerTimeout("request_timeout_s exceeded while streaming")
+            for event in blocks.add(parser.finish()) + blocks.finish():
+                yield sse_event(event)
+            stop_reason, stop_sequence = self.stop(blocks.has_tool_use)
+            await self.record("ok", self.message(blocks.content, stop_reason, stop_sequence))
+            finished = True
+            yield sse_event({"type": "message_delta",
+                             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                             "usage": {"output_tokens": len(self.gen.ids)}})
+            yield sse_event({"type": "message_stop"})
+        except SamplerError as exc:
+            log.warning("stream %s failed: %s", self.message_id, exc)
+            self.record_cancelled_soon()
+            finished = True
+            yield sse_event(anthropic_error_body(sampler_error(exc)))
+        finally:
+            if not finished:
+                self.record_cancelled_soon()
+
+
+def _check_model(state: ProxyState, model: str) -> None:
+    name = state.model_info.name
+    if model not in (name, "default"):
+        raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default'",
+                       code="model_not_found", param="model")
+
+
+def build_anthropic_router(state: ProxyState) -> APIRouter:
+    """`/v1/messages`, `/v1/messages/count_tokens` and their `/s/{session_id}/...` forms."""
+    router = APIRouter()
+
+    async def serve(request: Request, url_session: str | None) -> Response:
+        principal = authenticate(request, state.keys, state.store)
+        raw = await read_body(request, state.settings.max_body_bytes)
+        req = validate_messages_request(parse_json_object(raw))
+        data = openai_data(req)
+        call = resolve_call_session(request, principal, url_session, data["messages"])
+        call = dataclasses.replace(call, meta={**call.meta, "api": "anthropic"})
+        _check_model(state, req.model)
+        msg = MessagesCall(state, ChatRequest.model_validate(data), data, raw, call)
+        await msg.start()
+        if req.stream:
+            return msg.streaming_response()
+        return await msg.complete(request)
+
+    async def count(request: Request) -> Response:
+        authenticate(request, state.keys, state.store)
+        raw = await read_body(request, state.settings.max_body_bytes)
+        req: MessagesRequest = validate_messages_request(parse_json_object(raw), need_max_tokens=False)
+        _check_model(state, req.model)
+        data = openai_data(req)
+        try:
+            ids = state.renderer.render(data["messages"], data.get("tools"), data.get("tool_choice"))
+        except RenderError as exc:
+            raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None
+        return JSONResponse({"input_tokens": len(ids)})
+
+    async def guarded(work: Awaitable[Response]) -> Response:
+        """Answer every failure of `work` Anthropic-shaped, keeping its status and headers."""
+        try:
+            return await work
+        except ApiError as exc:
+            return anthropic_error(exc)
+        except Exception:
+            log.exception("unexpected error while handling /v1/messages")
+            return anthropic_error(ApiError(500, "internal error; see the clawbridge log"))
+
+    @router.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await guarded(serve(request, None))
+
+    @router.post("/s/{session_id}/v1/messages")
+    async def messages_in_session(request: Request, session_id: str) -> Response:
+        return await guarded(serve(request, session_id))
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        return await guarded(count(request))
+
+    @router.post("/s/{session_id}/v1/messages/count_tokens")
+    async def count_tokens_in_session(request: Request, session_id: str) -> Response:
+        return await guarded(count(request))
+
+    return router
