@@ -63,6 +63,8 @@ def up(
     model: Annotated[str | None, typer.Option(help="Model folder or Hugging Face id.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Name the model answers to.")] = None,
     engine: Annotated[str | None, typer.Option(help="local backend engine: auto, torch or sglang.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder or id (default: the model).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Consent to create billable hosted resources (fireworks).")] = False,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8400).")] = None,
     state_dir: StateOpt = None,
@@ -71,7 +73,8 @@ def up(
 ) -> None:
     """Start the proxy: serve the model, record every call, print where to point your agent."""
     settings = _settings(config, backend=backend, model=model, served_model_name=served_model_name,
-                         engine=engine, host=host, port=port, state_dir=state_dir, log_level=log_level)
+                         engine=engine, tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
+                         log_level=log_level, fireworks_yes=True if yes else None)
     if not settings.model:
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)
@@ -81,11 +84,15 @@ def up(
 
     try:
         asyncio.run(serve(settings, announce=lambda s: console.print(s, highlight=False, soft_wrap=True)))
+    except KeyboardInterrupt:
+        pass
     except (BackendNotInstalled, UnsafeBind, FileNotFoundError, OSError) as exc:
         err.print(f"[red]cannot start:[/red] {exc}")
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        pass
+    except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)
+        logging.getLogger("clawbridge").debug("start-up failed", exc_info=True)
+        err.print(f"[red]cannot start:[/red] {type(exc).__name__}: {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -209,6 +216,56 @@ def reward(
         err.print(str(exc))
         raise typer.Exit(1) from None
     console.print(f"reward {value:g} recorded on {target or 'session ' + session_id} (id {rid})")
+
+
+@app.command()
+def demo(
+    sessions: Annotated[int, typer.Option(help="Sessions to run.")] = 240,
+    out: Annotated[Path | None, typer.Option(help="Folder for the model, state, results and plot.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Sessions in flight at once.")] = 8,
+    batch_size: Annotated[int, typer.Option(help="Turns per training step.")] = 8,
+    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-2,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for the model and the sampling.")] = 0,
+) -> None:
+    """Watch a tiny model learn, offline: serve, record, reward, train and publish, then plot."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from clawbridge.demo import DemoConfig, Episode, default_out_dir, run_demo
+
+    cfg = DemoConfig(sessions=sessions, concurrency=concurrency, batch_size=batch_size,
+                     learning_rate=learning_rate, lora_rank=lora_rank, seed=seed)
+    out_dir = out or default_out_dir()
+    console.print(f"demo: tiny model, local backend, {sessions} sessions; output in {out_dir}")
+    console.print("task: answer with as many tokens containing the letter 'e' as possible "
+                  "(reward = their share; set through /rl/set_reward)")
+    recent: list[float] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        task = progress.add_task("starting proxy + loading model", total=sessions)
+
+        def seen(ep: Episode) -> None:
+            recent.append(ep.reward)
+            window = recent[-32:]
+            progress.update(task, advance=1, description=(
+                f"policy v{ep.policy_version:<3} reward (last {len(window)}) {sum(window) / len(window):.3f}"))
+
+        try:
+            result = run_demo(cfg, out_dir, on_episode=seen)
+        except Exception as exc:
+            err.print(f"[red]demo failed:[/red] {exc}; see {out_dir / 'state' / 'proxy.log'}")
+            raise typer.Exit(1) from None
+    table = Table("policy version", "sessions", "mean reward")
+    for version, n, mean in result.by_version():
+        table.add_row(str(version), str(n), f"{mean:.3f}")
+    console.print(table)
+    first, last = result.head_tail()
+    console.print(f"mean reward, first 20% of sessions: {first:.3f}; last 20%: {last:.3f} "
+                  f"(margin {last - first:+.3f}) in {result.seconds:.0f}s")
+    if result.plot:
+        console.print(f"plot: {result.plot}")
+    console.print(f"sessions and steps stay in {out_dir / 'state'}: try "
+                  f"`clawbridge status --state-dir {out_dir / 'state'}`")
 
 
 @app.command()

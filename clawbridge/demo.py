@@ -1,0 +1,234 @@
+"""`clawbridge demo`: watch an agent learn, offline, on this machine.
+
+It builds the tiny model, starts `clawbridge up` (local backend, training on) as a subprocess, and
+drives sessions through the real `openai` SDK on a toy task with a programmatic reward: the share
+of answer tokens that contain the letter "e". Each session: `/rl/start_session` (a task id shared
+by a group of sessions, for the group baseline), one chat call with the session key, the reward
+through `/rl/set_reward`, `/rl/end_session`. The trainer trains in the background and publishes;
+each answer records the policy version that sampled it. At the end: a table per policy version,
+first-20% vs last-20% mean reward, and a PNG plot.
+
+Invariant: the demo only talks to the proxy over HTTP, as any agent would; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+TARGET = "e"
+PROMPTS = (
+    "Write one short sentence about the weather.",
+    "Name something you would find in a kitchen.",
+    "Describe a tree in a few words.",
+    "Say hello to the user.",
+)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Knobs of one demo run (the defaults finish in a few minutes on 2 CPU cores)."""
+
+    sessions: int = 240
+    group_size: int = 8
+    """Sessions per task id: the group baseline compares answers to the same prompt."""
+    concurrency: int = 8
+    max_tokens: int = 12
+    batch_size: int = 8
+    learning_rate: float = 1e-2
+    lora_rank: int = 0
+    """0: full fine-tuning (fastest to learn for the tiny model)."""
+    seed: int = 0
+
+
+@dataclass
+class Episode:
+    """One finished session."""
+
+    index: int
+    policy_version: int
+    reward: float
+    text: str
+
+
+@dataclass
+class DemoResult:
+    episodes: list[Episode] = field(default_factory=list)
+    seconds: float = 0.0
+    plot: Path | None = None
+
+    def head_tail(self, frac: float = 0.2) -> tuple[float, float]:
+        eps = sorted(self.episodes, key=lambda e: e.index)
+        k = max(1, int(len(eps) * frac))
+        first = sum(e.reward for e in eps[:k]) / k
+        last = sum(e.reward for e in eps[-k:]) / k
+        return first, last
+
+    def by_version(self) -> list[tuple[int, int, float]]:
+        groups: dict[int, list[float]] = {}
+        for e in self.episodes:
+            groups.setdefault(e.policy_version, []).append(e.reward)
+        return [(v, len(r), sum(r) / len(r)) for v, r in sorted(groups.items())]
+
+
+def token_reward(tokens: list[str]) -> float:
+    """Share of answer tokens containing the target letter (the stop token is not counted)."""
+    toks = [t for t in tokens if t not in ("<|im_end|>", "<|endoftext|>")]
+    return sum(TARGET in t for t in toks) / len(toks) if toks else 0.0
+
+
+def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update({
+        "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
+        "CLAWBRIDGE_LORA_RANK": str(cfg.lora_rank), "CLAWBRIDGE_LEARNING_RATE": str(cfg.learning_rate),
+        "CLAWBRIDGE_BASELINE": "group_mean", "CLAWBRIDGE_CHECKPOINT_EVERY": "0",
+        "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4",
+        "CLAWBRIDGE_DEFAULT_MAX_TOKENS": str(cfg.max_tokens), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+    })
+    env.pop("CLAWBRIDGE_API_KEY", None)
+    env.pop("CLAWBRIDGE_ADMIN_KEY", None)
+    log = (state_dir / "proxy.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(model_dir),
+         "--served-model-name", "tiny", "--port", str(port), "--state-dir", str(state_dir), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"clawbridge up exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"proxy at {base} not healthy after {timeout_s:.0f}s")
+
+
+def _episode(base: str, admin: str, index: int, cfg: DemoConfig) -> Episode:
+    import openai
+
+    h = {"Authorization": f"Bearer {admin}"}
+    task = index // cfg.group_size
+    prompt = PROMPTS[task % len(PROMPTS)]
+    for _ in range(60):  # capacity mode may ask us to wait
+        r = httpx.post(f"{base}/rl/start_session", json={"task_id": f"task-{task}"}, headers=h, timeout=30)
+        if r.status_code != 429:
+            break
+        time.sleep(float(r.headers.get("Retry-After", "1")))
+    r.raise_for_status()
+    key = r.json()["api_key"]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=3, timeout=120)
+    resp = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=cfg.max_tokens,
+        temperature=1.0, logprobs=True, seed=cfg.seed * 100_003 + index)
+    choice = resp.choices[0]
+    tokens = [c.token for c in (choice.logprobs.content or [])] if choice.logprobs else []
+    reward = token_reward(tokens)
+    version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
+    httpx.post(f"{base}/rl/set_reward", json={"reward": reward}, headers={"Authorization": f"Bearer {key}"},
+               timeout=30).raise_for_status()
+    httpx.post(f"{base}/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"},
+               timeout=30).raise_for_status()
+    text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
+    return Episode(index, version, reward, text)
+
+
+def plot(result: DemoResult, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    eps = sorted(result.episodes, key=lambda e: e.index)
+    xs = [e.index for e in eps]
+    ys = [e.reward for e in eps]
+    w = max(1, len(eps) // 20)
+    smooth = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.scatter(xs, ys, s=6, alpha=0.35, label="session reward")
+    ax.plot(xs, smooth, color="C3", lw=2, label=f"moving mean ({w})")
+    ax2 = ax.twinx()
+    ax2.step(xs, [e.policy_version for e in eps], color="C2", lw=1, where="post", label="policy version")
+    ax2.set_ylabel("policy version that answered")
+    ax.set_xlabel("session")
+    ax.set_ylabel(f"reward: share of tokens containing '{TARGET}'")
+    first, last = result.head_tail()
+    ax.set_title(f"clawbridge demo: first 20% {first:.3f} -> last 20% {last:.3f}")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], None] | None = None,
+             port: int = 0) -> DemoResult:
+    """Run the demo end to end; `out_dir` gets the model, state, log, results and plot."""
+    from clawbridge.tinymodel import build_tiny_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = build_tiny_model(out_dir / "tiny-model", seed=cfg.seed)
+    state_dir = out_dir / "state"
+    state_dir.mkdir(exist_ok=True)
+    if not port:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    base = f"http://127.0.0.1:{port}"
+    proc = _start_proxy(model_dir, state_dir, port, cfg)
+    result = DemoResult()
+    t0 = time.monotonic()
+    lock = threading.Lock()
+    try:
+        _wait_healthy(base, proc)
+        admin = (state_dir / "admin_key").read_text().strip()
+
+        def one(i: int) -> None:
+            ep = _episode(base, admin, i, cfg)
+            with lock:
+                result.episodes.append(ep)
+            if on_episode:
+                on_episode(ep)
+
+        with ThreadPoolExecutor(cfg.concurrency) as pool:
+            for fut in [pool.submit(one, i) for i in range(cfg.sessions)]:
+                fut.result()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+    result.seconds = time.monotonic() - t0
+    (out_dir / "episodes.jsonl").write_text(
+        "".join(json.dumps(e.__dict__) + "\n" for e in sorted(result.episodes, key=lambda e: e.index)))
+    result.plot = plot(result, out_dir / "reward.png")
+    return result
+
+
+def default_out_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="clawbridge-demo-"))
