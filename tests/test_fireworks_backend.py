@@ -176,7 +176,7 @@ def test_start_train_publish_sample(fake: tuple[FakeFireworks, ServerThread], tm
     opt = fw.bodies("trainer.optim_step")[0]
     assert opt["adam_params"]["learning_rate"] == pytest.approx(3e-5)
     assert opt["adam_params"]["grad_clip_norm"] == 1.0
-    assert opt["grad_accumulation_normalization"] == "num_loss_tokens"
+    assert opt["grad_accumulation_normalization"] == "none"
     assert fb["seq_id"] < opt["seq_id"]
     # every future was polled through its try_again answers
     assert fw.ops().count("trainer.retrieve_future") >= 3 + 1 + 2 + 1
