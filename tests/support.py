@@ -68,6 +68,7 @@ class ProxyProcess:
     def start(self, timeout_s: float = 120.0) -> ProxyProcess:
         self.port = self.port or free_port()
         env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # tiny-model decode steps are faster single-threaded
         env.update(self.env or {})
         self.log_path = self.state_dir / f"proxy-{self.port}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
