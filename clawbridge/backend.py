@@ -106,6 +106,39 @@ class Datum:
         )
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """A datum as the per-position arrays hosted losses take (`loss_fn_inputs`): masked positions
+    carry advantage 0 and logprob 0, so no separate mask is sent."""
+
+    model_input: list[int]
+    target_tokens: Any
+    """int64 numpy array, length len(tokens) - 1."""
+    logprobs: Any
+    """float32 numpy array: sampler logprobs, 0 where masked."""
+    advantages: Any
+    """float32 numpy array: advantages, 0 where masked."""
+
+
+def loss_inputs(datum: Datum) -> LossInputs:
+    """Check a datum's alignment and turn it into `LossInputs` (shared by the hosted backends)."""
+    import numpy as np
+
+    n = len(datum.tokens) - 1
+    if n < 1:
+        raise ValueError("a datum needs at least two tokens")
+    for name in ("sampler_logprobs", "advantages", "mask"):
+        if len(getattr(datum, name)) != n:
+            raise ValueError(f"datum.{name} has {len(getattr(datum, name))} entries, expected {n}")
+    mask = np.asarray(datum.mask, dtype=np.float32)
+    return LossInputs(
+        model_input=list(datum.model_input),
+        target_tokens=np.asarray(datum.target_tokens, dtype=np.int64),
+        logprobs=np.asarray(datum.sampler_logprobs, dtype=np.float32) * mask,
+        advantages=np.asarray(datum.advantages, dtype=np.float32) * mask,
+    )
+
+
 LossName = Literal["importance_sampling", "ppo", "cispo"]
 
 

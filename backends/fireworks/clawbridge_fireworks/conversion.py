@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from clawbridge.backend import Datum, LossConfig
+from clawbridge.backend import Datum, LossConfig, loss_inputs
 from clawbridge_fireworks.sdk import FwDatum, ModelInput, TensorData
 
 LOSS_FN_BY_NAME: dict[str, str] = {
@@ -51,21 +49,14 @@ def loss_options(loss: LossConfig) -> tuple[str, dict[str, float] | None]:
 
 def to_fireworks_datum(datum: Datum) -> FwDatum:
     """One clawbridge Datum as the SDK's Datum (see module invariants)."""
-    n = len(datum.tokens) - 1
-    if n < 1:
-        raise ValueError("a datum needs at least two tokens")
-    for name in ("sampler_logprobs", "advantages", "mask"):
-        if len(getattr(datum, name)) != n:
-            raise ValueError(f"datum.{name} has {len(getattr(datum, name))} entries, expected {n}")
-    mask = np.asarray(datum.mask, dtype=np.float32)
-    advantages = np.asarray(datum.advantages, dtype=np.float32) * mask
-    logprobs = np.asarray(datum.sampler_logprobs, dtype=np.float32) * mask
+    x = loss_inputs(datum)
+    n = len(x.target_tokens)
     return FwDatum(
-        model_input=ModelInput.from_ints(list(datum.model_input)),
+        model_input=ModelInput.from_ints(x.model_input),
         loss_fn_inputs={
-            "target_tokens": TensorData(data=list(datum.target_tokens), dtype="int64", shape=[n]),
-            "logprobs": TensorData(data=logprobs, dtype="float32", shape=[n]),
-            "advantages": TensorData(data=advantages, dtype="float32", shape=[n]),
+            "target_tokens": TensorData(data=x.target_tokens.tolist(), dtype="int64", shape=[n]),
+            "logprobs": TensorData(data=x.logprobs, dtype="float32", shape=[n]),
+            "advantages": TensorData(data=x.advantages, dtype="float32", shape=[n]),
         },
     )
 

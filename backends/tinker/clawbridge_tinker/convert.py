@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from clawbridge.backend import Datum, LossConfig
+from clawbridge.backend import Datum, LossConfig, loss_inputs
 from clawbridge.sampler import SamplingParams
 
 from .sdk import ModelInput, TensorData, TinkerDatum
@@ -28,21 +26,13 @@ LOSS_INPUT_KEYS: tuple[str, ...] = ("target_tokens", "logprobs", "advantages")
 
 def to_tinker_datum(datum: Datum) -> TinkerDatum:
     """Convert one aligned training sequence; masked positions get advantage 0."""
-    n = len(datum.tokens) - 1
-    if n < 1:
-        raise ValueError("a datum needs at least two tokens")
-    for name in ("sampler_logprobs", "advantages", "mask"):
-        if len(getattr(datum, name)) != n:
-            raise ValueError(f"datum.{name} has {len(getattr(datum, name))} entries, expected {n}")
-    mask = np.asarray(datum.mask, dtype=np.float32)
-    advantages = np.asarray(datum.advantages, dtype=np.float32) * mask
-    logprobs = np.asarray(datum.sampler_logprobs, dtype=np.float32) * mask
+    x = loss_inputs(datum)
     return TinkerDatum(
-        model_input=ModelInput.from_ints(list(datum.model_input)),
+        model_input=ModelInput.from_ints(x.model_input),
         loss_fn_inputs={
-            "target_tokens": TensorData.from_numpy(np.asarray(datum.target_tokens, dtype=np.int64)),
-            "logprobs": TensorData.from_numpy(logprobs),
-            "advantages": TensorData.from_numpy(advantages),
+            "target_tokens": TensorData.from_numpy(x.target_tokens),
+            "logprobs": TensorData.from_numpy(x.logprobs),
+            "advantages": TensorData.from_numpy(x.advantages),
         },
     )
 
