@@ -1,0 +1,281 @@
+"""Training tokens/s of the local FSDP trainer against a plain transformers+peft loop, same run.
+
+What is compared, for full fine-tuning and for LoRA (peft, rank 8, all 7 projections):
+- `plain`: the baseline. `AutoModelForCausalLM` (+ `get_peft_model`), AdamW, the importance-sampling
+  token-sum loss `-(exp(logp - logp_sampler) * adv * mask).sum()`, grad-norm clip 1.0, written here
+  from scratch (own padding, own loss) so it shares no code with the trainer.
+- `fsdp-1`: `FsdpTrainerClient` in-process (world size 1: `TrainerCore`, no process group).
+- `fsdp-2`: `FsdpTrainerClient` under `torchrun --nproc_per_node=2` (FSDP2 `fully_shard`, gloo),
+  including the client's real overhead (batch file, request/response files).
+Same model, same batch, same hyperparameters (lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight
+decay, micro-batch = whole batch). Steps of the three run interleaved (plain, fsdp-1, fsdp-2,
+plain, ...) so load from other processes on the machine hits them alike. The first
+`--warmup` steps are not timed. The loss of the last step (after warmup + steps updates) is printed:
+equal across runners means they took the same optimizer steps.
+
+tokens/s counts model-input positions per optimizer step (sum of len(tokens) - 1 over the batch)
+divided by the median wall time of a step as the caller sees it.
+
+Threads: the script sets OMP_NUM_THREADS (default `--threads 2`) for this process, which runs
+`plain` and `fsdp-1`; each torchrun rank gets threads // 2 (so the 2-rank group uses the same
+2 cores in total).
+
+Run (about 1-2 minutes on 2 CPU cores):
+    . .venv/bin/activate && python bench/train_throughput.py
+    python bench/train_throughput.py --model tiny --steps 4 --no-torchrun   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _threads_from_argv(default: int = 2) -> int:
+    """--threads, read before torch is imported so OMP_NUM_THREADS takes effect."""
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return default
+
+
+os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())
+
+import torch  # noqa: E402
+from clawbridge_local.trainer.client import FsdpTrainerClient  # noqa: E402
+from clawbridge_local.trainer.config import LoraSettings, TrainerConfig  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from clawbridge.backend import Datum, LossConfig  # noqa: E402
+from clawbridge.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+
+MODEL_SPECS: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "small": TinyModelSpec(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=768,
+    ),
+}
+"""`tiny` is the test model (~1.2M parameters); `small` (~5M) makes compute weigh more than overhead."""
+LR = 1e-5
+BETAS = (0.9, 0.95)
+EPS = 1e-8
+MAX_GRAD_NORM = 1.0
+LORA = LoraSettings(rank=8, alpha=16)
+
+
+@contextmanager
+def env(**values: str) -> Any:
+    """Temporarily set environment variables (for the torchrun children)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def make_batch(model_dir: Path, n: int, prompt_len: int, completion_len: int, seed: int = 0) -> list[Datum]:
+    """Random prompt/completion ids, sampler logprobs from the base model (ratio 1 at step 1),
+    advantages -0.5/0.5/1.5 per datum."""
+    from transformers import AutoModelForCausalLM
+
+    g = torch.Generator().manual_seed(seed)
+    base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    vocab = int(base.config.vocab_size)
+    out: list[Datum] = []
+    for i in range(n):
+        ids = torch.randint(0, vocab, (prompt_len + completion_len,), generator=g)
+        with torch.no_grad():
+            logp = torch.log_softmax(base(input_ids=ids[None, :-1]).logits[0].float(), -1)
+        lps = logp[torch.arange(len(ids) - 1), ids[1:]][prompt_len - 1 :].tolist()
+        adv = (i % 3) - 0.5  # -0.5, 0.5, 1.5: a non-zero, mixed-sign signal
+        toks = ids.tolist()
+        out.append(
+            Datum.from_turn(toks[:prompt_len], toks[prompt_len:], lps, [adv] * completion_len, 0, f"d{i}")
+        )
+    return out
+
+
+class PlainLoop:
+    """The baseline: transformers (+ peft) and a hand-written IS token-sum loss, AdamW."""
+
+    def __init__(self, model_dir: Path, lora: LoraSettings | None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, local_files_only=True
+        )
+        model.config.use_cache = False
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            cfg = LoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=0.0,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, cfg)
+        model.train()
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
+
+    def step(self, batch: list[Datum], loss_cfg: LossConfig) -> float:
+        del loss_cfg  # always importance_sampling here
+        width = max(len(d.tokens) - 1 for d in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        tgt = torch.zeros_like(ids)
+        att = torch.zeros_like(ids)
+        slp, adv, mask = (torch.zeros((len(batch), width)) for _ in range(3))
+        for b, d in enumerate(batch):
+            n = len(d.tokens) - 1
+            ids[b, :n] = torch.tensor(d.tokens[:-1])
+            tgt[b, :n] = torch.tensor(d.tokens[1:])
+            att[b, :n] = 1
+            slp[b, :n] = torch.tensor(d.sampler_logprobs)
+            adv[b, :n] = torch.tensor(d.advantages)
+            mask[b, :n] = torch.tensor(d.mask)
+        self.opt.zero_grad(set_to_none=True)
+        logits = self.model(input_ids=ids, attention_mask=att).logits.float()
+        logp = torch.log_softmax(logits, -1).gather(-1, tgt[..., None])[..., 0]
+        ratio = torch.exp(torch.where(mask > 0, logp - slp, torch.zeros_like(logp)))
+        loss = -(ratio * adv * mask).sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+        self.opt.step()
+        return float(loss.detach())
+
+
+@dataclass
+class Runner:
+    """One contender: a name, a step function returning the loss, and its timings."""
+
+    name: str
+    step: Callable[[list[Datum], LossConfig], float]
+    close: Callable[[], None]
+    seconds: list[float]
+    last_loss: float = float("nan")
+
+
+def fsdp_runner(
+    name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int
+) -> Runner:
+    cfg = TrainerConfig(
+        model_path=str(model_dir),
+        lora=lora,
+        learning_rate=LR,
+        betas=BETAS,
+        eps=EPS,
+        max_grad_norm=MAX_GRAD_NORM,
+        micro_batch_size=1024,
+    )
+    client = FsdpTrainerClient(cfg, work, launcher="inprocess" if world == 1 else "torchrun")
+    t0 = time.perf_counter()
+    with env(OMP_NUM_THREADS=str(max(1, threads // world))):
+        client.start(world)
+    print(f"  {name}: started in {time.perf_counter() - t0:.1f}s")
+
+    def step(batch: list[Datum], loss: LossConfig) -> float:
+        return client.train_step(batch, loss).metrics["loss"]
+
+    return Runner(name, step, client.close, [])
+
+
+def bench_mode(
+    label: str, model_dir: Path, lora: LoraSettings | None, batch: list[Datum], args: argparse.Namespace
+) -> None:
+    print(f"\n== {label}")
+    tokens = sum(len(d.tokens) - 1 for d in batch)
+    plain = PlainLoop(model_dir, lora)
+    runners = [Runner("plain", plain.step, lambda: None, [])]
+    with tempfile.TemporaryDirectory() as tmp:
+        runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads))
+        if not args.no_torchrun:
+            runners.append(fsdp_runner("fsdp-2", model_dir, Path(tmp) / "w2", lora, 2, args.threads))
+        loss = LossConfig("importance_sampling")
+        try:
+            for i in range(args.warmup + args.steps):
+                for r in runners:
+                    t0 = time.perf_counter()
+                    value = r.step(batch, loss)
+                    dt = time.perf_counter() - t0
+                    r.last_loss = value
+                    if i >= args.warmup:
+                        r.seconds.append(dt)
+        finally:
+            for r in runners:
+                r.close()
+    base = tokens / statistics.median(runners[0].seconds)
+    print(
+        f"  batch: {len(batch)} datums, {tokens} tokens/step; {args.steps} timed steps after {args.warmup} warmup"
+    )
+    print(
+        f"  {'runner':8} {'step p50 s':>10} {'min s':>8} {'tokens/s':>10} {'vs plain':>9} {'last loss':>12}"
+    )
+    for r in runners:
+        p50 = statistics.median(r.seconds)
+        tps = tokens / p50
+        print(
+            f"  {r.name:8} {p50:10.3f} {min(r.seconds):8.3f} {tps:10.0f} {tps / base:8.2f}x {r.last_loss:12.5f}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODEL_SPECS), default="small")
+    ap.add_argument("--batch", type=int, default=8, help="datums per step")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--completion-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per runner")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch threads here; torchrun ranks get threads // 2"
+    )
+    ap.add_argument("--mode", choices=["full", "lora", "both"], default="both")
+    ap.add_argument("--no-torchrun", action="store_true", help="skip the 2-rank FSDP group")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", spec=MODEL_SPECS[args.model])
+        n_params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
+        print(
+            f"model {args.model}: {n_params / 1e6:.2f}M parameters; torch {torch.__version__}; "
+            f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} here, {max(1, args.threads // 2)} per torchrun rank; "
+            f"cpu_count={os.cpu_count()}"
+        )
+        batch = make_batch(model_dir, args.batch, args.prompt_len, args.completion_len)
+        if args.mode in ("full", "both"):
+            bench_mode("full fine-tuning", model_dir, None, batch, args)
+        if args.mode in ("lora", "both"):
+            bench_mode(f"LoRA r={LORA.rank} alpha={LORA.alpha}", model_dir, LORA, batch, args)
+    print(f"\ntotal {time.perf_counter() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
