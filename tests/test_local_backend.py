@@ -86,9 +86,16 @@ def test_served_model_name_and_tokenizer_override(model_dir: Path) -> None:
     assert (info.name, info.tokenizer_path) == ("mine", "some/tokenizer")
 
 
-def test_sglang_engine_is_refused_clearly(model_dir: Path) -> None:
-    with pytest.raises(EngineNotAvailable, match="SGLang serving arrives with local training"):
-        load_backend("local", Settings.model_validate({"model": str(model_dir), "engine": "sglang"}))
+def test_sglang_engine_without_the_package_is_refused_clearly(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import clawbridge_local.backend as local_backend
+
+    monkeypatch.setattr(local_backend, "sglang_installed", lambda: False)
+    backend = load_backend("local", Settings.model_validate(
+        {"model": str(model_dir), "engine": "sglang", "state_dir": str(tmp_path)}))
+    with pytest.raises(EngineNotAvailable, match="needs the sglang package"):
+        asyncio.run(backend.start())
 
 
 def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:

@@ -3,25 +3,34 @@
 Invariants:
 - `create(settings)` only checks settings; nothing loads until `start()`, which loads the model
   off the event loop (`asyncio.to_thread`) so the proxy stays responsive.
-- `engine="auto"` serves with the in-process torch engine; `engine="sglang"` is refused with a clear
-  message until SGLang serving lands together with local training.
+- `engine="torch"` serves with the in-process `TorchEngine`; `engine="sglang"` with `SGLangEngine`
+  over a launched `python -m sglang.launch_server` (or `sglang_url`, a server already running);
+  `engine="auto"` picks SGLang when `sglang_url` is set, or when CUDA and the sglang package are
+  both present, else torch.
 - `model_info()` and `sampler()` are valid between `start()` and `close()`.
 - Training (`train_step`, `publish`, checkpoints) goes through `LocalTrainer`, started lazily; a
-  publish swaps the engine's weights under a new version, so serving never pauses. `start()`
-  restores the newest checkpoint in the state dir and serves its weights under its version.
+  publish swaps the engine's weights under a new version, so serving never pauses (SGLang: LoRA
+  adapters load under versioned names; full weights load from disk while in-flight requests drain,
+  see `sglang_engine`). `start()` restores the newest checkpoint in the state dir and serves its
+  weights under its version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge_local.engine import TorchEngine
-from clawbridge_local.training import LocalTrainer
+from clawbridge_local.scoring import BaseModelScorer
+from clawbridge_local.sglang_engine import SGLangEngine
+from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
+from clawbridge_local.training import LocalTrainer, resolve_model_folder
 
 log = logging.getLogger("clawbridge.local")
 
@@ -30,14 +39,24 @@ class EngineNotAvailable(RuntimeError):
     """The configured serving engine is not available in this build."""
 
 
+def sglang_installed() -> bool:
+    """Whether the sglang package can be imported here (it is never imported by clawbridge)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def _check_engine(settings: Settings) -> str:
-    """The engine to run for `settings` ('torch'), or raise EngineNotAvailable."""
-    if settings.engine == "sglang":
-        raise EngineNotAvailable(
-            "engine 'sglang' is not available yet: SGLang serving arrives with local training. "
-            "Use --engine torch (or auto) to serve with the in-process torch engine."
-        )
-    return "torch"
+    """The engine to run for `settings`: 'torch' or 'sglang' (auto: SGLang with a GPU and the package)."""
+    if settings.engine == "auto":
+        if settings.sglang_url or (cuda_available() and sglang_installed()):
+            return "sglang"
+        return "torch"
+    return settings.engine
 
 
 class LocalBackend:
@@ -45,15 +64,20 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, settings: Settings, *, progress: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, *, progress: bool = True, sglang_command: Sequence[str] | None = None
+    ) -> None:
         self.settings = settings
         """The resolved configuration this backend was created from."""
         self.engine_name = _check_engine(settings)
-        """Which engine serves ('torch')."""
+        """Which engine serves ('torch' or 'sglang')."""
         if not settings.model:
             raise ValueError("the local backend needs a model: set --model (a folder or a cached HF id)")
         self._progress = progress
-        self._engine: TorchEngine | None = None
+        self._sglang_command = list(sglang_command) if sglang_command else None
+        """Replaces `python -m sglang.launch_server` (tests)."""
+        self._server: SGLangServer | None = None
+        self._engine: TorchEngine | SGLangEngine | None = None
         self._trainer: LocalTrainer | None = None
         self._publishes = 0
 
@@ -62,6 +86,9 @@ class LocalBackend:
         if self._engine is not None:
             return
         s = self.settings
+        if self.engine_name == "sglang":
+            await self._start_sglang()
+            return
         self._engine = await asyncio.to_thread(
             TorchEngine.load,
             s.model,
@@ -80,7 +107,62 @@ class LocalBackend:
                 await self._engine.swap_weights(update, version)
             log.info("restored %s: serving policy v%d", latest, version)
 
-    def _require(self) -> TorchEngine:
+    async def _start_sglang(self) -> None:
+        """Connect to `sglang_url`, or launch SGLang and wait until healthy; then serve the latest
+        checkpoint by publishing it to the server."""
+        s = self.settings
+        url = s.sglang_url
+        if not url:
+            if self._sglang_command is None and not sglang_installed():
+                raise EngineNotAvailable(
+                    "engine 'sglang' needs the sglang package and a GPU (pip install 'sglang[all]'), "
+                    "or sglang_url of a running server; use --engine torch to serve with torch."
+                )
+            self._server = self._sglang_server()
+            url = await asyncio.to_thread(self._server.start)
+        lora = s.lora_rank > 0
+        try:
+            self._engine = await SGLangEngine.connect(
+                url, lora=lora, max_in_flight=s.max_running_requests + s.max_queued_requests,
+                read_timeout_s=s.request_timeout_s,
+            )
+            trainer = self._training()
+            latest = trainer.latest()
+            if latest is not None:
+                version = await asyncio.to_thread(trainer.restore_checkpoint, latest)
+                if version > 0:
+                    await self._publish_sglang(self._engine, trainer, version)
+                log.info("restored %s: serving policy v%d", latest, version)
+        except BaseException:
+            await self.close()
+            raise
+
+    def _sglang_server(self) -> SGLangServer:
+        s = self.settings
+        model = str(resolve_model_folder(s.model))
+        cfg = SGLangLaunchConfig(
+            model_path=model, port=s.sglang_port or _free_port(),
+            lora_rank=s.lora_rank, lora_target_modules=tuple(s.lora_target_modules) if s.lora_rank > 0 else (),
+            tp_size=s.sglang_tp_size, dp_size=s.sglang_dp_size, mem_fraction=s.sglang_mem_fraction,
+            max_running_requests=s.max_running_requests, max_queued_requests=s.max_queued_requests,
+            served_model_name=s.model_name, extra_args=tuple(s.sglang_extra_args),
+        )
+        env: dict[str, str] = {}
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
+        gpus = serving_gpus(devices, s.sglang_tp_size, s.sglang_dp_size)
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return SGLangServer(cfg, s.state_path / "logs" / "sglang.log", command=self._sglang_command or DEFAULT_COMMAND,
+                            env=env, startup_timeout_s=s.sglang_startup_timeout_s)
+
+    async def _publish_sglang(self, engine: SGLangEngine, trainer: LocalTrainer, version: int) -> int:
+        folder = await asyncio.to_thread(trainer.export)
+        if engine.lora:
+            return await engine.publish_lora(folder, version)
+        return await engine.publish_full(folder, version)
+
+    def _require(self) -> TorchEngine | SGLangEngine:
         if self._engine is None:
             raise RuntimeError("LocalBackend.start() has not been called (or close() was)")
         return self._engine
@@ -95,7 +177,7 @@ class LocalBackend:
             max_output_tokens=self.settings.default_max_tokens,
         )
 
-    def sampler(self) -> TorchEngine:
+    def sampler(self) -> TorchEngine | SGLangEngine:
         """The engine, which is the Sampler."""
         return self._require()
 
@@ -114,8 +196,11 @@ class LocalBackend:
         `checkpoint_every` publishes."""
         engine = self._require()
         trainer = self._training()
-        update = await asyncio.to_thread(trainer.weight_update)
-        version = await engine.swap_weights(update, engine.policy_version + 1)
+        if isinstance(engine, SGLangEngine):
+            version = await self._publish_sglang(engine, trainer, engine.policy_version + 1)
+        else:
+            update = await asyncio.to_thread(trainer.weight_update)
+            version = await engine.swap_weights(update, engine.policy_version + 1)
         trainer.client.policy_version = version
         self._publishes += 1
         every = self.settings.checkpoint_every
@@ -134,8 +219,11 @@ class LocalBackend:
         version = await asyncio.to_thread(trainer.restore_checkpoint, Path(path))
         engine = self._require()
         if version > engine.policy_version:
-            update = await asyncio.to_thread(trainer.weight_update)
-            await engine.swap_weights(update, version)
+            if isinstance(engine, SGLangEngine):
+                await self._publish_sglang(engine, trainer, version)
+            else:
+                update = await asyncio.to_thread(trainer.weight_update)
+                await engine.swap_weights(update, version)
         return version
 
     async def close(self) -> None:
@@ -144,8 +232,47 @@ class LocalBackend:
         if trainer is not None:
             await asyncio.to_thread(trainer.close)
         engine, self._engine = self._engine, None
-        if engine is not None:
+        if isinstance(engine, SGLangEngine):
+            await engine.aclose()
+        elif engine is not None:
             await asyncio.to_thread(engine.shutdown)
+        server, self._server = self._server, None
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+
+    # ---- rewards: the base model as OPD teacher and judge (clawbridge_local.scoring) -----------
+    def _base_model(self) -> BaseModelScorer:
+        scorer: BaseModelScorer | None = getattr(self, "_scorer", None)
+        if scorer is None:
+            s = self.settings
+            scorer = BaseModelScorer(str(resolve_model_folder(s.model)), s.device, s.dtype, s.judge_concurrency)
+            self._scorer = scorer
+        return scorer
+
+    async def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
+    ) -> list[list[float]]:
+        """`clawbridge.backend.LogprobScorer`: logprobs of the tokens after each prompt under the
+        BASE model (a separate, never-trained copy; adapters and published weights never apply)."""
+        return await asyncio.to_thread(self._base_model().score, sequences, prompt_lens)
+
+    async def base_sampler(self) -> TorchEngine:
+        """A Sampler over the base model for `judge=base` (its own slots: `judge_concurrency`)."""
+        return await asyncio.to_thread(self._base_model().engine)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
 def create(settings: Settings) -> LocalBackend:

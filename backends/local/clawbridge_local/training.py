@@ -100,26 +100,29 @@ class LocalTrainer:
         if self.client.alive:
             return
         self.client.start(self.settings.train_world_size)
-        if self.lora and self._base is None:
-            self._base = load_safetensors_dir(self.model_dir)
 
     def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         self.ensure_started()
         return self.client.train_step(batch, loss)
 
     def weight_update(self) -> dict[str, Any]:
-        """The current trained weights as a state dict for the engine."""
+        """The current trained weights as a state dict for the torch engine."""
+        export = self.export()
+        if self.lora:
+            if self._base is None:  # base weights are only needed to merge LoRA for the torch engine
+                self._base = load_safetensors_dir(self.model_dir)
+            return merge_lora(export, self._base)
+        return load_safetensors_dir(export)
+
+    def export(self) -> Path:
+        """Export the current trained weights for a server that loads folders (SGLang): a
+        transformers folder, or a peft adapter folder for LoRA. The previous export is deleted."""
         self.ensure_started()
         export = self.client.export_weights(self.work_dir / "exports")
-        try:
-            if self.lora:
-                assert self._base is not None
-                return merge_lora(export, self._base)
-            return load_safetensors_dir(export)
-        finally:
-            if self._last_export is not None and self._last_export != export:
-                shutil.rmtree(self._last_export, ignore_errors=True)
-            self._last_export = export
+        if self._last_export is not None and self._last_export != export:
+            shutil.rmtree(self._last_export, ignore_errors=True)
+        self._last_export = export
+        return export
 
     def save_checkpoint(self, name: str, policy_version: int) -> Path:
         return self.client.save_checkpoint(self.checkpoint_dir / name, policy_version)

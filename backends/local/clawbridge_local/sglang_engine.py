@@ -1,0 +1,312 @@
+"""`SGLangEngine`: a `Sampler` over SGLang's native HTTP API (sglang 0.5.x), no sglang import.
+
+Wire (checked against sglang 0.5.x `entrypoints/http_server.py` and `managers/io_struct.py`):
+- `POST /generate` with `input_ids`, `sampling_params` (max_new_tokens, temperature, top_p, top_k,
+  stop_token_ids, sampling_seed), `return_logprob: true`, `top_logprobs_num`, `lora_path` (a loaded
+  adapter's name) and `stream: true`. Each SSE event `data: {...}` carries `meta_info` with
+  `completion_tokens` (a running count), `output_token_logprobs` ([logprob, token_id, text] per
+  sampled token; cumulative in 0.5.x, incremental accepted too) and `finish_reason` (null, then
+  `{"type": "stop"|"length"|"abort", ...}`); `data: [DONE]` ends it. Errors inside a stream arrive
+  as `data: {"error": {"message": ...}}` on an HTTP 200.
+- Token ids come from `output_token_logprobs` (the ids the logprobs belong to); `output_ids`, whose
+  streaming semantics changed within 0.5.x, is cross-checked when its length is unambiguous.
+- Logprobs are SGLang's defaults: after temperature, before top-p/top-k (greedy: plain softmax),
+  the same as `clawbridge.sampler.SampledToken.logprob`, provided the server does not run with
+  `SGLANG_RETURN_ORIGINAL_LOGPROB`. Sampling parameters are always sent in full, so the model's
+  `generation_config.json` defaults (`--sampling-defaults model`) never apply. `sampling_seed` is
+  honoured only by servers started with `--enable-deterministic-inference`.
+
+Invariants:
+- `sample` returns only after the first event arrived, so every failure to start (overload,
+  rejection, timeout, unreachable server) is raised by `sample`, and a stream that was returned is
+  inside SGLang (it holds SGLang's model-update reader lock).
+- Policy version per stream: fixed in `sample`. LoRA: version v is adapter `v{v}` (`lora_path`);
+  version 0 (and full fine-tuning) is the served base path. Streams are counted per version; a
+  LoRA version is unloaded once it is neither current nor used by a stream (never the current one).
+- Full publish drains: new streams wait (no error) while `/update_weights_from_disk` runs; SGLang
+  itself lets in-flight requests finish on the old weights before loading (its writer lock), so
+  every stream finishes on the weights it started on. The wait is bounded by the longest stream.
+- Cancelling (`aclose()` or cancelling the consuming task) closes the HTTP stream; SGLang aborts a
+  request whose client disconnected. In flight streams are bounded (`max_in_flight`): past it
+  `sample` raises `SamplerOverloaded` at once, as do SGLang's 429/503 and queue-full aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawbridge.sampler import (
+    PromptTooLong,
+    SamplerError,
+    SamplerOverloaded,
+    SamplerUnavailable,
+    SamplingParams,
+)
+from clawbridge_local.sglang_stream import (
+    SGLangSampleStream,
+    _json,
+    _message,
+    _request_error,
+    _transport_error,
+)
+
+log = logging.getLogger("clawbridge.sglang")
+
+
+def lora_name(version: int) -> str:
+    """The adapter name a LoRA policy version is loaded under."""
+    return f"v{version}"
+
+
+class SGLangEngine:
+    """A `Sampler` (and publisher) over one SGLang server (see module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        context_window: int,
+        lora: bool = False,
+        policy_version: int = 0,
+        max_in_flight: int = 72,
+        read_timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        publish_timeout_s: float = 1800.0,
+        retry_after_s: float = 1.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        """The server, e.g. http://127.0.0.1:30000."""
+        self.context_window = context_window
+        """Maximum prompt + completion tokens (the server's max_model_len)."""
+        self.lora = lora
+        """Whether versions > 0 are LoRA adapters (else full weights loaded from disk)."""
+        self.max_in_flight = max_in_flight
+        self.retry_after_s = retry_after_s
+        self.publish_timeout_s = publish_timeout_s
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            transport=transport,
+        )
+        self._version = policy_version
+        self._adapter: str | None = lora_name(policy_version) if lora and policy_version > 0 else None
+        self._users: Counter[int] = Counter()
+        """Streams returned or starting, per policy version."""
+        self._loaded: set[int] = {policy_version} if self._adapter else set()
+        """LoRA versions loaded on the server."""
+        self._open = asyncio.Event()
+        self._open.set()
+        self._starting = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._publish_lock = asyncio.Lock()
+        self._unloads: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, base_url: str, **kwargs: Any) -> SGLangEngine:
+        """An engine for the server at `base_url`, with its context window from `/v1/models`."""
+        async with httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), timeout=30.0, transport=kwargs.get("transport")
+        ) as client:
+            try:
+                info = (await client.get("/get_model_info")).raise_for_status().json()
+                models = (await client.get("/v1/models")).raise_for_status().json()
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, "connect") from None
+        if not info.get("is_generation", True):
+            raise SamplerUnavailable(f"{base_url} serves a non-generation model")
+        context = int(models["data"][0]["max_model_len"])
+        return cls(base_url, context_window=context, **kwargs)
+
+    @property
+    def policy_version(self) -> int:
+        """The version new streams will be sampled from."""
+        return self._version
+
+    @property
+    def in_flight(self) -> int:
+        """Streams started and not yet ended or closed."""
+        return sum(self._users.values())
+
+    @property
+    def loaded_versions(self) -> set[int]:
+        """LoRA versions currently loaded on the server (for tests and status)."""
+        return set(self._loaded)
+
+    def _body(self, prompt: list[int], params: SamplingParams, adapter: str | None) -> dict[str, Any]:
+        sp: dict[str, Any] = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "stop_token_ids": list(params.stop_token_ids),
+        }
+        if params.seed is not None:
+            sp["sampling_seed"] = params.seed
+        body: dict[str, Any] = {
+            "input_ids": prompt,
+            "sampling_params": sp,
+            "return_logprob": True,
+            "top_logprobs_num": params.top_logprobs,
+            "stream": True,
+        }
+        if adapter is not None:
+            body["lora_path"] = adapter
+        return body
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SGLangSampleStream:
+        """Start sampling; raises PromptTooLong, SamplerOverloaded, SamplerTimeout or SamplerUnavailable."""
+        if self._closed:
+            raise SamplerUnavailable("the sglang engine is closed")
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt must have at least one token")
+        if params.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if len(prompt) + 1 > self.context_window:
+            raise PromptTooLong(
+                f"prompt has {len(prompt)} tokens; the context window is {self.context_window}"
+            )
+        params = dataclasses.replace(
+            params, max_tokens=min(params.max_tokens, self.context_window - len(prompt))
+        )
+        if self.in_flight >= self.max_in_flight:
+            raise SamplerOverloaded(
+                f"{self.in_flight} sglang requests in flight (max {self.max_in_flight})",
+                retry_after_s=self.retry_after_s,
+            )
+        await self._open.wait()  # a full-weight publish is loading
+        version, adapter = self._version, self._adapter
+        self._users[version] += 1
+        self._starting += 1
+        self._idle.clear()
+        response: httpx.Response | None = None
+        try:
+            request = self._client.build_request(
+                "POST", "/generate", json=self._body(prompt, params, adapter)
+            )
+            try:
+                response = await self._client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                raise _transport_error(exc, "/generate") from None
+            if response.status_code != 200:
+                await response.aread()
+                raise _request_error(response.status_code, _message(_json(response)), self.retry_after_s)
+            stream = SGLangSampleStream(self, response, version, params)
+            await stream._prime()
+            return stream
+        except BaseException:
+            if response is not None:
+                await response.aclose()
+            self._release(version)
+            raise
+        finally:
+            self._starting -= 1
+            if self._starting == 0:
+                self._idle.set()
+
+    def _release(self, version: int) -> None:
+        """A stream of `version` ended: unload that LoRA version if nothing needs it any more."""
+        self._users[version] -= 1
+        if self._users[version] <= 0:
+            del self._users[version]
+            if version in self._loaded and version != self._version and not self._closed:
+                task = asyncio.get_running_loop().create_task(self._unload(version))
+                self._unloads.add(task)
+                task.add_done_callback(self._unloads.discard)
+
+    async def _unload(self, version: int) -> None:
+        if version not in self._loaded or self._users[version] > 0 or version == self._version:
+            return
+        self._loaded.discard(version)
+        try:
+            await self._post("/unload_lora_adapter", {"lora_name": lora_name(version)})
+        except SamplerError as exc:  # stays loaded on the server; retried at the next publish
+            self._loaded.add(version)
+            log.warning("could not unload LoRA %s: %s", lora_name(version), exc)
+
+    async def drain_unloads(self) -> None:
+        """Wait for background unloads (tests, shutdown)."""
+        while self._unloads:
+            await asyncio.gather(*list(self._unloads), return_exceptions=True)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            r = await self._client.post(path, json=body, timeout=self.publish_timeout_s)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, path) from None
+        data = _json(r)
+        if r.status_code != 200 or (isinstance(data, dict) and data.get("success") is False):
+            raise _request_error(
+                r.status_code if r.status_code != 200 else 500, _message(data), self.retry_after_s
+            )
+        return data
+
+    # ---- publishing ---------------------------------------------------------------------------
+    async def publish_lora(self, adapter_dir: str | Path, version: int) -> int:
+        """Load the peft adapter folder as `v{version}` and serve it to new streams; return `version`."""
+        if not self.lora:
+            raise ValueError("this engine serves full weights; use publish_full")
+        async with self._publish_lock:
+            self._check_version(version)
+            await self._post(
+                "/load_lora_adapter", {"lora_name": lora_name(version), "lora_path": str(adapter_dir)}
+            )
+            self._loaded.add(version)
+            self._version, self._adapter = version, lora_name(version)
+            for old in sorted(self._loaded - {version}):
+                if self._users[old] == 0:
+                    await self._unload(old)
+        return version
+
+    async def publish_full(self, model_dir: str | Path, version: int) -> int:
+        """Load full weights from a transformers folder; new streams wait meanwhile; return `version`."""
+        if self.lora:
+            raise ValueError("this engine serves LoRA adapters; use publish_lora")
+        async with self._publish_lock:
+            self._check_version(version)
+            self._open.clear()
+            try:
+                await self._idle.wait()  # every started stream is inside sglang (holds its reader lock)
+                await self._post(
+                    "/update_weights_from_disk",
+                    {"model_path": str(model_dir), "weight_version": str(version)},
+                )
+                self._version = version
+                try:
+                    r = await self._client.post("/flush_cache", timeout=60.0)
+                    if r.status_code != 200:
+                        log.info("sglang /flush_cache answered %d (requests running)", r.status_code)
+                except httpx.HTTPError as exc:
+                    log.warning("sglang /flush_cache failed: %r", exc)
+            finally:
+                self._open.set()
+        return version
+
+    def _check_version(self, version: int) -> None:
+        if self._closed:
+            raise SamplerUnavailable("the sglang engine is closed")
+        if version <= self._version:
+            raise ValueError(f"new policy version {version} must be > {self._version}")
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (open streams end with SamplerUnavailable). Idempotent."""
+        if self._closed:
+            return
+        await self.drain_unloads()
+        self._closed = True
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # connections of an event loop that already ended
+            log.debug("closing the sglang client: %r", exc)
