@@ -252,3 +252,39 @@ class FakeServingBackend:
 
     async def close(self) -> None:
         self.closed = True
+
+
+# --------------------------------------------------------------------------------------------
+# Optional capability: scoring token ids under the BASE model (the OPD teacher).
+
+
+@runtime_checkable
+class LogprobScorer(Protocol):
+    """A backend that can score given token ids under its base model (no adapters, no trained
+    weights): the teacher of on-policy distillation (`clawbridge.rewards.opd`). Optional: check
+    with `isinstance(backend, LogprobScorer)`.
+
+    Invariant: token exact. For each sequence, the result holds logprob(tokens[i] | tokens[:i])
+    for every i in [prompt_len, len(tokens)), in order: exactly len(tokens) - prompt_len floats,
+    untempered (temperature 1, no truncation)."""
+
+    async def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
+    ) -> list[list[float]]: ...
+
+
+class FakeLogprobScorer:
+    """A `LogprobScorer` for tests: `fn(tokens, position) -> logprob`, recording every call."""
+
+    def __init__(self, fn: Any = None) -> None:
+        self.fn = fn or (lambda tokens, i: -1.0)
+        self.calls: list[tuple[list[int], int]] = []
+
+    async def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
+    ) -> list[list[float]]:
+        out: list[list[float]] = []
+        for seq, p in zip(sequences, prompt_lens, strict=True):
+            self.calls.append((list(seq), p))
+            out.append([float(self.fn(list(seq), i)) for i in range(p, len(seq))])
+        return out

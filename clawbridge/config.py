@@ -46,6 +46,13 @@ class Settings(BaseSettings):
     max_running_requests: int = Field(8, description="Requests decoded at the same time by the torch engine.")
     max_queued_requests: int = Field(64, description="Requests waiting for a slot before new ones get 429.")
     default_max_tokens: int = Field(1024, description="max_tokens when a request gives none.")
+    sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use (default: launch one).")
+    sglang_port: int = Field(0, ge=0, description="engine sglang: port of the launched server (0: a free one).")
+    sglang_tp_size: int = Field(1, ge=1, description="engine sglang: tensor-parallel GPUs per replica (--tp-size).")
+    sglang_dp_size: int = Field(1, ge=1, description="engine sglang: data-parallel replicas (--dp-size; LoRA publishing needs 1).")
+    sglang_mem_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="engine sglang: --mem-fraction-static (0: SGLang's default).")
+    sglang_extra_args: list[str] = Field(default_factory=list, description="engine sglang: more `sglang.launch_server` arguments.")
+    sglang_startup_timeout_s: float = Field(900.0, gt=0, description="engine sglang: wait this long for the launched server to be healthy.")
 
     # --- proxy
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
@@ -96,6 +103,34 @@ class Settings(BaseSettings):
     max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")
     reward_wait_s: float = Field(600.0, gt=0, description="Ended sessions still without any reward this long are dropped.")
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
+
+    # --- rewards (section owned by clawbridge/rewards): judge, OPD and how they combine
+    judge: Literal["off", "endpoint", "base"] = Field(
+        "off", description="Judge of each main turn from its next state: off, endpoint (OpenAI-compatible) or base (the backend's base model)."
+    )
+    judge_base_url: str = Field("", description="judge endpoint: base URL of an OpenAI-compatible API (…/v1).")
+    judge_model: str = Field("", description="judge endpoint: model name to ask.")
+    judge_api_key: SecretStr | None = Field(None, description="judge endpoint: its own API key (environment only, never logged).")
+    judge_votes: int = Field(3, ge=1, description="Judge samples per turn; the verdict is their majority (ties and failed votes: 0).")
+    judge_temperature: float = Field(0.6, ge=0.0, description="Sampling temperature of the judge's votes.")
+    judge_max_tokens: int = Field(512, ge=16, description="Max tokens of one judge answer.")
+    judge_concurrency: int = Field(2, ge=1, description="Judge calls in flight at once (with judge=base: at most this many sampler slots).")
+    judge_retries: int = Field(2, ge=0, description="Retries of one failed judge call (backoff doubles from 0.5 s).")
+    judge_timeout_s: float = Field(60.0, gt=0, description="One judge call longer than this fails.")
+    judge_max_attempts: int = Field(3, ge=1, description="Judge a turn at most this many times when every vote fails; then it gets no verdict.")
+    judge_poll_interval_s: float = Field(1.0, gt=0, description="How often the judge worker looks for ended sessions.")
+    judge_promote_best: bool = Field(
+        False, description="The 'at least one' rule: a session whose verdicts are all 0 gets its best turn's mean vote (if > 0) as reward."
+    )
+    explicit_reward_rule: Literal["override", "add"] = Field(
+        "override", description="Explicit rewards (API, CLI) on a turn: override its judge verdict, or add to it."
+    )
+    method: Literal["rl", "opd", "combine"] = Field(
+        "combine", description="Per-token advantage: rl (rewards), opd (teacher - sampler logprobs) or combine (w_opd·opd + w_rl·rl)."
+    )
+    w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
+    w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
+    opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
 
     # --- tinker backend (section owned by backends/tinker)
     tinker_base_url: str = Field("", description="Tinker API URL (default: TINKER_BASE_URL, else Tinker's production API).")

@@ -8,6 +8,14 @@ through `/rl/set_reward`, `/rl/end_session`. The trainer trains in the backgroun
 each answer records the policy version that sampled it. At the end: a table per policy version,
 first-20% vs last-20% mean reward, and a PNG plot.
 
+With `reward="judge"` (`clawbridge demo --reward judge`) no reward is ever set by hand: a scripted
+user answers each first answer in the same session, with acceptance ("Great, thanks!") when at
+least `accept_threshold` of its tokens contain the letter, else a correction; the agent answers
+that too, and the session ends. The proxy's judge worker reads each turn's next state and
+asks a RULE-BASED judge endpoint (`clawbridge.rewards.judge_server`, keyword rules, not a
+language model: the tiny model cannot judge) that the demo starts on 127.0.0.1; its verdicts are
+the only rewards. The reward plotted is still the task reward of the first answer.
+
 Invariant: the demo only talks to the proxy over HTTP, as any agent would; nothing is faked.
 """
 
@@ -25,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 
@@ -51,6 +60,10 @@ class DemoConfig:
     lora_rank: int = 0
     """0: full fine-tuning (fastest to learn for the tiny model)."""
     seed: int = 0
+    reward: Literal["api", "judge"] = "api"
+    """api: the reward is set through /rl/set_reward; judge: only the judge's verdicts."""
+    accept_threshold: float = 0.4
+    """judge: the scripted user accepts an answer with at least this share of target tokens."""
 
 
 @dataclass
@@ -68,6 +81,8 @@ class DemoResult:
     episodes: list[Episode] = field(default_factory=list)
     seconds: float = 0.0
     plot: Path | None = None
+    judge_calls: int = 0
+    """judge mode: requests the rule-based judge answered."""
 
     def head_tail(self, frac: float = 0.2) -> tuple[float, float]:
         eps = sorted(self.episodes, key=lambda e: e.index)
@@ -89,7 +104,12 @@ def token_reward(tokens: list[str]) -> float:
     return sum(TARGET in t for t in toks) / len(toks) if toks else 0.0
 
 
-def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig) -> subprocess.Popen[bytes]:
+ACCEPT = "Great, thanks!"
+CORRECT = "No, that's wrong. Use more words with the letter e."
+
+
+def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig,
+                 judge_url: str | None = None) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update({
         "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
@@ -98,6 +118,12 @@ def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig) -
         "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4",
         "CLAWBRIDGE_DEFAULT_MAX_TOKENS": str(cfg.max_tokens), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
     })
+    if judge_url:
+        env.update({
+            "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge_url,
+            "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.2",
+            "CLAWBRIDGE_METHOD": "rl",  # the tiny base model is no teacher: OPD would add noise only
+        })
     env.pop("CLAWBRIDGE_API_KEY", None)
     env.pop("CLAWBRIDGE_ADMIN_KEY", None)
     log = (state_dir / "proxy.log").open("ab")
@@ -142,8 +168,16 @@ def _episode(base: str, admin: str, index: int, cfg: DemoConfig) -> Episode:
     tokens = [c.token for c in (choice.logprobs.content or [])] if choice.logprobs else []
     reward = token_reward(tokens)
     version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
-    httpx.post(f"{base}/rl/set_reward", json={"reward": reward}, headers={"Authorization": f"Bearer {key}"},
-               timeout=30).raise_for_status()
+    if cfg.reward == "judge":  # the scripted user answers in the same session; the judge does the rest
+        reply = ACCEPT if reward >= cfg.accept_threshold else CORRECT
+        history: list[Any] = [{"role": "user", "content": prompt},
+                              {"role": "assistant", "content": choice.message.content or ""},
+                              {"role": "user", "content": reply}]
+        client.chat.completions.create(model="tiny", messages=history, max_tokens=cfg.max_tokens,
+                                       temperature=1.0, seed=cfg.seed * 100_003 + index + 7)
+    else:
+        httpx.post(f"{base}/rl/set_reward", json={"reward": reward}, headers={"Authorization": f"Bearer {key}"},
+                   timeout=30).raise_for_status()
     httpx.post(f"{base}/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"},
                timeout=30).raise_for_status()
     text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
@@ -198,7 +232,13 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
     base = f"http://127.0.0.1:{port}"
-    proc = _start_proxy(model_dir, state_dir, port, cfg)
+    judge = None
+    if cfg.reward == "judge":
+        from clawbridge.rewards.judge_server import JudgeServer
+
+        judge = JudgeServer(model="rule-based").start()
+        (out_dir / "judge.txt").write_text(f"rule-based judge (keyword rules, not a language model) at {judge.base_url}\n")
+    proc = _start_proxy(model_dir, state_dir, port, cfg, judge.base_url if judge else None)
     result = DemoResult()
     t0 = time.monotonic()
     lock = threading.Lock()
@@ -223,6 +263,9 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
+        if judge is not None:
+            result.judge_calls = len(judge.requests)
+            judge.stop()
     result.seconds = time.monotonic() - t0
     (out_dir / "episodes.jsonl").write_text(
         "".join(json.dumps(e.__dict__) + "\n" for e in sorted(result.episodes, key=lambda e: e.index)))

@@ -21,6 +21,7 @@ from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
+from clawbridge.rewards.worker import build_reward_worker
 from clawbridge.store import Store
 from clawbridge.trainer import TrainerLoop
 
@@ -77,6 +78,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
     if settings.train and isinstance(backend, TrainingBackend):
         state.trainer = TrainerLoop.from_settings(settings, store, backend)
+    state.judge = await build_reward_worker(settings, store, backend, renderer)
     return state
 
 
@@ -112,6 +114,9 @@ async def serve(settings: Settings, announce: Any = print) -> None:
         announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}); watch with `clawbridge status`")
     else:
         announce("training: off (the backend serves only, or train = false)")
+    if state.judge is not None:
+        announce(f"judge: {state.judge.judge.name} ({settings.judge_votes} votes, at most "
+                 f"{settings.judge_concurrency} calls in flight); method {settings.method}")
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
              + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
     try:

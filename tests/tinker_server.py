@@ -112,6 +112,11 @@ def expected_logprob(i: int, weights_step: int) -> float:
     return -0.125 * (i + 1) - 0.5 * weights_step
 
 
+def prompt_logprob(token: int, weights_step: int) -> float:
+    """The fake model's logprob of a prompt token (exact in float32); trained steps shift it."""
+    return -0.0625 * (token % 16 + 1) - 0.5 * weights_step
+
+
 class TinkerProtocolServer:
     """Run with `start()` (returns the base URL) and `stop()`; inspect `calls`, set `faults`."""
 
@@ -438,6 +443,11 @@ async def h_asample(s: TinkerProtocolServer, route: str, body: Any, req: Request
     seq.stop_reason = pb.STOP_REASON_STOP if reason == "stop" else pb.STOP_REASON_LENGTH
     seq.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
     seq.logprobs = np.asarray(logprobs, dtype=np.float32).tobytes()
+    if body.get("prompt_logprobs"):  # compute_logprobs: NaN where not scored (first token, before last_n)
+        last_n = body.get("prompt_logprobs_last_n") or len(prompt) - 1
+        scored = [prompt_logprob(t, info["weights_step"]) if i >= len(prompt) - last_n and i > 0 else float("nan")
+                  for i, t in enumerate(prompt)]
+        msg.prompt_logprobs = np.asarray(scored, dtype=np.float32).tobytes()
     k = body.get("topk_sample_logprobs", 0)
     if k:
         ids = np.asarray([[t + j for j in range(k)] for t in tokens], dtype=np.int32)

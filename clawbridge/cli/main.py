@@ -227,18 +227,30 @@ def demo(
     learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-2,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed for the model and the sampling.")] = 0,
+    reward: Annotated[str, typer.Option(help="api: set through /rl/set_reward; judge: a scripted user answers "
+                                             "and a rule-based judge turns that into rewards.")] = "api",
 ) -> None:
     """Watch a tiny model learn, offline: serve, record, reward, train and publish, then plot."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from clawbridge.demo import DemoConfig, Episode, default_out_dir, run_demo
 
+    if reward not in ("api", "judge"):
+        err.print("--reward must be api or judge")
+        raise typer.Exit(2)
     cfg = DemoConfig(sessions=sessions, concurrency=concurrency, batch_size=batch_size,
-                     learning_rate=learning_rate, lora_rank=lora_rank, seed=seed)
+                     learning_rate=learning_rate, lora_rank=lora_rank, seed=seed,
+                     reward="judge" if reward == "judge" else "api")
     out_dir = out or default_out_dir()
     console.print(f"demo: tiny model, local backend, {sessions} sessions; output in {out_dir}")
-    console.print("task: answer with as many tokens containing the letter 'e' as possible "
-                  "(reward = their share; set through /rl/set_reward)")
+    if cfg.reward == "judge":
+        console.print("task: answer with as many tokens containing the letter 'e' as possible; a scripted user "
+                      f"accepts answers with a share >= {cfg.accept_threshold} and corrects the others. No reward is "
+                      "set by hand: a RULE-BASED judge endpoint (keyword rules, not a language model; the tiny "
+                      "model cannot judge) reads each turn's next state and gives +1 / -1")
+    else:
+        console.print("task: answer with as many tokens containing the letter 'e' as possible "
+                      "(reward = their share; set through /rl/set_reward)")
     recent: list[float] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:

@@ -46,9 +46,13 @@ def build_app(state: ProxyState) -> FastAPI:
         reaper = asyncio.create_task(_reap_idle(state))
         if state.trainer is not None:
             await state.trainer.start()
+        if state.judge is not None:
+            await state.judge.start()
         try:
             yield
         finally:
+            if state.judge is not None:
+                await state.judge.stop()
             if state.trainer is not None:
                 await state.trainer.stop()
             reaper.cancel()

@@ -162,6 +162,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         require_admin(authenticate(request, state.keys, state.store))
         return {"model": state.model_info.name, "backend": state.backend.name,
                 "policy_version": state.sampler.policy_version, "store": state.store.stats(),
-                "trainer": state.trainer.status() if state.trainer is not None else None}
+                "trainer": state.trainer.status() if state.trainer is not None else None,
+                "judge": state.judge.status() if state.judge is not None else None}
 
     return router

@@ -21,6 +21,7 @@ from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
 
 if TYPE_CHECKING:
+    from clawbridge.rewards.worker import RewardWorker
     from clawbridge.trainer.loop import TrainerLoop
 
 log = logging.getLogger("clawbridge.store")
@@ -64,6 +65,8 @@ class ProxyState:
     keys: Keys
     trainer: TrainerLoop | None = None
     """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
+    judge: RewardWorker | None = None
+    """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
 
     @property
     def sampler(self) -> Sampler:

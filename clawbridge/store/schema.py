@@ -79,6 +79,66 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX samples_unconsumed ON samples(consumed_step, dropped_reason);
     """,
+    # v2: rewards from conversation (clawbridge.rewards): next states, judge votes and verdicts,
+    # hindsight hints, teacher logprobs for on-policy distillation, and per-session progress.
+    """
+    CREATE TABLE next_states (
+        turn_id      TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        session_id   TEXT NOT NULL,
+        kind         TEXT NOT NULL,        -- user | tool | tool+user
+        state_json   TEXT NOT NULL,        -- the messages that came next (tool results, user message)
+        from_turn_id TEXT,                 -- the later turn whose request carried them
+        created_at   REAL NOT NULL
+    );
+    CREATE INDEX next_states_session ON next_states(session_id);
+
+    CREATE TABLE judgements (
+        turn_id      TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        session_id   TEXT NOT NULL,
+        status       TEXT NOT NULL,        -- running | done | failed
+        score        REAL,                 -- majority vote in {-1, 0, 1} (done only)
+        mean_vote    REAL,                 -- mean of the votes, failed ones as 0
+        attempt      INTEGER NOT NULL,     -- 1 + how many earlier runs were interrupted or failed
+        judge_model  TEXT NOT NULL,
+        error        TEXT,
+        started_at   REAL NOT NULL,
+        finished_at  REAL
+    );
+    CREATE INDEX judgements_session ON judgements(session_id, status);
+
+    CREATE TABLE judge_votes (
+        vote_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        turn_id      TEXT NOT NULL REFERENCES turns(turn_id),
+        attempt      INTEGER NOT NULL,
+        idx          INTEGER NOT NULL,
+        score        INTEGER,              -- -1 | 0 | 1, NULL: the vote failed (error or unparseable)
+        hint         TEXT,
+        text         TEXT,                 -- the judge's full answer
+        error        TEXT,
+        created_at   REAL NOT NULL
+    );
+    CREATE INDEX judge_votes_turn ON judge_votes(turn_id, attempt);
+
+    CREATE TABLE hints (
+        turn_id      TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        hint         TEXT NOT NULL,
+        created_at   REAL NOT NULL
+    );
+
+    CREATE TABLE teacher_logprobs (
+        turn_id      TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        logprobs     BLOB NOT NULL,        -- float64 per completion token, teacher = base model + hint
+        prompt_len   INTEGER NOT NULL,     -- tokens of the hinted prompt the teacher saw
+        created_at   REAL NOT NULL
+    );
+
+    CREATE TABLE reward_sessions (
+        session_id   TEXT PRIMARY KEY REFERENCES sessions(session_id),
+        status       TEXT NOT NULL,        -- done (every main turn with a next state judged)
+        turns_judged INTEGER NOT NULL,
+        finished_at  REAL NOT NULL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -15,6 +15,10 @@ Invariants:
   samples in ONE transaction, and refuses (rolls back) if any sample was already consumed or
   dropped. A failed, cancelled or killed step leaves its samples untouched; a `running` row left by
   a killed process is marked failed by `recover_interrupted`.
+- With `wait_for_judge` (a judge is configured), a sample is READY only once the judge has also
+  finished its session (`reward_sessions`, see `clawbridge.store.rewards`), and `no_reward` drops
+  wait for that too. Judge verdicts (rewards with source `judge`) are NOT part of `SessionTrace`:
+  the trainer reads them from `judgements` and combines them with the explicit rewards it sees here.
 """
 
 from __future__ import annotations
@@ -105,8 +109,14 @@ class StepRow:
 class TrainingStore:
     """Samples and steps on a `Store`'s connection."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, wait_for_judge: bool = False) -> None:
         self.store = store
+        self.wait_for_judge = wait_for_judge
+        """Samples become ready only after the judge finished their session."""
+        self._judged = (
+            " AND EXISTS (SELECT 1 FROM reward_sessions rs WHERE rs.session_id = {0}.session_id)"
+            if wait_for_judge else ""
+        )
 
     # ------------------------------------------------------------------ samples
     def ingest_ended(self, since: float = 0.0) -> tuple[int, float]:
@@ -135,7 +145,8 @@ class TrainingStore:
                 "JOIN turns t ON t.turn_id = sa.turn_id JOIN sessions s ON s.session_id = sa.session_id "
                 "WHERE sa.consumed_step IS NULL AND sa.dropped_reason IS NULL AND s.status='ended' "
                 "AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = sa.session_id) "
-                "ORDER BY sa.created_at, s.ended_at, sa.session_id, t.seq"
+                + self._judged.format("sa")
+                + " ORDER BY sa.created_at, s.ended_at, sa.session_id, t.seq"
             ).fetchall()
         return [
             PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]))
@@ -162,7 +173,8 @@ class TrainingStore:
             return c.execute(
                 "UPDATE samples SET dropped_reason='no_reward' WHERE consumed_step IS NULL AND dropped_reason IS NULL "
                 "AND session_id IN (SELECT session_id FROM sessions WHERE status='ended' AND ended_at < ?) "
-                "AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = samples.session_id)",
+                "AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = samples.session_id)"
+                + self._judged.format("samples"),
                 (cutoff,),
             ).rowcount
 
@@ -182,7 +194,8 @@ class TrainingStore:
                 latest_turn: dict[str, float] = {}
                 session_reward: float | None = None
                 for r in c.execute(
-                    "SELECT turn_id, value FROM rewards WHERE session_id=? ORDER BY reward_id", (sid,)
+                    "SELECT turn_id, value FROM rewards WHERE session_id=? AND source != 'judge' ORDER BY reward_id",
+                    (sid,),
                 ).fetchall():
                     if r[0] is None:
                         session_reward = float(r[1])

@@ -30,6 +30,33 @@ The rules, applied in this order and identically whatever the backend:
    - `sum`: no scaling.
    A datum's advantage is the same on each of its completion tokens (then scaled as above);
    prompt positions carry 0 and mask 0 (`Datum.from_turn`).
+
+With rewards from conversation (`clawbridge.rewards`), rule 1 is followed by 1b and 1c, and the
+per-token advantage by rule 5 (`combined_rewards`, `promote_best`, `mix_token_advantages`):
+
+1b. EXPLICIT vs JUDGE. Rule 1 gives the explicit part: rewards from `/rl/set_reward`,
+    `/rl/set_session_reward` and `clawbridge reward` (every source but `judge`). A trainable turn
+    that an explicit reward lands on (directly, credited from a side turn, or the session reward
+    on the last turn) is "explicitly rewarded". Per turn, with `explicit_reward_rule`:
+    - `override` (default): an explicitly rewarded turn's reward is its explicit reward, and its
+      judge verdict is ignored; any other turn's reward is its judge verdict (0 when unjudged).
+    - `add`: reward = explicit part + judge verdict.
+1c. "AT LEAST ONE" (`judge_promote_best`, off by default). A session with judged turns whose
+    verdicts are ALL 0 and no explicit reward gives no learning signal from its rewards. With the
+    rule on, its best judged turn (the highest mean vote; the later turn on ties) gets its MEAN
+    VOTE as reward, but only when that mean is > 0: e.g. votes (+1, 0, 0) give 1/3, never a
+    fabricated +1, and a session with no positive vote is left alone. Effect on the advantage:
+    that turn's return rises by the mean vote (and, with gamma = 1, so do the session's earlier
+    turns'); under a group baseline the group mean rises with it, so the promoted session gains
+    a small positive advantage relative to its group and the others lose as much: the group's
+    advantages still sum to 0, and the signal is bounded by the judge's own uncertainty.
+5.  METHOD (`method`, weights `w_rl`, `w_opd`, `opd_coef`). Per completion token t of a datum
+    with RL advantage A (rules 1-3) and, when the turn has teacher logprobs,
+    OPD_t = opd_coef * (teacher_logprob_t - sampler_logprob_t):
+    - `rl`: A;   `opd`: OPD_t (0 for turns without a teacher score);
+    - `combine` (default): w_rl * A + w_opd * OPD_t; a turn without a teacher score gets
+      w_rl * A only, a turn whose reward is 0 still gets its OPD part.
+    Rule 4's scale then multiplies the whole per-token value.
 """
 
 from __future__ import annotations
@@ -157,3 +184,77 @@ def token_scales(lengths: Sequence[int], rule: NormalizationRule) -> list[float]
         return [1.0 / total if total else 0.0] * len(lengths)
     n = len(lengths)
     return [1.0 / (length * n) if length else 0.0 for length in lengths]
+
+
+# ------------------------------------------------------------------ rewards from conversation
+
+ExplicitRule = Literal["override", "add"]
+RewardMethod = Literal["rl", "opd", "combine"]
+
+
+def explicit_targets(trace: SessionTrace) -> set[str]:
+    """Rule 1b: the trainable turns an explicit reward lands on (per rule 1's crediting)."""
+    trainable = [t for t in trace.turns if t.trainable]
+    out: set[str] = set()
+    if not trainable:
+        return out
+    for turn in trace.turns:
+        if turn.reward is None:
+            continue
+        if turn.trainable:
+            out.add(turn.turn_id)
+            continue
+        before = [t for t in trainable if t.seq < turn.seq]
+        out.add((before[-1] if before else next(t for t in trainable if t.seq > turn.seq)).turn_id)
+    if trace.session_reward is not None:
+        out.add(trainable[-1].turn_id)
+    return out
+
+
+def promote_best(judged: Mapping[str, float], mean_votes: Mapping[str, float], order: Sequence[str]) -> dict[str, float]:
+    """Rule 1c: `{turn_id: mean_vote}` for the promoted turn, or {} (see the module docstring).
+
+    `judged`: verdicts of the session's judged turns; `order`: trainable turn ids in seq order."""
+    if not judged or any(v != 0 for v in judged.values()):
+        return {}
+    best: str | None = None
+    for tid in order:
+        m = mean_votes.get(tid)
+        if tid in judged and m is not None and m > 0 and (best is None or m >= mean_votes[best]):
+            best = tid
+    return {} if best is None else {best: float(mean_votes[best])}
+
+
+def combined_rewards(
+    trace: SessionTrace,
+    judge: Mapping[str, float],
+    rule: ExplicitRule,
+    mean_votes: Mapping[str, float] | None = None,
+    promote: bool = False,
+) -> dict[str, float]:
+    """Rules 1 + 1b + 1c: each trainable turn's immediate reward, by turn id."""
+    explicit = immediate_rewards(trace)
+    targets = explicit_targets(trace)
+    order = [t.turn_id for t in trace.turns if t.trainable]
+    out: dict[str, float] = {}
+    for tid in order:
+        j = judge.get(tid, 0.0)
+        out[tid] = explicit[tid] if (rule == "override" and tid in targets) else explicit[tid] + j
+    if promote and not targets:
+        judged = {tid: judge[tid] for tid in order if tid in judge}
+        out.update(promote_best(judged, mean_votes or {}, order))
+    return out
+
+
+def mix_token_advantages(
+    rl_advantage: float, opd: Sequence[float] | None, n_tokens: int, method: RewardMethod,
+    w_rl: float, w_opd: float,
+) -> list[float]:
+    """Rule 5 (before rule 4's scale): the per-token advantages of one datum."""
+    rl = {"rl": 1.0, "opd": 0.0, "combine": w_rl}[method] * rl_advantage
+    w = {"rl": 0.0, "opd": 1.0, "combine": w_opd}[method]
+    if opd is None or w == 0.0:
+        return [rl] * n_tokens
+    if len(opd) != n_tokens:
+        raise ValueError(f"OPD advantages have {len(opd)} entries for {n_tokens} tokens")
+    return [rl + w * o for o in opd]

@@ -12,6 +12,9 @@ Invariants:
   same sessions (and groups), so it can hold more than `batch_size` datums.
 - Staleness = (the policy version serving now) - (the version that sampled the turn), i.e. how
   many publishes behind the datum is.
+- With a `RewardMix` (the loop always passes one), rewards are `advantages.combined_rewards`
+  (explicit + judge, rules 1b/1c) and per-token advantages follow rule 5 (RL and OPD parts);
+  with no judge verdicts, no teacher scores and the default weights this equals the plain rules.
 """
 
 from __future__ import annotations
@@ -20,15 +23,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clawbridge.backend import Datum
+from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import (
     AdvantageItem,
     BaselineRule,
+    ExplicitRule,
     NormalizationRule,
+    RewardMethod,
     RunningMeans,
     apply_baseline,
     baseline_key,
+    combined_rewards,
+    discounted_returns,
     immediate_rewards,
+    mix_token_advantages,
     session_returns,
     token_scales,
 )
@@ -85,6 +94,18 @@ class PreparedBatch:
     advantage_abs_mean, tokens, datums, sessions, staleness_mean, staleness_max."""
 
 
+@dataclass(frozen=True)
+class RewardMix:
+    """How explicit rewards, judge verdicts and OPD combine (advantages rules 1b, 1c and 5)."""
+
+    method: RewardMethod = "combine"
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    opd_coef: float = 1.0
+    explicit_rule: ExplicitRule = "override"
+    promote_best: bool = False
+
+
 def prepare_batch(
     tstore: TrainingStore,
     batch: Sequence[PendingSample],
@@ -94,28 +115,50 @@ def prepare_batch(
     normalization: NormalizationRule,
     running: RunningMeans,
     current_version: int,
+    mix: RewardMix | None = None,
 ) -> PreparedBatch:
     """Read the traces and tokens of `batch` and build its datums (see the module invariants)."""
     traces = tstore.session_traces(s.session_id for s in batch)
     returns: dict[str, float] = {}
     session_totals: list[float] = []
+    signals = (
+        RewardStore(tstore.store).turn_signals(t.turn_id for tr in traces.values() for t in tr.turns if t.trainable)
+        if mix is not None else {}
+    )
     for trace in traces.values():
-        returns.update(session_returns(trace, gamma))
-        session_totals.append(sum(immediate_rewards(trace).values()))
+        if mix is None:
+            returns.update(session_returns(trace, gamma))
+            session_totals.append(sum(immediate_rewards(trace).values()))
+            continue
+        judge = {k: v.judge_score for k, v in signals.items() if v.judge_score is not None}
+        means = {k: v.mean_vote for k, v in signals.items() if v.mean_vote is not None}
+        rewards = combined_rewards(trace, judge, mix.explicit_rule, means, mix.promote_best)
+        ids = [t.turn_id for t in trace.turns if t.trainable]
+        returns.update(zip(ids, discounted_returns([rewards[i] for i in ids], gamma), strict=True))
+        session_totals.append(sum(rewards.values()))
     items = [AdvantageItem(returns[s.turn_id], s.task_id, baseline_key(s.task_id, s.source)) for s in batch]
     advantages, new_running = apply_baseline(items, baseline, running)
     tokens = tstore.turn_tokens([s.turn_id for s in batch])
     lengths = [len(tokens[s.turn_id].completion_ids) for s in batch]
     scales = token_scales(lengths, normalization)
     datums: list[Datum] = []
+    opd_values: list[float] = []
     for s, adv, scale, n in zip(batch, advantages, scales, lengths, strict=True):
         t = tokens[s.turn_id]
+        per_token = [adv] * n
+        if mix is not None:
+            teacher = signals[s.turn_id].teacher_logprobs if s.turn_id in signals else None
+            opd = None
+            if teacher is not None and len(teacher) == n:
+                opd = [mix.opd_coef * (a - b) for a, b in zip(teacher, t.completion_logprobs, strict=True)]
+                opd_values.extend(opd)
+            per_token = mix_token_advantages(adv, opd, n, mix.method, mix.w_rl, mix.w_opd)
         datums.append(
             Datum.from_turn(
                 t.prompt_ids,
                 t.completion_ids,
                 t.completion_logprobs,
-                [adv * scale] * n,
+                [a * scale for a in per_token],
                 t.policy_version,
                 turn_id=s.turn_id,
             )
@@ -133,4 +176,10 @@ def prepare_batch(
         "staleness_mean": sum(staleness) / n_datums,
         "staleness_max": float(max(staleness)),
     }
+    if mix is not None:
+        judged = [v.judge_score for k, v in signals.items() if v.judge_score is not None]
+        metrics["judge_turns"] = float(len(judged))
+        metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
+        metrics["opd_tokens"] = float(len(opd_values))
+        metrics["opd_advantage_mean"] = sum(opd_values) / len(opd_values) if opd_values else 0.0
     return PreparedBatch(datums, [s.turn_id for s in batch], new_running, metrics)

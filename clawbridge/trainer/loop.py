@@ -38,7 +38,7 @@ from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
-from clawbridge.trainer.datums import PreparedBatch, prepare_batch, screen, select_batch
+from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
@@ -73,6 +73,10 @@ class TrainerConfig:
     """Samples of sessions ended this long ago without any reward are dropped (`no_reward`)."""
     poll_interval_s: float = 1.0
     """How often the loop looks for a ready batch when idle."""
+    mix: RewardMix = field(default_factory=RewardMix)
+    """Explicit vs judge rewards, the "at least one" rule and the method (advantages rules 1b-5)."""
+    wait_for_judge: bool = False
+    """A judge is configured: train a session only after the judge finished it."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> TrainerConfig:
@@ -88,6 +92,9 @@ class TrainerConfig:
             max_backlog=s.max_backlog,
             reward_wait_s=s.reward_wait_s,
             poll_interval_s=s.trainer_poll_interval_s,
+            mix=RewardMix(method=s.method, w_rl=s.w_rl, w_opd=s.w_opd, opd_coef=s.opd_coef,
+                          explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best),
+            wait_for_judge=s.judge != "off",
         )
 
     @property
@@ -113,9 +120,9 @@ class TrainerLoop:
 
     def __init__(self, store: Store, backend: TrainingBackend, config: TrainerConfig | None = None) -> None:
         self.store = store
-        self.tstore = TrainingStore(store)
         self.backend = backend
         self.config = config or TrainerConfig()
+        self.tstore = TrainingStore(store, wait_for_judge=self.config.wait_for_judge)
         self.running_means = RunningMeans()
         """Running-mean baselines, advanced only when a step commits."""
         self.last_report: StepReport | None = None
@@ -235,6 +242,7 @@ class TrainerLoop:
             normalization=cfg.normalization,
             running=self.running_means,
             current_version=self.backend.sampler().policy_version,
+            mix=cfg.mix,
         )
 
     async def _step(self, batch: list[PendingSample]) -> StepReport:
@@ -329,6 +337,8 @@ class TrainerLoop:
                 "normalization": cfg.normalization,
                 "max_off_policy_steps": cfg.max_off_policy_steps,
                 "stale_policy": cfg.stale_policy,
+                "method": cfg.mix.method,
+                "explicit_reward_rule": cfg.mix.explicit_rule,
             },
             **self.tstore.training_stats(),
         }

@@ -1,0 +1,161 @@
+"""A small OpenAI-compatible judge endpoint on 127.0.0.1: scripted (tests) or RULE-BASED (demo).
+
+`JudgeServer(answer)` serves `POST /v1/chat/completions` (and `GET /v1/models`) from a thread,
+answering each request with `answer(body) -> text`. `rule_based_answer` is a keyword judge for
+the prompt `clawbridge.rewards.judge.judge_messages` builds; it is NOT a language model: the demo
+labels it as such, and `bench/judge_agreement.py` measures how far it agrees with the labeled set.
+
+Rule-based judge rules (on the "What happened next" section):
+- a user message with a correction marker ("no", "wrong", "instead", "redo", "try again", ...)
+  -> -1, hint = the user's message;
+- else a user message with an acceptance marker ("thanks", "great", "works", "perfect", ...) -> +1;
+- else, when tool results came back: any error marker ("error", "traceback", "not found",
+  "permission denied", "exit code N>0", ...) -> -1, otherwise +1;
+- else (silence, an unrelated new request) -> 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CORRECTION = re.compile(
+    r"\b(no|nope|wrong|incorrect|not what|isn'?t what|not quite|instead|redo|try again|again|actually|"
+    r"fix (it|this|that)|didn'?t|doesn'?t work|does not work|broke|broken|not right|should have|should be|"
+    r"don'?t|stop|undo|revert|missed|forgot|still (fails|failing|broken|wrong))\b",
+    re.IGNORECASE,
+)
+ACCEPTANCE = re.compile(
+    r"\b(thanks|thank you|thx|great|perfect|works|worked|working|good|nice|exactly|awesome|lgtm|"
+    r"looks good|correct|yes|ok|okay|cool|excellent|love it|that'?s it|helpful|done|brilliant|fixed)\b",
+    re.IGNORECASE,
+)
+TOOL_ERROR = re.compile(
+    r"(error|exception|traceback|failed|failure|not found|no such file|permission denied|exit code [1-9]|"
+    r"exit status [1-9]|command not found|timed out|timeout|enoent|refused|fatal|denied|\b(404|500)\b)",
+    re.IGNORECASE,
+)
+
+
+def _section(prompt: str, title: str) -> str:
+    m = re.search(rf"## {re.escape(title)}[^\n]*\n(.*?)(?=\n## |\Z)", prompt, re.DOTALL)
+    return m.group(1).strip() if m else ""
+
+
+def rule_based_verdict(prompt: str) -> tuple[int, str | None, str]:
+    """(score, hint, reason) for a judge prompt, by the module's keyword rules."""
+    nxt = _section(prompt, "What happened next")
+    users = [line[len("[user] "):] for line in nxt.splitlines() if line.startswith("[user] ")]
+    tools = [line for line in nxt.splitlines() if line.startswith("[tool result")]
+    user_text = " ".join(users).strip()
+    if user_text and CORRECTION.search(user_text):
+        return -1, user_text[:300], "the user corrected the turn"
+    if user_text and ACCEPTANCE.search(user_text):
+        return 1, None, "the user accepted the turn"
+    if tools:
+        bad = [t for t in tools if TOOL_ERROR.search(t)]
+        if bad:
+            return -1, None, "a tool call failed"
+        return 1, None, "the tool calls succeeded"
+    return 0, None, "no clear signal"
+
+
+def rule_based_answer(body: dict[str, Any]) -> str:
+    """The rule-based judge's answer text for an OpenAI chat request body."""
+    messages = body.get("messages") or []
+    prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    score, hint, reason = rule_based_verdict(prompt)
+    shown = "0" if score == 0 else f"{score:+d}"
+    return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}\nSCORE: {shown}"
+
+
+class JudgeServer:
+    """`answer(body) -> text` behind an OpenAI-compatible endpoint; use as a context manager."""
+
+    def __init__(self, answer: Callable[[dict[str, Any]], str] = rule_based_answer, model: str = "rule-based",
+                 port: int = 0, api_key: str | None = None) -> None:
+        self.answer = answer
+        self.model = model
+        self.api_key = api_key
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+
+            def do_POST(self) -> None:
+                if server.api_key and self.headers.get("Authorization") != f"Bearer {server.api_key}":
+                    self._send(401, {"error": {"message": "bad key"}})
+                    return
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                with server._lock:
+                    server.requests.append(body)
+                try:
+                    text = server.answer(body)
+                except Exception as exc:  # a scripted failure: answer 500
+                    self._send(500, {"error": {"message": str(exc)}})
+                    return
+                self._send(200, {
+                    "id": f"chatcmpl-judge-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
+                    "model": server.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                })
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="judge-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> JudgeServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> JudgeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """`python -m clawbridge.rewards.judge_server [PORT]`: serve the rule-based judge until ^C."""
+    import sys
+
+    srv = JudgeServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()
+    print(f"rule-based judge (not a language model) at {srv.base_url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""On-policy distillation (OPD) from hindsight hints: teacher inputs and per-token advantages.
+
+Rules:
+- The teacher is the base model (no adapters) given the SAME conversation with the hint added to
+  it: the hint is appended to the last user message as `\\n\\n[Hint: <hint>]` (a user message is
+  added when there is none). The hinted messages are rendered with the served chat template to
+  prompt ids; the RECORDED completion ids are appended unchanged. Completion text is never
+  re-tokenized, so teacher and sampler logprobs are over the very same token ids.
+- Per completion token t: `opd_advantage[t] = coef * (teacher_logprob[t] - sampler_logprob[t])`.
+  Positive where the hinted teacher finds the sampled token likelier than the policy did.
+- A turn gets OPD only when the judge extracted a hint and the backend can score
+  (`clawbridge.backend.LogprobScorer`); the trainer combines it with the RL part per
+  `clawbridge.trainer.advantages` rule 5.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HINT_TEMPLATE = "\n\n[Hint: {hint}]"
+
+
+def hinted_messages(messages: Sequence[Mapping[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """A copy of `messages` with the hint appended to the last user message (see rules)."""
+    out = [copy.deepcopy(dict(m)) for m in messages]
+    suffix = HINT_TEMPLATE.format(hint=hint.strip())
+    for m in reversed(out):
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = [*content, {"type": "text", "text": suffix.lstrip()}]
+        else:
+            m["content"] = f"{content or ''}{suffix}"
+        return out
+    out.append({"role": "user", "content": suffix.lstrip()})
+    return out
+
+
+@dataclass(frozen=True)
+class TeacherInput:
+    """One sequence for the teacher to score."""
+
+    tokens: list[int]
+    """Hinted prompt ids + the recorded completion ids."""
+    prompt_len: int
+    """How many of `tokens` are the hinted prompt; logprobs are wanted for the rest."""
+
+
+def teacher_input(
+    renderer: Any, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None,
+    tool_choice: Any, hint: str, completion_ids: Sequence[int],
+) -> TeacherInput:
+    """Render the hinted conversation and append the recorded completion ids (never re-tokenized)."""
+    prompt = renderer.render(hinted_messages(messages, hint), tools, tool_choice)
+    return TeacherInput(list(prompt) + [int(t) for t in completion_ids], len(prompt))
+
+
+def request_tools(request: Mapping[str, Any], api: str) -> tuple[list[dict[str, Any]] | None, Any]:
+    """(tools, tool_choice) of a recorded request, in OpenAI shape."""
+    if api == "anthropic":
+        try:
+            from clawbridge.proxy.anthropic_request import openai_data, validate_messages_request
+
+            data = openai_data(validate_messages_request(dict(request), need_max_tokens=False))
+            return data.get("tools"), data.get("tool_choice")
+        except Exception:
+            return None, None
+    tools = request.get("tools")
+    return (list(tools) if isinstance(tools, list) else None), request.get("tool_choice")
+
+
+def opd_advantages(teacher: Sequence[float], sampler: Sequence[float], coef: float) -> list[float]:
+    """`coef * (teacher - sampler)` per completion token."""
+    if len(teacher) != len(sampler):
+        raise ValueError(f"teacher has {len(teacher)} logprobs, the sampler {len(sampler)}")
+    return [coef * (float(t) - float(s)) for t, s in zip(teacher, sampler, strict=True)]

@@ -1,0 +1,281 @@
+"""`RewardWorker`: the background task that turns ended sessions into judge verdicts and teacher scores.
+
+Runs as one asyncio task beside the proxy (`start()` / `stop()`, from the app lifespan like the
+trainer loop). Per ended session: extract next states, judge every main turn that has one, score
+the hinted turns with the teacher (OPD), then `finish_session` (which makes it trainable).
+
+Invariants:
+- Off the request path: the worker only reads committed turns of ENDED sessions; store calls run
+  in worker threads (`asyncio.to_thread`), judge calls are async HTTP (or base-model sampling).
+  Serving bound: at most `concurrency` judge calls are in flight at any time (one semaphore over
+  every vote of every turn); with `judge=base` on a backend whose base model shares the serving
+  engine (SGLang without adapters), that is at most `concurrency` of its slots, never more. The
+  local torch backend judges and scores on a separate base-model copy, sharing no slot.
+- Exactly once: a turn whose judgement is `done` is never judged again, across restarts. A
+  judgement left `running` by a killed process is reset at `start()` (`recover_interrupted`) and
+  judged again. A turn whose votes ALL failed is retried (backoff) up to `max_attempts` times,
+  then left without a verdict so its session can still finish.
+- A session is finished only when every main turn with a next state is done or given up; teacher
+  scoring failures are logged and leave that turn RL-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clawbridge.rewards.judge import (
+    JudgementFailedWithVotes,
+    JudgeModel,
+    VoteConfig,
+    judge_messages,
+    judge_turn,
+    last_user_text,
+)
+from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
+from clawbridge.rewards.opd import request_tools, teacher_input
+from clawbridge.store import Store
+from clawbridge.store.rewards import RewardStore, StoredTurn
+
+if TYPE_CHECKING:
+    from clawbridge.backend import LogprobScorer, ServingBackend
+    from clawbridge.config import Settings
+    from clawbridge.render import Renderer
+
+log = logging.getLogger("clawbridge.rewards")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The judge worker's options (`Settings`' rewards section, see `from_settings`)."""
+
+    votes: VoteConfig = field(default_factory=VoteConfig)
+    concurrency: int = 2
+    """Judge calls in flight at once (the serving bound)."""
+    max_attempts: int = 3
+    """Judge a turn at most this many times when all its votes fail."""
+    poll_interval_s: float = 1.0
+    opd: bool = True
+    """Score hinted turns with the teacher (needs a scorer and a renderer)."""
+    sessions_per_pass: int = 8
+    retry_backoff_s: float = 2.0
+    """A session with failed judgements is retried after this, doubling per attempt."""
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> WorkerConfig:
+        return cls(
+            votes=VoteConfig(votes=s.judge_votes, temperature=s.judge_temperature,
+                             max_tokens=s.judge_max_tokens, retries=s.judge_retries),
+            concurrency=s.judge_concurrency, max_attempts=s.judge_max_attempts,
+            poll_interval_s=s.judge_poll_interval_s, opd=s.method != "rl",
+        )
+
+
+class RewardWorker:
+    """Judges ended sessions in the background (see module invariants)."""
+
+    def __init__(self, store: Store, judge: JudgeModel, config: WorkerConfig | None = None,
+                 renderer: Renderer | None = None, scorer: LogprobScorer | None = None) -> None:
+        self.rstore = RewardStore(store)
+        self.judge = judge
+        self.config = config or WorkerConfig()
+        self.renderer = renderer
+        self.scorer = scorer
+        self.slots = asyncio.Semaphore(self.config.concurrency)
+        """Bounds judge calls in flight (every vote of every turn)."""
+        self.in_flight_max = 0
+        """The most judge calls ever in flight at once (for the serving-bound check)."""
+        self._in_flight = 0
+        self._retry_at: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._recovered = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Recover interrupted judgements, then start the background task (idempotent)."""
+        if self._task is not None and not self._task.done():
+            return
+        await self._recover()
+        self._stop.clear()
+        self._task = asyncio.create_task(self._run(), name="clawbridge-judge")
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop; judgements cut short stay `running` and are judged again after a restart."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, timeout_s)
+        close = getattr(self.judge, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _recover(self) -> None:
+        if not self._recovered:
+            n = await asyncio.to_thread(self.rstore.recover_interrupted)
+            if n:
+                log.warning("%d judgement(s) were interrupted by a restart; judging them again", n)
+            self._recovered = True
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("judge pass failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
+            self._wake.clear()
+
+    # ------------------------------------------------------------------ work
+    async def run_once(self) -> int:
+        """Process the pending ended sessions once; returns how many were finished."""
+        await self._recover()
+        now = time.monotonic()
+        pending = await asyncio.to_thread(self.rstore.pending_sessions, self.config.sessions_per_pass * 4)
+        todo = [s for s in pending if self._retry_at.get(s, 0.0) <= now][: self.config.sessions_per_pass]
+        done = await asyncio.gather(*(self.process_session(s) for s in todo))
+        return sum(done)
+
+    async def process_session(self, session_id: str) -> bool:
+        """Judge (and teacher-score) one ended session; True once it is finished."""
+        turns = await asyncio.to_thread(self.rstore.transcript, session_id)
+        views = {t.turn_id: _view(t) for t in turns}
+        states = extract_next_states(list(views.values()))
+        await asyncio.to_thread(
+            self.rstore.save_next_states, session_id,
+            {tid: (s.kind, s.messages, s.from_turn_id) for tid, s in states.items()},
+        )
+        known = await asyncio.to_thread(self.rstore.judgement_states, list(states))
+        todo: list[str] = []
+        for tid in states:
+            status, attempt = known.get(tid, ("new", 0))
+            if status == "done":
+                continue
+            if status == "failed" and attempt >= self.config.max_attempts:
+                continue  # given up: no verdict for this turn
+            todo.append(tid)
+        results = await asyncio.gather(
+            *(self._judge_one(session_id, views[tid], states[tid].messages) for tid in todo)
+        )
+        open_left = not all(results)
+        if self.config.opd and self.scorer is not None and self.renderer is not None:
+            await self._score_hinted(session_id, {t.turn_id: t for t in turns})
+        if open_left:
+            attempt = max((known.get(t, ("", 0))[1] for t in todo), default=0) + 1
+            self._retry_at[session_id] = time.monotonic() + self.config.retry_backoff_s * 2 ** min(attempt, 6)
+            return False
+        self._retry_at.pop(session_id, None)
+        n = await asyncio.to_thread(self.rstore.finish_session, session_id)
+        log.info("judged session %s: %d verdict(s)", session_id, n)
+        return True
+
+    async def _judge_one(self, session_id: str, view: TurnView, next_state: list[dict[str, Any]]) -> bool:
+        """Judge one turn; True when it needs no more work (done, or failed for the last time)."""
+        attempt = await asyncio.to_thread(self.rstore.begin_judgement, view.turn_id, session_id, self.judge.name)
+        messages = judge_messages(last_user_text(view.messages), view.answer, next_state)
+        try:
+            verdict = await judge_turn(_Counting(self.judge, self), messages, self.config.votes, self.slots)
+        except JudgementFailedWithVotes as exc:
+            log.warning("judging %s failed (attempt %d): %s", view.turn_id, attempt, exc)
+            await asyncio.to_thread(self.rstore.fail_judgement, view.turn_id, attempt, exc.votes, str(exc))
+            return attempt >= self.config.max_attempts  # given up: the session may finish
+        await asyncio.to_thread(
+            self.rstore.finish_judgement, view.turn_id, attempt, verdict.votes, float(verdict.score),
+            verdict.mean_vote, verdict.hint,
+        )
+        return True
+
+    async def _score_hinted(self, session_id: str, turns: dict[str, StoredTurn]) -> None:
+        assert self.scorer is not None and self.renderer is not None
+        hints = await asyncio.to_thread(self.rstore.hints, session_id)
+        scored = await asyncio.to_thread(self.rstore.has_teacher, list(hints))
+        want = [(tid, h) for tid, h in hints.items() if tid not in scored and tid in turns]
+        if not want:
+            return
+        try:
+            inputs = []
+            for tid, hint in want:
+                t = turns[tid]
+                tools, choice = request_tools(t.request, t.api)
+                msgs = _view(t).messages
+                inputs.append(await asyncio.to_thread(
+                    teacher_input, self.renderer, msgs, tools, choice, hint, t.completion_ids))
+            lps = await self.scorer.compute_logprobs([i.tokens for i in inputs], [i.prompt_len for i in inputs])
+        except Exception:
+            log.exception("teacher scoring failed for session %s; its turns stay RL-only", session_id)
+            return
+        for (tid, _), inp, lp in zip(want, inputs, lps, strict=True):
+            if len(lp) != len(turns[tid].completion_ids):
+                log.error("teacher returned %d logprobs for %d tokens of %s; skipped", len(lp),
+                          len(turns[tid].completion_ids), tid)
+                continue
+            await asyncio.to_thread(self.rstore.save_teacher_logprobs, tid, lp, inp.prompt_len)
+
+    def status(self) -> dict[str, Any]:
+        return {"running": self.running, "judge_model": self.judge.name, "concurrency": self.config.concurrency,
+                "in_flight_max": self.in_flight_max, **self.rstore.stats()}
+
+
+class _Counting:
+    """Wraps a JudgeModel to track calls in flight (asserted by tests against the bound)."""
+
+    def __init__(self, inner: JudgeModel, worker: RewardWorker) -> None:
+        self.inner, self.worker, self.name = inner, worker, inner.name
+
+    async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int,
+                       seed: int | None = None) -> str:
+        w = self.worker
+        w._in_flight += 1
+        w.in_flight_max = max(w.in_flight_max, w._in_flight)
+        try:
+            return await self.inner.complete(messages, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        finally:
+            w._in_flight -= 1
+
+
+def _view(t: StoredTurn) -> TurnView:
+    return turn_view(t.turn_id, t.seq, t.turn_type, t.request, t.response, t.api)
+
+
+async def build_reward_worker(settings: Settings, store: Store, backend: ServingBackend,
+                              renderer: Renderer) -> RewardWorker | None:
+    """The worker `settings.judge` asks for (None when off); raises ValueError on a bad setup."""
+    from clawbridge.backend import LogprobScorer
+    from clawbridge.rewards.judge import BaseModelJudge, OpenAIJudge
+
+    if settings.judge == "off":
+        return None
+    judge: JudgeModel
+    if settings.judge == "endpoint":
+        if not settings.judge_base_url or not settings.judge_model:
+            raise ValueError("judge=endpoint needs judge_base_url and judge_model")
+        key = settings.judge_api_key.get_secret_value() if settings.judge_api_key else None
+        judge = OpenAIJudge(settings.judge_base_url, settings.judge_model, key, settings.judge_timeout_s)
+    else:
+        base = getattr(backend, "base_sampler", None)
+        if base is None:
+            raise ValueError(f"judge=base: the {backend.name} backend has no base-model sampler; use judge=endpoint")
+        judge = BaseModelJudge(await base(), renderer, name=f"base:{settings.model_name}")
+    scorer = backend if isinstance(backend, LogprobScorer) else None
+    if settings.method != "rl" and scorer is None:
+        log.warning("method %s: the %s backend cannot score logprobs; turns get no OPD part",
+                    settings.method, backend.name)
+    return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer)

@@ -1,0 +1,58 @@
+"""The labeled set, the agreement script against rule-based and scripted judge endpoints, and the
+demo's `--reward judge` mode, shortened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from clawbridge.rewards.judge_server import JudgeServer, rule_based_answer
+
+ROOT = Path(__file__).resolve().parent.parent
+LABELED = ROOT / "clawbridge" / "rewards" / "labeled_set.json"
+
+
+def agreement(base_url: str, *extra: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--base-url", base_url, "--model", "m",
+         "--json", *extra],
+        capture_output=True, text=True, timeout=120, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def test_labeled_set_covers_every_kind() -> None:
+    cases = json.loads(LABELED.read_text())
+    assert len(cases) >= 60 and len({c["id"] for c in cases}) == len(cases)
+    cats = Counter(c["category"] for c in cases)
+    assert set(cats) == {"acceptance", "correction", "tool_error", "tool_success", "silence", "mixed"}
+    assert min(cats.values()) >= 10 and {c["expected"] for c in cases} == {-1, 0, 1}
+
+
+def test_agreement_script_rule_based_and_scripted() -> None:
+    cases = json.loads(LABELED.read_text())
+    with JudgeServer(rule_based_answer) as rule:
+        report = agreement(rule.base_url)
+    assert report["cases"] == len(cases) and report["failed"] == 0
+    assert 0.8 <= report["agreement"] < 1.0, report  # good, and honest: the hard cases stay wrong
+    assert "acceptance-11" in {w["id"] for w in report["disagreements"]}  # "No worries, that's perfect."
+    with JudgeServer(lambda body: "SCORE: 0") as zero:  # a judge that always says "unclear"
+        report = agreement(zero.base_url, "--votes", "1")
+    assert report["agreement"] == sum(c["expected"] == 0 for c in cases) / len(cases)
+    with JudgeServer(lambda body: "SCORE: 1", api_key="k" * 20) as keyed:  # the key is sent
+        assert agreement(keyed.base_url, "--api-key", "k" * 20, "--votes", "1")["failed"] == 0
+        assert agreement(keyed.base_url, "--api-key", "wrong", "--votes", "1")["failed"] == len(cases)
+
+
+def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
+    from clawbridge.demo import DemoConfig, run_demo
+
+    result = run_demo(DemoConfig(sessions=240, reward="judge"), tmp_path)
+    assert len(result.episodes) == 240
+    assert "rule-based" in (tmp_path / "judge.txt").read_text()
+    assert result.judge_calls >= 3 * 230  # every first turn judged (3 votes), nothing set by hand
+    first, last = result.head_tail()
+    print(f"demo --reward judge: first 20% {first:.3f} -> last 20% {last:.3f} in {result.seconds:.0f}s")
+    assert last - first > 0.15, f"reward did not rise: {first:.3f} -> {last:.3f}"
