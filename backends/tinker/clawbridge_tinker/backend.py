@@ -33,7 +33,15 @@ from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
 from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
 from .manifest import CheckpointEntry, Manifest, load_manifest, manifest_path, write_manifest
 from .sampler import SamplerLimits, TinkerSampler
-from .sdk import TELEMETRY_ENV, AdamParams, RequestFailedError, RetryConfig, ServiceClient, TrainingClient
+from .sdk import (
+    TELEMETRY_ENV,
+    AdamParams,
+    ModelInput,
+    RequestFailedError,
+    RetryConfig,
+    ServiceClient,
+    TrainingClient,
+)
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +280,45 @@ class TinkerBackend:
             if m.model_name == self.base_model and m.max_context_length:
                 return int(m.max_context_length)
         return DEFAULT_CONTEXT_WINDOW
+
+
+    # ---- rewards: the base model as OPD teacher (clawbridge.backend.LogprobScorer)
+
+    async def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
+    ) -> list[list[float]]:
+        """Logprobs of the tokens after each prompt under the BASE model: prompt logprobs
+        (`SamplingClient.compute_logprobs`, last n only) from a sampling client created on
+        `base_model` with no trained weights, kept apart from the serving sampler."""
+        if self._service is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        service, timeout = self._service, self.settings.tinker_sample_timeout_s
+        client = getattr(self, "_base_scorer", None)
+        if client is None:
+            client = await self._retry(
+                "create base sampling client",
+                lambda: service.create_sampling_client(
+                    base_model=self.base_model, retry_config=self._retry_config()
+                ).result_async(),
+                self.settings.tinker_publish_timeout_s,
+            )
+            self._base_scorer = client
+        out: list[list[float]] = []
+        for seq, p in zip(sequences, prompt_lens, strict=True):
+            n = len(seq) - p
+            if n <= 0:
+                out.append([])
+                continue
+            tokens = [int(t) for t in seq]
+
+            async def score(tokens: list[int] = tokens, n: int = n) -> Any:
+                return await client.compute_logprobs(ModelInput.from_ints(tokens), prompt_logprobs_last_n=n)
+
+            lps = list(await self._retry("compute_logprobs", score, timeout))[-n:]
+            if len(lps) != n or any(v is None for v in lps):
+                raise TinkerRequestFailed(f"compute_logprobs returned {lps!r} for the last {n} tokens")
+            out.append([float(v) for v in lps])
+        return out
 
 
 def create(settings: Settings) -> TinkerBackend:
