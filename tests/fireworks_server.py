@@ -13,6 +13,12 @@ source, written here from scratch) so tests run the real, unmodified SDK against
   `forward_backward`, `optim_step`, `save_weights_for_sampler`, `save_weights`, `load_weights`,
   `telemetry`; each mutating call returns `{request_id}` and `retrieve_future` answers
   `{"type": "try_again", ...}`, `{"error", "category"}` or the result.
+- Models: `create_model` registers a policy model (with `lora_config`) or, with `base_only`, a
+  frozen base-only model; `optim_step` moves its model's weights (`FakeModel.steps`). `forward`
+  with `cross_entropy` validates the datum shape (as the trainer would) and answers per-target
+  `logprobs` from `teacher_logprob(context, target, steps)`: a base-only model always scores with
+  steps 0, so a test can tell base from trained weights. `forward_backward` on a base-only model
+  is refused; `unload_model` retires a model (later requests naming it are refused).
 - Hot load: `POST|GET /hot_load/v1/models/hot_load` with `fireworks-model`,
   `fireworks-deployment` and `Authorization: Bearer` headers; status is `{"replicas": [...]}`.
 - Inference: `POST /inference/v1/completions` with token-id prompts, answering `raw_output`
@@ -44,6 +50,21 @@ class Logged:
     path: str = ""
 
 
+def teacher_logprob(context: list[int], target: int, steps: int = 0) -> float:
+    """The fake trainer's logprob of `target` after `context` on a model trained `steps` times."""
+    return -(((sum(context) * 31 + target * 7) % 50) + 1) / 20.0 - 0.5 * steps
+
+
+@dataclass
+class FakeModel:
+    """A model created on the fake trainer session."""
+
+    base_model: str
+    base_only: bool
+    steps: int = 0
+    unloaded: bool = False
+
+
 @dataclass
 class FakeFireworks:
     """Server state and knobs. Mutate knobs from tests; read `log`."""
@@ -59,6 +80,9 @@ class FakeFireworks:
     """op -> error message its next future fails with (consumed)."""
     http_fail: dict[str, list[int]] = field(default_factory=dict)
     """op -> HTTP statuses answered (one consumed per request) before serving normally."""
+    forward_short_by: int = 0
+    """Drop this many logprobs from the end of every `forward` output (a misbehaving server)."""
+    models: dict[str, FakeModel] = field(default_factory=dict)
     completion_ids: list[int] = field(default_factory=lambda: [11, 12, 13, 2])
     completion_delay_s: float = 0.0
     hotload_loading_polls: int = 0
@@ -228,7 +252,10 @@ def build_app(fw: FakeFireworks) -> FastAPI:
             return JSONResponse({"status": "accepted"})
         if op == "retrieve_future":
             return retrieve(body)
-        result = _result_for(fw, op, body)
+        try:
+            result = _result_for(fw, op, body)
+        except BadRequest as e:
+            return JSONResponse({"error": {"message": str(e), "code": "INVALID_ARGUMENT"}}, status_code=400)
         if result is None:
             return JSONResponse({"error": f"unknown op {op}"}, status_code=404)
         req_id = f"req-{next(fw._ids)}"
@@ -333,9 +360,75 @@ def build_app(fw: FakeFireworks) -> FastAPI:
     return app
 
 
+class BadRequest(ValueError):
+    """A request the real trainer would refuse (answered as HTTP 400)."""
+
+
+def _tokens_of(model_input: dict[str, Any]) -> list[int]:
+    tokens: list[int] = []
+    for chunk in model_input["chunks"]:
+        if chunk.get("type") != "encoded_text":
+            raise BadRequest(f"unsupported chunk type {chunk.get('type')!r}")
+        tokens.extend(int(t) for t in chunk["tokens"])
+    return tokens
+
+
+def _tensor(d: dict[str, Any], key: str, dtype: str, n: int) -> list[Any]:
+    t = d["loss_fn_inputs"].get(key)
+    if t is None:
+        raise BadRequest(f"loss_fn_inputs.{key} is required")
+    if t.get("dtype") != dtype or t.get("shape") != [n] or len(t.get("data", [])) != n:
+        raise BadRequest(
+            f"loss_fn_inputs.{key} must be {dtype} of shape [{n}], got {t.get('dtype')} {t.get('shape')}"
+        )
+    return list(t["data"])
+
+
+def _cross_entropy_forward(fw: FakeFireworks, model: FakeModel, data: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-target logprobs the way the trainer computes them: position j scores target j after
+    model_input[: j + 1]."""
+    outputs, loss = [], 0.0
+    steps = 0 if model.base_only else model.steps
+    for d in data:
+        tokens = _tokens_of(d["model_input"])
+        n = len(tokens)
+        if n == 0:
+            raise BadRequest("empty model_input")
+        if set(d["loss_fn_inputs"]) - {"target_tokens", "weights"}:
+            raise BadRequest(
+                f"cross_entropy takes target_tokens and weights, got {sorted(d['loss_fn_inputs'])}"
+            )
+        targets = [int(t) for t in _tensor(d, "target_tokens", "int64", n)]
+        weights = [float(w) for w in _tensor(d, "weights", "float32", n)]
+        lps = [teacher_logprob(tokens[: j + 1], targets[j], steps) for j in range(n)]
+        loss += -sum(lp * w for lp, w in zip(lps, weights, strict=True))
+        lps = lps[: max(0, n - fw.forward_short_by)]
+        outputs.append({"logprobs": {"data": lps, "dtype": "float32", "shape": [len(lps)]}})
+    return {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": {"loss:sum": loss}}
+
+
 def _result_for(fw: FakeFireworks, op: str, body: dict[str, Any]) -> dict[str, Any] | None:
     if op == "create_model":
-        return {"type": "create_model", "model_id": f"model-{next(fw._ids)}"}
+        model_id = f"model-{next(fw._ids)}"
+        base_only = bool(body.get("base_only"))
+        if base_only and body.get("lora_config"):
+            raise BadRequest("a base_only model takes no lora_config")
+        fw.models[model_id] = FakeModel(body["base_model"], base_only)
+        return {"type": "create_model", "model_id": model_id}
+    model = fw.models.get(body.get("model_id") or "") if body else None
+    if op in ("forward_backward", "forward", "optim_step", "unload_model") and (
+        model is None or model.unloaded
+    ):
+        raise BadRequest(f"unknown or unloaded model_id {body.get('model_id') if body else None!r}")
+    if op == "unload_model":
+        assert model is not None
+        model.unloaded = True
+        return {"type": "unload_model", "model_id": body["model_id"]}
+    if op == "forward" and body["forward_input"]["loss_fn"] == "cross_entropy":
+        assert model is not None
+        return _cross_entropy_forward(fw, model, body["forward_input"]["data"])
+    if model is not None and model.base_only and op in ("forward_backward", "optim_step"):
+        raise BadRequest(f"{op} on a base-only (frozen) model")
     if op in ("forward_backward", "forward"):
         data = body[f"{op}_input" if op == "forward" else "forward_backward_input"]["data"]
         outputs, loss = [], 0.0
@@ -350,6 +443,8 @@ def _result_for(fw: FakeFireworks, op: str, body: dict[str, Any]) -> dict[str, A
             "metrics": {"loss:sum": loss},
         }
     if op == "optim_step":
+        assert model is not None
+        model.steps += 1
         return {"type": "optim_step", "metrics": {"grad_norm:mean": 0.5}}
     if op == "save_weights_for_sampler":
         return {"type": "save_weights_for_sampler", "path": body["path"]}

@@ -13,6 +13,10 @@ Invariants:
 - `train_step`, `publish` and checkpoint calls are serialized by one lock; sampling never waits on
   training, only (briefly) on the hot-load swap itself.
 - Blocking SDK calls run in worker threads, never on the event loop.
+- `compute_logprobs` (the OPD teacher, `clawbridge.backend.LogprobScorer`) runs a forward-only
+  pass on a base-only training client created once on the policy's trainer session; published
+  weights never reach it (see scoring.py). It takes the same lock as training, so the trainer
+  does one thing at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ from clawbridge_fireworks import provision as prov
 from clawbridge_fireworks.conversion import loss_options, metrics_of, step_metrics, to_fireworks_datum
 from clawbridge_fireworks.manifest import CheckpointRecord, Manifest
 from clawbridge_fireworks.sampler import FireworksSampler
+from clawbridge_fireworks.scoring import (
+    SCORING_LOSS_FN,
+    ScoringFailed,
+    ScoringUnavailable,
+    check_prompt_lens,
+    completion_logprobs,
+    scoring_datum,
+)
 from clawbridge_fireworks.sdk import (
     AdamParams,
     DeploymentManager,
@@ -82,6 +94,7 @@ class FireworksBackend:
         self._deploy_mgr: _GatedDeploymentManager | None = None
         self._service: FiretitanServiceClient | None = None
         self._training: FiretitanTrainingClient | None = None
+        self._base_scorer: FiretitanTrainingClient | None = None
         self._syncer: WeightSyncer | None = None
         self._sampler: FireworksSampler | None = None
         self._model_info: ModelInfo | None = None
@@ -334,6 +347,63 @@ class FireworksBackend:
                     break
             self.manifest.save(self.manifest_path)
             return version
+
+    # -- rewards: the base model as OPD teacher (clawbridge.backend.LogprobScorer) -------------
+
+    async def compute_logprobs(
+        self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
+    ) -> list[list[float]]:
+        """Logprobs of the tokens after each prompt under the BASE model: one forward-only
+        `cross_entropy` pass on a base-only training client (LoRA adapters disabled), never the
+        trained or published weights. Per sequence: exactly `len(tokens) - prompt_len` floats,
+        logprob(tokens[i] | tokens[:i]) for i in [prompt_len, len(tokens)), in order.
+
+        Raises ValueError for a prompt length outside [1, len(tokens)], `ScoringUnavailable` on a
+        full-parameter trainer (no frozen base copy), `ScoringFailed` when the trainer fails."""
+        check_prompt_lens(sequences, prompt_lens)
+        todo = [i for i, (seq, p) in enumerate(zip(sequences, prompt_lens, strict=True)) if p < len(seq)]
+        out: list[list[float]] = [[] for _ in sequences]
+        if not todo:
+            return out
+        if self._service is None:
+            raise RuntimeError("FireworksBackend.start() has not run")
+        if self.settings.lora_rank <= 0:
+            raise ScoringUnavailable(
+                "a full-parameter Fireworks trainer (lora_rank 0) keeps no frozen base model to score "
+                "the OPD teacher with; use lora_rank > 0 or method=rl"
+            )
+        seqs = [[int(t) for t in sequences[i]] for i in todo]
+        lens = [int(prompt_lens[i]) for i in todo]
+        data = [scoring_datum(seq, p) for seq, p in zip(seqs, lens, strict=True)]
+        async with self._lock:
+            try:
+                result = await asyncio.to_thread(self._forward_base_blocking, data)
+            except Exception as e:
+                raise ScoringFailed(f"fireworks base-model forward failed: {type(e).__name__}: {e}") from e
+        for i, lps in zip(todo, completion_logprobs(result, seqs, lens), strict=True):
+            out[i] = lps
+        return out
+
+    def _forward_base_blocking(self, data: list[Any]) -> Any:
+        """Create the base-only client once, then run one forward-only pass over `data`.
+
+        A failed request poisons the SDK client's request sequence ("unload this model and
+        reconnect"), so after a failure the client is unloaded (best effort) and dropped; the
+        next call creates a fresh one."""
+        assert self._service is not None
+        if self._base_scorer is None:
+            self._base_scorer = self._service.create_base_training_client(self.settings.model)
+        client = self._base_scorer
+        timeout = self.settings.fireworks_step_timeout_s
+        try:
+            return client.forward(data, SCORING_LOSS_FN).result(timeout=timeout)
+        except Exception:
+            self._base_scorer = None
+            try:
+                client.unload_model().result(timeout=min(timeout, 60.0))
+            except Exception as e:  # cleanup only; the scoring error is what the caller sees
+                self.notify(f"unload of the base scoring model failed: {type(e).__name__}: {e}")
+            raise
 
 
 def create(settings: Settings) -> FireworksBackend:

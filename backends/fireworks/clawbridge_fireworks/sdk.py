@@ -59,8 +59,10 @@ SDK_METHODS: dict[str, tuple[str, ...]] = {
         "try_get",
     ),
     "DeploymentManager": ("create_or_get", "wait_for_ready", "get", "delete", "hotload_check_status"),
-    "FiretitanServiceClient": ("create_training_client",),
+    "FiretitanServiceClient": ("create_training_client", "create_base_training_client"),
     "FiretitanTrainingClient": (
+        "forward",
+        "unload_model",
         "forward_backward",
         "optim_step",
         "save_state",
