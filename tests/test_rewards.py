@@ -4,7 +4,6 @@ OpenAI-compatible endpoint, storage, restart, and the serving bound."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -117,13 +116,16 @@ def test_majority(votes: list[int | None], verdict: int) -> None:
     assert majority(votes) == verdict
 
 
+SEED = 100
+
+
 def scripted(answers: list[str | Exception]) -> JudgeServer:
-    it = itertools.cycle(answers)
-    lock = threading.Lock()
+    """A judge endpoint answering vote i (its request's seed is SEED + i) with answers[i % n].
+
+    Votes are sent concurrently, so the answer goes by the vote's seed, not by arrival order."""
 
     def answer(body: dict[str, Any]) -> str:
-        with lock:
-            a = next(it)
+        a = answers[(int(body["seed"]) - SEED) % len(answers)]
         if isinstance(a, Exception):
             raise a
         return a
@@ -142,7 +144,7 @@ def test_judge_over_http_votes_ties_and_failures() -> None:
     async def verdict(server: JudgeServer) -> Any:
         judge = OpenAIJudge(server.base_url, "scripted", "judge-secret-key")
         try:
-            return await judge_turn(judge, msgs, cfg)
+            return await judge_turn(judge, msgs, cfg, seed=SEED)
         finally:
             await judge.aclose()
 
@@ -162,7 +164,7 @@ def test_judge_over_http_votes_ties_and_failures() -> None:
     with scripted(["SCORE: 1"]) as s:  # wrong key: every vote fails
         judge = OpenAIJudge(s.base_url, "scripted", "wrong-key")
         with pytest.raises(JudgementFailedWithVotes, match="401"):
-            run(judge_turn(judge, msgs, cfg))
+            run(judge_turn(judge, msgs, cfg, seed=SEED))
 
 
 # ------------------------------------------------------------------ worker: storage, restart, bound
