@@ -56,7 +56,8 @@ class DemoConfig:
     concurrency: int = 8
     max_tokens: int = 12
     batch_size: int = 8
-    learning_rate: float = 1e-2
+    learning_rate: float = 3e-2
+    """Full fine-tuning of the tiny model: at 1e-2 the 160-session run rose in only 2 of 3 tries."""
     lora_rank: int = 0
     """0: full fine-tuning (fastest to learn for the tiny model)."""
     seed: int = 0

@@ -224,7 +224,7 @@ def demo(
     out: Annotated[Path | None, typer.Option(help="Folder for the model, state, results and plot.")] = None,
     concurrency: Annotated[int, typer.Option(help="Sessions in flight at once.")] = 8,
     batch_size: Annotated[int, typer.Option(help="Turns per training step.")] = 8,
-    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 1e-2,
+    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 3e-2,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed for the model and the sampling.")] = 0,
     reward: Annotated[str, typer.Option(help="api: set through /rl/set_reward; judge: a scripted user answers "

@@ -251,8 +251,11 @@ class TinkerBackend:
         )
 
     def _retry_config(self) -> RetryConfig:
-        # The SDK's own sampling retries stop making progress-less attempts at our bound.
-        return RetryConfig(progress_timeout=self.settings.tinker_sample_timeout_s)
+        # The SDK's stuck detection is only a backstop: our own wall-clock bound (retry_transient)
+        # must fire first so a hang is reported as a timeout, not as a connection error. At equal
+        # bounds the two raced and the SDK's "No progress made" APIConnectionError sometimes won.
+        timeout = self.settings.tinker_sample_timeout_s
+        return RetryConfig(progress_timeout=timeout + max(2.0, 0.5 * timeout))
 
     async def _retry(self, what: str, call: Any, timeout_s: float) -> Any:
         s = self.settings
