@@ -124,7 +124,8 @@ def test_tokens_stream_as_sampled(fake: FakeSGLang) -> None:
         async for _ in stream:
             if first_at is None:
                 first_at, running_then = time.monotonic() - t0, fake.running
-        assert running_then == 1 and first_at is not None and first_at < 0.6  # long before the 0.9 s end
+        # The first token reached us while the server was still generating the other five.
+        assert running_then == 1 and first_at is not None
         await engine.aclose()
 
     run(go())

@@ -380,9 +380,8 @@ def test_round_trip_through_the_proxy_trains_publishes_and_limits_new_sessions(
         deadline = time.monotonic() + 20
         while not proxy.state.trainer.status()["in_step"] and time.monotonic() < deadline:
             time.sleep(0.02)
-        t0 = time.monotonic()
-        assert chat("rt-3").system_fingerprint == "policy-v0"  # served while the step runs
-        assert time.monotonic() - t0 < 0.9 and not b.published
+        assert chat("rt-3").system_fingerprint == "policy-v0"  # served while the step runs,
+        assert not b.published  # not after it: the 1 s step has not finished
         while not b.published and time.monotonic() < deadline:
             time.sleep(0.05)
         assert b.published == [1]
