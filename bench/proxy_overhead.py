@@ -147,20 +147,24 @@ def serve(mode: str, port: int, model_dir: str, state_dir: str) -> None:
     import uvicorn
 
     if mode == "floor":
-        from fastapi import FastAPI, Request, Response
+        # Plain Starlette: FastAPI would resolve these (postponed) annotations against the module's
+        # globals, miss the local imports and read `request` as a query parameter (422).
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
 
-        app = FastAPI()
         answer = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 8}}]})
 
-        @app.post("/v1/chat/completions")
         async def echo(request: Request) -> Response:
             json.loads(await request.body())
             return Response(answer, media_type="application/json")
 
-        @app.get("/health")
-        async def health() -> dict[str, str]:
-            return {"status": "ok"}
+        async def health(request: Request) -> Response:
+            return JSONResponse({"status": "ok"})
 
+        app = Starlette(routes=[Route("/v1/chat/completions", echo, methods=["POST"]),
+                                Route("/health", health, methods=["GET"])])
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
         return
 
