@@ -65,9 +65,12 @@ async def evaluate(judge: JudgeModel, cases: list[dict[str, Any]], cfg: VoteConf
         if not ok:
             wrong.append({"id": case["id"], "expected": case["expected"], "got": score})
     n_ok = sum(ok for v in per_cat.values() for ok in v)
+    # The baseline in the same run: a judge that always answers the set's most common label.
+    label, count = Counter(c["expected"] for c in cases).most_common(1)[0]
     return {
         "cases": len(cases),
         "agreement": n_ok / len(cases),
+        "baseline": {"always": label, "agreement": count / len(cases)},
         "per_category": {k: sum(v) / len(v) for k, v in sorted(per_cat.items())},
         "confusion": {f"{e}->{g}": n for (e, g), n in sorted(confusion.items())},
         "failed": sum(1 for s in got if s is None),
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"judge: {label}; {args.votes} vote(s) per case")
     print(f"agreement: {report['agreement']:.3f} on {report['cases']} cases ({report['failed']} failed)")
+    base = report["baseline"]
+    print(f"baseline (always {base['always']:+d}): {base['agreement']:.3f}; "
+          f"judge - baseline: {report['agreement'] - base['agreement']:+.3f}")
     for cat, acc in report["per_category"].items():
         print(f"  {cat:<13} {acc:.3f}")
     print("confusion (expected->got): " + ", ".join(f"{k}: {v}" for k, v in report["confusion"].items()))
