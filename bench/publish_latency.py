@@ -35,19 +35,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_common import model_specs, set_threads_from_argv  # noqa: E402
 
-
-def _threads_from_argv(default: int = 1) -> int:
-    """--threads, read before torch is imported so OMP_NUM_THREADS takes effect."""
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return default
-
-
-os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())
+set_threads_from_argv(default=1)
 
 import torch  # noqa: E402
 from clawbridge_local.backend import LocalBackend  # noqa: E402
@@ -56,19 +47,9 @@ from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
 from clawbridge.sampler import SamplingParams  # noqa: E402
-from clawbridge.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+from clawbridge.tinymodel import build_tiny_model  # noqa: E402
 
-MODEL_SPECS: dict[str, TinyModelSpec] = {
-    "tiny": TinyModelSpec(),
-    "small": TinyModelSpec(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=768,
-    ),
-}
-"""Same specs as bench/train_throughput.py: `tiny` ~1.2M parameters, `small` ~5M."""
+MODEL_SPECS = model_specs()
 PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)
 GREEDY1 = SamplingParams(max_tokens=1, temperature=0.0)
 

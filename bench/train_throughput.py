@@ -41,19 +41,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_common import model_specs, set_threads_from_argv  # noqa: E402
 
-
-def _threads_from_argv(default: int = 2) -> int:
-    """--threads, read before torch is imported so OMP_NUM_THREADS takes effect."""
-    for i, a in enumerate(sys.argv):
-        if a == "--threads" and i + 1 < len(sys.argv):
-            return int(sys.argv[i + 1])
-        if a.startswith("--threads="):
-            return int(a.split("=", 1)[1])
-    return default
-
-
-os.environ["OMP_NUM_THREADS"] = str(_threads_from_argv())
+set_threads_from_argv(default=2)
 
 import torch  # noqa: E402
 from clawbridge_local.trainer.client import FsdpTrainerClient  # noqa: E402
@@ -61,18 +52,9 @@ from clawbridge_local.trainer.config import LoraSettings, TrainerConfig  # noqa:
 from safetensors.torch import load_file  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
-from clawbridge.tinymodel import TinyModelSpec, build_tiny_model  # noqa: E402
+from clawbridge.tinymodel import build_tiny_model  # noqa: E402
 
-MODEL_SPECS: dict[str, TinyModelSpec] = {
-    "tiny": TinyModelSpec(),
-    "small": TinyModelSpec(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=768,
-    ),
-}
+MODEL_SPECS = model_specs()
 """`tiny` is the test model (~1.2M parameters); `small` (~5M) makes compute weigh more than overhead."""
 LR = 1e-5
 BETAS = (0.9, 0.95)
