@@ -224,7 +224,9 @@ def demo(
     out: Annotated[Path | None, typer.Option(help="Folder for the model, state, results and plot.")] = None,
     concurrency: Annotated[int, typer.Option(help="Sessions in flight at once.")] = 8,
     batch_size: Annotated[int, typer.Option(help="Turns per training step.")] = 8,
-    learning_rate: Annotated[float, typer.Option(help="Learning rate.")] = 3e-2,
+    learning_rate: Annotated[
+        float | None, typer.Option(help="Learning rate (default: 0.03 with --reward api, 0.02 with judge).")
+    ] = None,
     lora_rank: Annotated[int, typer.Option(help="LoRA rank (0: full fine-tuning).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed for the model and the sampling.")] = 0,
     reward: Annotated[str, typer.Option(help="api: set through /rl/set_reward; judge: a scripted user answers "
@@ -242,7 +244,7 @@ def demo(
                      learning_rate=learning_rate, lora_rank=lora_rank, seed=seed,
                      reward="judge" if reward == "judge" else "api")
     out_dir = out or default_out_dir()
-    console.print(f"demo: tiny model, local backend, {sessions} sessions; output in {out_dir}")
+    console.print(f"demo: tiny model, local backend, {sessions} sessions, learning rate {cfg.lr:g}; output in {out_dir}")
     if cfg.reward == "judge":
         console.print("task: answer with as many tokens containing the letter 'e' as possible; a scripted user "
                       f"accepts answers with a share >= {cfg.accept_threshold} and corrects the others. No reward is "
