@@ -186,12 +186,11 @@ def openclaw_home(clawbridge_server: dict[str, Any]) -> Path:
 
 
 def _decode(model_dir: Path, ids: list[int]) -> str:
-    """The text of the sampled ids, special tokens kept: the random tiny model can sample
-    `<|im_start|>` mid-answer, and the proxy sends it as text, as the ids say."""
-    from transformers import AutoTokenizer
+    """The text of the sampled ids, special tokens kept (the proxy's own decode): the random tiny
+    model can sample `<|im_start|>` mid-answer, and the proxy sends it as text, as the ids say."""
+    from clawbridge.render import Renderer
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    return str(tok.decode(ids, skip_special_tokens=False))
+    return Renderer.from_pretrained(str(model_dir)).decode(ids)
 
 
 def _same_answer(printed: str, decoded: str) -> float:
