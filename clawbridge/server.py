@@ -7,13 +7,17 @@ generated key in a file on this machine is no protection for a port others can r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
+from clawbridge.address import clear_address, write_address
 from clawbridge.backend import ServingBackend, TrainingBackend, load_backend
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
@@ -94,13 +98,33 @@ def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, 
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus re-raising a caught SIGTERM/SIGINT once it has shut down.
+
+    uvicorn re-raises the signal so the default handler ends the process; that ends it before
+    `serve`'s cleanup (flush the store writer, close the backend: stop the trainer, delete the
+    Fireworks resources it was asked to) has run. We stop gracefully instead and return.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list) and captured:
+                    log.info("stopping on signal %s", ", ".join(signal.Signals(s).name for s in captured))
+                    captured.clear()
+
+
 async def serve(settings: Settings, announce: Any = print) -> None:
     """Run the proxy until interrupted."""
     state = await build_state(settings)
     app = build_app(state)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             access_log=settings.log_level == "debug", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     keys = resolve_keys(settings)
     base = f"http://{settings.host}:{settings.port}/v1"
     key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"
@@ -119,9 +143,11 @@ async def serve(settings: Settings, announce: Any = print) -> None:
                  f"{settings.judge_concurrency} calls in flight); method {settings.method}")
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
              + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
+    write_address(settings.state_path, f"http://{settings.host}:{settings.port}")
     try:
         await server.serve()
     finally:
+        clear_address(settings.state_path)
         state.writer.close()
         await state.backend.close()
         state.store.close()

@@ -9,8 +9,11 @@ from pathlib import Path
 import httpx
 import openai
 
+from clawbridge.address import read_address
+from clawbridge.cli.status import gather_status
+from clawbridge.config import Settings
 from clawbridge.store import Store
-from tests.support import ProxyProcess
+from tests.support import ProxyProcess, free_port
 
 
 def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -53,6 +56,10 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
             except httpx.HTTPError:
                 pass
 
+        # `status` with no --port finds the server at the address `up` recorded in the state dir.
+        seen = gather_status(_status_settings(state))
+        assert seen["running"] and seen["server"] == proxy.base, seen
+
         t = threading.Thread(target=long_stream)
         t.start()
         assert got_chunks.wait(60), "the long stream never started"
@@ -60,6 +67,10 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
         t.join(30)
     finally:
         proxy.stop()
+    # The killed server's address file is left behind; status tries it, gets no answer, reads the store.
+    assert read_address(state) is not None
+    after_kill = gather_status(_status_settings(state))
+    assert not after_kill["running"] and after_kill["store"]["turns"]["main"] >= len(answered)
 
     # Restart on the same state dir: the answered turns are all there, intact.
     proxy2 = ProxyProcess(tiny_model_dir, state).start()
@@ -84,5 +95,12 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
             time.sleep(0.1)
         assert len(store.session_view("durable")["turns"]) == len(view["turns"]) + 1  # type: ignore[index]
         store.close()
+        assert gather_status(_status_settings(state))["server"] == proxy2.base
     finally:
         proxy2.stop()
+    assert read_address(state) is None, "a clean exit removes the address file"
+
+
+def _status_settings(state: Path) -> Settings:
+    """Settings as `clawbridge status --state-dir STATE` sees them: a configured port where nothing listens."""
+    return Settings.model_validate({"state_dir": state, "port": free_port()})

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from clawbridge.address import candidate_urls
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
 
@@ -22,22 +23,28 @@ def _admin_key(settings: Settings) -> str | None:
 
 
 def gather_status(settings: Settings) -> dict[str, Any]:
-    """Server view when it answers, else the store's."""
+    """Server view when it answers (at the address `up` recorded, else the configured one), else the store's."""
     from clawbridge.store import DB_FILENAME, Store
 
-    base = f"http://{settings.host}:{settings.port}"
-    info: dict[str, Any] = {"server": base, "running": False}
+    configured = f"http://{settings.host}:{settings.port}"
+    info: dict[str, Any] = {"server": configured, "running": False}
     key = _admin_key(settings)
-    try:
-        h = httpx.get(f"{base}/health", timeout=2.0).json()
-        info.update(running=True, model=h.get("model"), backend=h.get("backend"), policy_version=h.get("policy_version"))
+    for base in candidate_urls(settings.state_path, configured):
+        try:
+            h = httpx.get(f"{base}/health", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        info.update(server=base, running=True, model=h.get("model"), backend=h.get("backend"),
+                    policy_version=h.get("policy_version"))
         if key:
-            r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {key}"}, timeout=5.0)
-            if r.status_code == 200:
-                info["store"] = r.json()["store"]
-                info["trainer"] = r.json().get("trainer")
-    except (httpx.HTTPError, ValueError):
-        pass
+            try:
+                r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {key}"}, timeout=5.0)
+                if r.status_code == 200:
+                    info["store"] = r.json()["store"]
+                    info["trainer"] = r.json().get("trainer")
+            except (httpx.HTTPError, ValueError):
+                pass
+        break
     if "store" not in info:
         path = settings.state_path / DB_FILENAME
         if path.exists():
