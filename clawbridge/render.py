@@ -19,8 +19,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from clawbridge.sources import resolve_source
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 """Message roles `render` accepts."""
@@ -255,8 +256,10 @@ class Renderer:
         """Load the tokenizer (offline when `path_or_id` is a local folder)."""
         from transformers import AutoTokenizer
 
-        local = Path(path_or_id).expanduser().is_dir()
-        source = str(Path(path_or_id).expanduser()) if local else path_or_id
+        try:
+            source, local = resolve_source(path_or_id, "tokenizer")
+        except ValueError as e:
+            raise RenderError(str(e)) from None
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         if not getattr(tokenizer, "is_fast", False):
             raise RenderError(f"{path_or_id}: a fast (tokenizers-backed) tokenizer is required")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from clawbridge.sources import resolve_source
 from clawbridge.store import Store, TurnRecord
 
 
@@ -102,6 +103,22 @@ def test_up_without_model_or_backend_explains(tmp_path: Path) -> None:
         assert "backends/fireworks" in r.stderr or "cannot start" in r.stderr
     r = cli("up", "--host", "0.0.0.0", "--model", "x", "--state-dir", str(tmp_path), check=False)
     assert r.returncode == 1 and "refusing to bind" in r.stderr
+    missing = tmp_path / "no-such-model"
+    r = cli("up", "--model", str(missing), "--port", "1", "--state-dir", str(tmp_path), check=False)
+    assert r.returncode != 0 and "does not exist" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "server.json").exists()
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("./typo-model", "does not exist"), ("~/no/such/dir", "does not exist"), (__file__, "is a file"),
+    ("Qwen/Qwen3-8B", None), ("tiny", None),
+])
+def test_model_source_tells_missing_folders_from_hub_ids(value: str, problem: str | None) -> None:
+    if problem is None:
+        assert resolve_source(value) == (value, False)
+    else:
+        with pytest.raises(ValueError, match=problem):
+            resolve_source(value)
 
 
 def test_doctor_names_what_to_fix(tmp_path: Path) -> None:

@@ -9,11 +9,12 @@ Invariants:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+
+from clawbridge.sources import resolve_source
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -55,8 +56,7 @@ def load_causal_lm(
 
     if not model:
         raise ValueError("no model given: set --model to a local folder or a cached Hugging Face id")
-    is_dir = Path(model).expanduser().is_dir()
-    source = str(Path(model).expanduser()) if is_dir else model
+    source, is_dir = resolve_source(model)
     with tqdm(total=3, desc=f"loading {model}", unit="stage", disable=not progress) as bar:
         bar.set_postfix_str("config")
         try:
