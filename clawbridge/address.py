@@ -1,14 +1,15 @@
 """Where the running server listens, kept in the state dir so other commands can find it.
 
 `clawbridge up --port 8499` and a later `clawbridge status` (with no `--port`) must agree on where
-the server is. `up` writes `server.json` (base URL and pid) into the state dir once it is bound, and
-removes it on a clean exit; a file left by a killed server is harmless: readers try its URL, and
+the server is. `up` writes `server.json` (root URL and pid) into the state dir once it is listening,
+and removes it on a clean exit; a file left by a killed server is harmless: readers try its URL, and
 fall back to the configured address when nothing answers there.
 
 Invariants:
 - The file is replaced atomically (temp file + `os.replace`): a reader sees the old or new one.
-- A server removes the file only while it still names that server's pid, so a second server on
-  the same state dir is not forgotten when the first one exits.
+- A server writes the file only once it is listening (a failed bind leaves another server's file
+  alone) and removes it only while it still names its pid, so a second server on the same state
+  dir is not forgotten when the first one exits.
 """
 
 from __future__ import annotations
@@ -26,18 +27,32 @@ class ServerAddress:
     """What `up` recorded about itself."""
 
     url: str
-    """Base URL without `/v1`, e.g. `http://127.0.0.1:8400`."""
+    """Root URL without `/v1`, e.g. `http://127.0.0.1:8400`."""
     pid: int
 
 
-def write_address(state_dir: Path, url: str, pid: int | None = None) -> ServerAddress:
-    """Record `url` (and this process's pid) as the running server of `state_dir`."""
-    addr = ServerAddress(url=url.rstrip("/"), pid=os.getpid() if pid is None else pid)
+def root_url_for(host: str, port: int) -> str:
+    """The URL clients reach a server bound to `host:port` at (a wildcard bind is reached on loopback)."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def base_url_for(host: str, port: int) -> str:
+    """clawbridge's OpenAI base URL (`.../v1`) for a bind address."""
+    return f"{root_url_for(host, port)}/v1"
+
+
+def write_address(state_dir: Path, url: str) -> None:
+    """Record `url` (a root URL, no `/v1`) and this process's pid as `state_dir`'s running server."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{ADDRESS_FILE}.{addr.pid}.tmp"
-    tmp.write_text(json.dumps({"url": addr.url, "pid": addr.pid}))
+    tmp = state_dir / f".{ADDRESS_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"url": url.rstrip("/"), "pid": os.getpid()}))
     os.replace(tmp, state_dir / ADDRESS_FILE)
-    return addr
 
 
 def read_address(state_dir: Path) -> ServerAddress | None:
@@ -49,16 +64,11 @@ def read_address(state_dir: Path) -> ServerAddress | None:
         return None
 
 
-def clear_address(state_dir: Path, pid: int | None = None) -> bool:
-    """Remove the file if it names `pid` (default: this process). True when removed."""
+def clear_address(state_dir: Path) -> None:
+    """Remove the file if it names this process (another server may have written it since)."""
     addr = read_address(state_dir)
-    if addr is None or addr.pid != (os.getpid() if pid is None else pid):
-        return False
-    try:
-        (state_dir / ADDRESS_FILE).unlink()
-    except FileNotFoundError:
-        return False
-    return True
+    if addr is not None and addr.pid == os.getpid():
+        (state_dir / ADDRESS_FILE).unlink(missing_ok=True)
 
 
 def candidate_urls(state_dir: Path, configured: str) -> list[str]:

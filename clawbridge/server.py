@@ -11,13 +11,15 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from clawbridge.address import clear_address, write_address
+from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
 from clawbridge.backend import ServingBackend, TrainingBackend, load_backend
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
@@ -99,12 +101,22 @@ def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, 
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, minus re-raising a caught SIGTERM/SIGINT once it has shut down.
+    """uvicorn's server that records its address once listening, and does not re-raise a caught
+    SIGTERM/SIGINT once it has shut down.
 
     uvicorn re-raises the signal so the default handler ends the process; that ends it before
     `serve`'s cleanup (flush the store writer, close the backend: stop the trainer, delete the
     Fireworks resources it was asked to) has run. We stop gracefully instead and return.
     """
+
+    def __init__(self, config: uvicorn.Config, state_dir: Path) -> None:
+        super().__init__(config)
+        self.state_dir = state_dir
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # bound: a failed bind must not overwrite another server's address
+            write_address(self.state_dir, root_url_for(self.config.host, self.config.port))
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -124,9 +136,9 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     app = build_app(state)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             access_log=settings.log_level == "debug", timeout_graceful_shutdown=5)
-    server = _Server(config)
+    server = _Server(config, settings.state_path)
     keys = resolve_keys(settings)
-    base = f"http://{settings.host}:{settings.port}/v1"
+    base = base_url_for(settings.host, settings.port)
     key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"
     announce(f"clawbridge serving {state.model_info.name!r} (backend {state.backend.name}, "
              f"policy v{state.sampler.policy_version}) at {base}")
@@ -143,7 +155,6 @@ async def serve(settings: Settings, announce: Any = print) -> None:
                  f"{settings.judge_concurrency} calls in flight); method {settings.method}")
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
              + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
-    write_address(settings.state_path, f"http://{settings.host}:{settings.port}")
     try:
         await server.serve()
     finally:

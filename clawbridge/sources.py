@@ -12,7 +12,7 @@ from pathlib import Path
 
 def looks_like_path(value: str) -> bool:
     """True for values a user wrote as a filesystem path rather than an `org/name` id."""
-    return value.startswith(("/", "./", "../", "~", ".\\")) or value in (".", "..") or "\\" in value
+    return value.startswith(("/", ".", "~")) or "\\" in value
 
 
 def resolve_source(value: str, what: str = "model") -> tuple[str, bool]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clawbridge.address import base_url_for
 from clawbridge.openclaw import installer, json5edit
 from clawbridge.openclaw.runtime_line import parse_runtime_session, validate_session_headers
 
@@ -207,9 +208,9 @@ def test_config_path_resolution(tmp_path: Path) -> None:
 
 
 def test_base_url_and_client_key(tmp_path: Path) -> None:
-    assert installer.base_url_for("127.0.0.1", 8400) == "http://127.0.0.1:8400/v1"
-    assert installer.base_url_for("0.0.0.0", 9) == "http://127.0.0.1:9/v1"
-    assert installer.base_url_for("::1", 9) == "http://[::1]:9/v1"
+    assert base_url_for("127.0.0.1", 8400) == "http://127.0.0.1:8400/v1"
+    assert base_url_for("0.0.0.0", 9) == "http://127.0.0.1:9/v1"
+    assert base_url_for("::1", 9) == "http://[::1]:9/v1"
     assert installer.resolve_client_key(tmp_path, {"CLAWBRIDGE_API_KEY": "from-env"}) == "from-env"
     generated = installer.resolve_client_key(tmp_path, {})
     assert (tmp_path / "client_key").read_text().strip() == generated

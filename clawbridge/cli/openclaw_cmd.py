@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from clawbridge.address import base_url_for
 from clawbridge.config import load_settings
 from clawbridge.openclaw import installer
 
@@ -41,7 +42,7 @@ def _settings_state_and_url(config: Path | None, state_dir: Path | None) -> tupl
     except Exception as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
-    return settings.state_path, installer.base_url_for(settings.host, settings.port)
+    return settings.state_path, base_url_for(settings.host, settings.port)
 
 
 def served_model(base_url: str, api_key: str, timeout_s: float = 3.0) -> dict[str, Any] | None:

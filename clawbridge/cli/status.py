@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from clawbridge.address import candidate_urls
+from clawbridge.address import candidate_urls, root_url_for
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
 
@@ -26,7 +26,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
     """Server view when it answers (at the address `up` recorded, else the configured one), else the store's."""
     from clawbridge.store import DB_FILENAME, Store
 
-    configured = f"http://{settings.host}:{settings.port}"
+    configured = root_url_for(settings.host, settings.port)
     info: dict[str, Any] = {"server": configured, "running": False}
     key = _admin_key(settings)
     for base in candidate_urls(settings.state_path, configured):

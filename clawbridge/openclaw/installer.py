@@ -77,17 +77,6 @@ def find_extension_source() -> Path:
     )
 
 
-def base_url_for(host: str, port: int) -> str:
-    """clawbridge's OpenAI base URL for a bind address (a wildcard bind is reached on loopback)."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{port}/v1"
-
-
 def resolve_client_key(state_dir: Path, env: Mapping[str, str] | None = None) -> str:
     """The client key: `$CLAWBRIDGE_API_KEY`, else `<state_dir>/client_key` (generated if missing,
     exactly as the server would, so the server started later uses the same key)."""
