@@ -1,7 +1,7 @@
-"""POST /v1/messages (Anthropic Messages API) over the same render/sample/record path as chat completions.
+"""POST /v1/messages (Anthropic Messages API): a shape over the shared `SampledCall` path.
 
 Invariants:
-- Everything `chat` promises holds here, because the sampling and recording are `ChatCall`'s:
+- Everything `call` promises holds here, because the sampling and recording are `SampledCall`'s:
   token exact, the turn committed before the last byte (for a stream, before the `message_delta`
   carrying `stop_reason`), an abandoned call recorded `cancelled`. The recorded request is the
   raw body the client sent; the recorded response is the Anthropic message object.
@@ -15,11 +15,9 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -29,13 +27,13 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.parse import Delta, StreamParser
 from clawbridge.proxy.anthropic_request import MessagesRequest, openai_data, validate_messages_request
 from clawbridge.proxy.auth import authenticate
-from clawbridge.proxy.chat import ChatCall, sampler_error
+from clawbridge.proxy.call import SampledCall
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
-from clawbridge.proxy.sessions import resolve_call_session
 from clawbridge.proxy.state import ProxyState
 from clawbridge.render import RenderError
-from clawbridge.sampler import SamplerError, SamplerTimeout
+from clawbridge.sampler import SampledToken
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -128,105 +126,92 @@ def sse_event(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-class MessagesCall(ChatCall):
-    """A `ChatCall` whose answer is an Anthropic message (or its event stream)."""
+class MessagesShape:
+    """A `SampledCall` answered as an Anthropic message (or its event stream)."""
 
-    @property
-    def message_id(self) -> str:
-        return "msg_" + self.completion_id.removeprefix("chatcmpl-")
+    def __init__(self, call: SampledCall) -> None:
+        self.call = call
+        self.message_id = "msg_" + call.hex
+        self._parser = StreamParser()
+        self._blocks = Blocks()
 
     def stop(self, has_tool_use: bool) -> tuple[str, str | None]:
         """(stop_reason, stop_sequence) for what was sampled."""
-        if self.gen.finish_reason == "length":
+        if self.call.gen.finish_reason == "length":
             return "max_tokens", None
-        if self.gen.finish_reason == "stop" and self.req.stop_strings:
-            # The matched stop string starts right where the released text ends.
-            full = self.state.renderer.decode(self.gen.ids)
-            at = len(self.gen.text)
-            for s in self.req.stop_strings:
-                if full.startswith(s, at):
-                    return "stop_sequence", s
+        matched = self.call.matched_stop()
+        if matched is not None:
+            return "stop_sequence", matched
         return ("tool_use" if has_tool_use else "end_turn"), None
 
     def usage_body(self) -> dict[str, int]:
-        return {"input_tokens": len(self.prompt_ids), "output_tokens": len(self.gen.ids)}
+        return {"input_tokens": len(self.call.prompt_ids), "output_tokens": len(self.call.gen.ids)}
 
     def message(self, content: list[dict[str, Any]], stop_reason: str | None,
                 stop_sequence: str | None) -> dict[str, Any]:
-        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.req.model,
+        return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.call.req.model,
                 "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                 "usage": self.usage_body()}
 
-    def response_body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
         parser, blocks = StreamParser(), Blocks()
-        blocks.add(parser.feed(self.gen.text))
+        blocks.add(parser.feed(self.call.gen.text))
         blocks.add(parser.finish())
         blocks.finish()
         return self.message(blocks.content, *self.stop(blocks.has_tool_use))
 
-    async def sse(self) -> AsyncIterator[bytes]:
-        parser, blocks = StreamParser(), Blocks()
-        finished = False
-        deadline = time.monotonic() + self.state.settings.request_timeout_s
-        try:
-            start = self.message([], None, None)
-            start["usage"] = {"input_tokens": len(self.prompt_ids), "output_tokens": 0}
-            yield sse_event({"type": "message_start", "message": start})
-            yield sse_event({"type": "ping"})
-            async for text, _toks in self.pieces():
-                for event in blocks.add(parser.feed(text)) if text else []:
-                    yield sse_event(event)
-                if time.monotonic() > deadline:
-                    raise SamplerTimeout("request_timeout_s exceeded while streaming")
-            for event in blocks.add(parser.finish()) + blocks.finish():
-                yield sse_event(event)
-            stop_reason, stop_sequence = self.stop(blocks.has_tool_use)
-            await self.record("ok", self.message(blocks.content, stop_reason, stop_sequence))
-            finished = True
-            yield sse_event({"type": "message_delta",
-                             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                             "usage": {"output_tokens": len(self.gen.ids)}})
-            yield sse_event({"type": "message_stop"})
-        except SamplerError as exc:
-            log.warning("stream %s failed: %s", self.message_id, exc)
-            self.record_cancelled_soon()
-            finished = True
-            yield sse_event(anthropic_error_body(sampler_error(exc)))
-        finally:
-            if not finished:
-                self.record_cancelled_soon()
+    # ------------------------------------------------------------------ stream
+    def opening(self) -> list[bytes]:
+        start = self.message([], None, None)
+        start["usage"] = {"input_tokens": len(self.call.prompt_ids), "output_tokens": 0}
+        return [sse_event({"type": "message_start", "message": start}), sse_event({"type": "ping"})]
+
+    def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
+        return [sse_event(e) for e in self._blocks.add(self._parser.feed(text))] if text else []
+
+    def flush(self) -> list[bytes]:
+        return [sse_event(e) for e in self._blocks.add(self._parser.finish()) + self._blocks.finish()]
+
+    def recorded(self) -> dict[str, Any]:
+        return self.message(self._blocks.content, *self.stop(self._blocks.has_tool_use))
+
+    def closing(self) -> list[bytes]:
+        stop_reason, stop_sequence = self.stop(self._blocks.has_tool_use)
+        return [sse_event({"type": "message_delta",
+                           "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                           "usage": {"output_tokens": len(self.call.gen.ids)}}),
+                sse_event({"type": "message_stop"})]
+
+    def stream_error(self, err: ApiError) -> bytes:
+        return sse_event(anthropic_error_body(err))
 
 
-def _check_model(state: ProxyState, model: str) -> None:
-    name = state.model_info.name
-    if model not in (name, "default"):
-        raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default'",
-                       code="model_not_found", param="model")
+class MessagesApi:
+    """The Anthropic Messages API as a `model_routes.ApiAdapter`."""
+
+    name = "anthropic"
+
+    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+        req = validate_messages_request(body)
+        data = openai_data(req)
+        return Prepared(ChatRequest.model_validate(data), data, MessagesShape)
+
+    def error_response(self, err: ApiError) -> Response:
+        return anthropic_error(err)
 
 
 def build_anthropic_router(state: ProxyState) -> APIRouter:
-    """`/v1/messages`, `/v1/messages/count_tokens` and their `/s/{session_id}/...` forms."""
+    """`/v1/messages/count_tokens` and its `/s/{session_id}/...` form (messages are in `model_routes`)."""
     router = APIRouter()
-
-    async def serve(request: Request, url_session: str | None) -> Response:
-        principal = authenticate(request, state.keys, state.store)
-        raw = await read_body(request, state.settings.max_body_bytes)
-        req = validate_messages_request(parse_json_object(raw))
-        data = openai_data(req)
-        call = resolve_call_session(request, principal, url_session, data["messages"])
-        call = dataclasses.replace(call, meta={**call.meta, "api": "anthropic"})
-        _check_model(state, req.model)
-        msg = MessagesCall(state, ChatRequest.model_validate(data), data, raw, call)
-        await msg.start()
-        if req.stream:
-            return msg.streaming_response()
-        return await msg.complete(request)
+    api = MessagesApi()
 
     async def count(request: Request) -> Response:
         authenticate(request, state.keys, state.store)
         raw = await read_body(request, state.settings.max_body_bytes)
-        req: MessagesRequest = validate_messages_request(parse_json_object(raw), need_max_tokens=False)
-        _check_model(state, req.model)
+        body = parse_json_object(raw)
+        body.setdefault("model", state.model_info.name)
+        req: MessagesRequest = validate_messages_request(body, need_max_tokens=False)
+        check_model(state, req.model)
         data = openai_data(req)
         try:
             ids = state.renderer.render(data["messages"], data.get("tools"), data.get("tool_choice"))
@@ -239,18 +224,10 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
         try:
             return await work
         except ApiError as exc:
-            return anthropic_error(exc)
+            return api.error_response(exc)
         except Exception:
-            log.exception("unexpected error while handling /v1/messages")
-            return anthropic_error(ApiError(500, "internal error; see the clawbridge log"))
-
-    @router.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        return await guarded(serve(request, None))
-
-    @router.post("/s/{session_id}/v1/messages")
-    async def messages_in_session(request: Request, session_id: str) -> Response:
-        return await guarded(serve(request, session_id))
+            log.exception("unexpected error while handling /v1/messages/count_tokens")
+            return api.error_response(ApiError(500, "internal error; see the clawbridge log"))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:

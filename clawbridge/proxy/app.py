@@ -15,13 +15,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from clawbridge.proxy.anthropic import build_anthropic_router
+from clawbridge.proxy.anthropic import MessagesApi, build_anthropic_router
 from clawbridge.proxy.auth import authenticate
-from clawbridge.proxy.chat import chat_completions
+from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
-from clawbridge.proxy.request import parse_json_object, read_body, validate_chat_request
+from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.rl_routes import build_rl_router
-from clawbridge.proxy.sessions import resolve_call_session
 from clawbridge.proxy.state import ProxyState
 
 log = logging.getLogger("clawbridge.proxy")
@@ -63,22 +62,6 @@ def build_app(state: ProxyState) -> FastAPI:
     app.state.proxy = state
     install_error_handlers(app)
 
-    async def handle_chat(request: Request, url_session: str | None) -> Response:
-        principal = authenticate(request, state.keys, state.store)
-        raw = await read_body(request, state.settings.max_body_bytes)
-        data = parse_json_object(raw)
-        req = validate_chat_request(data)
-        call = resolve_call_session(request, principal, url_session, data["messages"])
-        return await chat_completions(state, request, req, data, raw, call)
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await handle_chat(request, None)
-
-    @app.post("/s/{session_id}/v1/chat/completions")
-    async def chat_in_session(request: Request, session_id: str) -> Response:
-        return await handle_chat(request, session_id)
-
     def models_body() -> dict[str, Any]:
         info = state.model_info
         entry = {"object": "model", "owned_by": "clawbridge", "created": 0,
@@ -103,6 +86,8 @@ def build_app(state: ProxyState) -> FastAPI:
 
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))
+    add_model_routes(app, state, "chat/completions", ChatApi())
+    add_model_routes(app, state, "messages", MessagesApi())
 
     @app.post("/v1/completions")
     async def legacy_completions() -> Response:

@@ -1,0 +1,335 @@
+"""The one sample-and-record path every API shape (chat completions, messages, responses) runs on.
+
+A `SampledCall` renders OpenAI-shaped messages to prompt ids, samples, and records the turn; an
+`ApiShape` (one per API) only turns what was sampled into that API's body or event stream.
+
+Invariants:
+- Token exact: the prompt ids recorded are the ids given to the sampler; the completion ids and
+  logprobs recorded are those the sampler yielded, stop token included. Text sent to the client is
+  decoded from those ids; nothing is re-tokenized.
+- A turn is committed to the store before the last byte of its response is sent: for a stream,
+  before the shape's `closing()` events (the ones that say the answer is finished); otherwise
+  before the JSON body.
+- A call whose client goes away is cancelled at the sampler and recorded with status `cancelled`
+  (never trained on), so nothing is silently dropped.
+- Every id a client sees for a call (`chatcmpl-<hex>`, `msg_<hex>`, `resp_<hex>`) and the turn id
+  in the store (`turn_<hex>`) share one hex part, so `turn_id_for` maps any of them to the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from clawbridge.parse import IncrementalDecoder
+from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.request import ChatRequest
+from clawbridge.proxy.sessions import CallSession
+from clawbridge.proxy.state import ProxyState
+from clawbridge.proxy.stops import StopMatcher
+from clawbridge.render import RenderError
+from clawbridge.sampler import (
+    PromptTooLong,
+    SampledToken,
+    SamplerError,
+    SamplerOverloaded,
+    SamplerTimeout,
+    SamplerUnavailable,
+    SampleStream,
+    SamplingParams,
+)
+from clawbridge.store import TurnRecord
+
+log = logging.getLogger("clawbridge.proxy")
+
+CLIENT_ID_PREFIXES = ("chatcmpl-", "msg_", "resp_", "turn_")
+"""Prefixes of the ids a call is known by; the rest of the id is the call's hex part."""
+
+
+def turn_id_for(interaction_id: str) -> str:
+    """The store's turn id for any id a client received for a call (or the turn id itself)."""
+    for prefix in CLIENT_ID_PREFIXES:
+        if interaction_id.startswith(prefix) and len(interaction_id) > len(prefix):
+            return "turn_" + interaction_id[len(prefix):]
+    return interaction_id
+
+
+def sampler_error(exc: SamplerError) -> ApiError:
+    """Map a sampler failure to the status the client sees."""
+    if isinstance(exc, SamplerOverloaded):
+        retry = max(1, round(exc.retry_after_s))
+        return ApiError(429, f"model is busy: {exc}; retry after {retry}s", code="overloaded",
+                        headers={"Retry-After": str(retry)})
+    if isinstance(exc, PromptTooLong):
+        return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, SamplerTimeout):
+        return ApiError(504, f"model timed out: {exc}", code="model_timeout")
+    if isinstance(exc, SamplerUnavailable):
+        return ApiError(502, f"model unreachable: {exc}", code="model_unreachable")
+    return ApiError(502, f"model failed: {exc}", code="model_error")
+
+
+@dataclass
+class Generation:
+    """What has been sampled so far for one call, and the text made from it."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tokens: list[SampledToken] = field(default_factory=list)
+    text: str = ""
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+
+
+class ApiShape(Protocol):
+    """One API's view of a `SampledCall`: its response body, or its event stream.
+
+    Stream order: `opening()`, then `piece()` per piece of released text, then `flush()`; the
+    turn is recorded with `recorded()`; then `closing()` (the events that end the answer).
+    """
+
+    def body(self) -> dict[str, Any]:
+        """The whole response, from `call.gen` once sampling ended (also what is recorded)."""
+        ...
+
+    def opening(self) -> list[bytes]: ...
+
+    def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]: ...
+
+    def flush(self) -> list[bytes]: ...
+
+    def recorded(self) -> dict[str, Any]:
+        """The response object recorded for a finished stream (equal to `body()` ids aside)."""
+        ...
+
+    def closing(self) -> list[bytes]: ...
+
+    def stream_error(self, err: ApiError) -> bytes:
+        """The event that reports `err` mid-stream."""
+        ...
+
+
+class SampledCall:
+    """One model call, from the normalised request (`ChatRequest` + OpenAI-shaped data) to the turn."""
+
+    def __init__(self, state: ProxyState, req: ChatRequest, data: dict[str, Any], raw: bytes,
+                 call: CallSession) -> None:
+        self.state = state
+        self.req = req
+        self.data = data
+        self.raw = raw
+        self.call = call
+        self.created = time.time()
+        self.hex = uuid.uuid4().hex
+        self.gen = Generation()
+        self.prompt_ids: list[int] = []
+        self.policy_version = 0
+        self.stream: SampleStream | None = None
+        self._decoder = IncrementalDecoder(state.renderer.decode)
+        self._stops = StopMatcher(req.stop_strings)
+        self._stop_ids = set(state.renderer.stop_token_ids)
+
+    @property
+    def turn_id(self) -> str:
+        return "turn_" + self.hex
+
+    # ------------------------------------------------------------------ set-up
+    def params(self) -> SamplingParams:
+        info = self.state.model_info
+        req = self.req
+        asked = req.max_completion_tokens or req.max_tokens or info.max_output_tokens
+        room = info.context_window - len(self.prompt_ids)
+        if room < 1:
+            raise ApiError(400, f"prompt is {len(self.prompt_ids)} tokens; the model's context is "
+                           f"{info.context_window}", code="context_length_exceeded", param="messages")
+        return SamplingParams(
+            max_tokens=min(asked, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            seed=req.seed,
+            stop_token_ids=tuple(self.state.renderer.stop_token_ids),
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        )
+
+    async def start(self) -> None:
+        try:
+            self.prompt_ids = self.state.renderer.render(
+                self.data["messages"], self.data.get("tools"), self.data.get("tool_choice")
+            )
+        except RenderError as exc:
+            raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None
+        params = self.params()
+        try:
+            self.stream = await self.state.sampler.sample(self.prompt_ids, params)
+        except SamplerError as exc:
+            raise sampler_error(exc) from None
+        self.policy_version = self.stream.policy_version
+
+    # ------------------------------------------------------------------ sampling
+    async def pieces(self) -> AsyncIterator[tuple[str, list[SampledToken]]]:
+        """Decoded text as it becomes certain, with the tokens it came from."""
+        assert self.stream is not None
+        gen = self.gen
+        pending: list[SampledToken] = []
+        async for tok in self.stream:
+            if gen.first_token_at is None:
+                gen.first_token_at = time.time()
+            gen.ids.append(tok.token_id)
+            gen.logprobs.append(tok.logprob)
+            gen.tokens.append(tok)
+            pending.append(tok)
+            if tok.token_id in self._stop_ids:
+                continue
+            text, hit = self._stops.push(self._decoder.push(tok.token_id))
+            if text:
+                gen.text += text
+                yield text, pending
+                pending = []
+            if hit:
+                gen.finish_reason = "stop"
+                await self.stream.aclose()
+                return
+        tail, _ = self._stops.push(self._decoder.flush())
+        tail += self._stops.flush()
+        gen.text += tail
+        if tail or pending:
+            yield tail, pending
+        gen.finish_reason = self.stream.finish_reason or "stop"
+
+    def matched_stop(self) -> str | None:
+        """The stop string that ended sampling, if one did."""
+        if self.gen.finish_reason != "stop" or not self.req.stop_strings:
+            return None
+        # The matched stop string starts right where the released text ends.
+        full = self.state.renderer.decode(self.gen.ids)
+        at = len(self.gen.text)
+        return next((s for s in self.req.stop_strings if full.startswith(s, at)), None)
+
+    # ------------------------------------------------------------------ recording
+    def turn(self, status: str, response: dict[str, Any] | None) -> TurnRecord:
+        meta = dict(self.call.meta)
+        meta["stream"] = self.req.stream
+        return TurnRecord(
+            session_id=self.call.session_id, turn_type=self.call.turn_type, status=status,
+            model=self.state.model_info.name, prompt_token_ids=self.prompt_ids,
+            completion_token_ids=self.gen.ids, completion_logprobs=self.gen.logprobs,
+            policy_version=self.policy_version,
+            finish_reason=self.gen.finish_reason if status == "ok" else status,
+            request_json=self.raw.decode("utf-8", errors="replace"),
+            response_json=json.dumps(response) if response is not None else None,
+            created_at=self.created, completed_at=time.time(), first_token_at=self.gen.first_token_at,
+            meta=meta, turn_id=self.turn_id,
+        )
+
+    async def record(self, status: str, response: dict[str, Any] | None) -> None:
+        end = self.call.end_after if status == "ok" else ("single_call" if self.call.source == "implicit" else None)
+        await self.state.writer.record_turn(self.turn(status, response), self.call.source, end)
+
+    def record_cancelled_soon(self) -> None:
+        """Record a call the client abandoned without awaiting (we may be inside a cancelled scope)."""
+        if self.stream is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().create_task(self.stream.aclose())
+        self.gen.finish_reason = "cancelled"
+        self.state.writer.record_turn_nowait(self.turn("cancelled", None), self.call.source,
+                                             "single_call" if self.call.source == "implicit" else None)
+
+    # ------------------------------------------------------------------ non-streaming
+    async def complete(self, request: Request, shape: ApiShape) -> Response:
+        """Sample to the end, record the turn, then answer `shape.body()` as JSON."""
+        abandoned = await self.sample_all(request)
+        if abandoned is not None:
+            return abandoned
+        body = shape.body()
+        await self.record("ok", body)
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    async def sample_all(self, request: Request) -> Response | None:
+        """Sample to the end; a 499 response if the client left (the call is recorded cancelled).
+
+        Sampler failures and the request timeout raise `ApiError` (also recorded cancelled).
+        """
+
+        async def run() -> None:
+            async for _ in self.pieces():
+                pass
+
+        task = asyncio.ensure_future(run())
+        deadline = time.monotonic() + self.state.settings.request_timeout_s
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    task.cancel()
+                    self.record_cancelled_soon()
+                    return Response(status_code=499)
+                if time.monotonic() > deadline:
+                    task.cancel()
+                    self.record_cancelled_soon()
+                    raise ApiError(504, "model did not finish within request_timeout_s", code="model_timeout")
+            exc = task.exception()
+            if exc is not None:
+                self.record_cancelled_soon()
+                if isinstance(exc, SamplerError):
+                    raise sampler_error(exc)
+                raise exc
+        except asyncio.CancelledError:
+            task.cancel()
+            self.record_cancelled_soon()
+            raise
+        return None
+
+    # ------------------------------------------------------------------ streaming
+    async def events(self, shape: ApiShape) -> AsyncIterator[bytes]:
+        """The shape's event stream; the turn is recorded before `shape.closing()`."""
+        finished = False
+        deadline = time.monotonic() + self.state.settings.request_timeout_s
+        try:
+            for event in shape.opening():
+                yield event
+            async for text, toks in self.pieces():
+                for event in shape.piece(text, toks):
+                    yield event
+                if time.monotonic() > deadline:
+                    raise SamplerTimeout("request_timeout_s exceeded while streaming")
+            for event in shape.flush():
+                yield event
+            await self.record("ok", shape.recorded())
+            finished = True
+            for event in shape.closing():
+                yield event
+        except SamplerError as exc:
+            log.warning("stream %s failed: %s", self.turn_id, exc)
+            self.record_cancelled_soon()
+            finished = True
+            yield shape.stream_error(sampler_error(exc))
+        finally:
+            if not finished:
+                self.record_cancelled_soon()
+
+    def streaming_response(self, shape: ApiShape) -> StreamingResponse:
+        return StreamingResponse(
+            self.events(shape), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Policy-Version": str(self.policy_version)},
+        )
+
+    async def respond(self, request: Request, shape: ApiShape) -> Response:
+        """Start sampling, then answer streamed or whole as the request asked."""
+        await self.start()
+        if self.req.stream:
+            return self.streaming_response(shape)
+        return await self.complete(request, shape)

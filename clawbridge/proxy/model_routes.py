@@ -1,0 +1,124 @@
+"""The model-call routes of every API shape, and the one handler they share.
+
+Each API (chat completions, Anthropic messages, responses) is an `ApiAdapter`: it validates its
+body into the normalised request (`ChatRequest` + the OpenAI-shaped data the renderer takes) and
+names its `ApiShape`. `serve_model_call` does the rest the same way for all of them: key, body,
+OpenClaw-RL body fields, session, model, then `SampledCall.respond`.
+
+Routes, for API path `P` in `chat/completions`, `messages`, `responses`:
+- `/v1/P` and `/P` (AReaL's gateway base URL has no `/v1`);
+- `/s/{session_id}/v1/P` (the session in the URL);
+- `/{trajectory_uid}/{prompt_uid}/v1/P` (Claw-R1's black-box base URL: the trajectory is the
+  session, the prompt uid its task id, so a prompt's samples form one group for the baseline).
+
+Invariants:
+- A request without `model` is served by the served model; any other name than the served one
+  or `default` is a 404.
+- Every failure is answered in the adapter's error shape with the `ApiError`'s status; never a
+  traceback, never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from clawbridge.proxy.auth import authenticate
+from clawbridge.proxy.call import ApiShape, SampledCall
+from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
+from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
+from clawbridge.proxy.state import ProxyState
+
+log = logging.getLogger("clawbridge.proxy")
+
+TRAJECTORY_SOURCE = "trajectory"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: what is rendered and sampled, and the shape it is answered in."""
+
+    req: ChatRequest
+    data: dict[str, Any]
+    """OpenAI chat-shaped request data (`messages`, `tools`, `tool_choice`) given to the renderer."""
+    shape: Callable[[SampledCall], ApiShape]
+
+
+class ApiAdapter(Protocol):
+    """One API's request validation and error shape."""
+
+    name: str
+    """Recorded as the turn's `meta.api`."""
+
+    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+        """Validate `body` (raising `ApiError` 4xx) into what the shared path runs."""
+        ...
+
+    def error_response(self, err: ApiError) -> Response: ...
+
+
+def check_model(state: ProxyState, model: str) -> None:
+    name = state.model_info.name
+    if model not in (name, "default"):
+        raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default'",
+                       code="model_not_found", param="model")
+
+
+async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request, url_session: str | None,
+                           task_id: str | None = None) -> Response:
+    """Serve one model call of any API; every failure is answered in `api`'s error shape."""
+    try:
+        principal = authenticate(request, state.keys, state.store)
+        raw = await read_body(request, state.settings.max_body_bytes)
+        body = parse_json_object(raw)
+        fields = pop_session_fields(body)
+        if body.get("model") is None:
+            body["model"] = state.model_info.name
+        prepared = api.prepare(state, body)
+        source = TRAJECTORY_SOURCE if task_id is not None else "url"
+        call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
+        call = dataclasses.replace(call, meta={**call.meta, "api": api.name})
+        check_model(state, prepared.req.model)
+        if task_id is not None and call.source == TRAJECTORY_SOURCE:
+            await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id)
+        sampled = SampledCall(state, prepared.req, prepared.data, raw, call)
+        return await sampled.respond(request, prepared.shape(sampled))
+    except ApiError as exc:
+        return api.error_response(exc)
+    except Exception:
+        log.exception("unexpected error while handling %s", request.url.path)
+        return api.error_response(ApiError(500, "internal error; see the clawbridge log"))
+
+
+def openai_error(err: ApiError) -> Response:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def add_model_routes(app: FastAPI, state: ProxyState, path: str, api: ApiAdapter) -> None:
+    """Register `api` at `/v1/{path}`, `/{path}`, `/s/{sid}/v1/{path}` and the Claw-R1 form."""
+
+    async def plain(request: Request) -> Response:
+        return await serve_model_call(state, api, request, None)
+
+    async def in_session(request: Request, session_id: str) -> Response:
+        return await serve_model_call(state, api, request, session_id)
+
+    async def in_trajectory(request: Request, trajectory_uid: str, prompt_uid: str) -> Response:
+        try:
+            check_session_id(prompt_uid, "prompt uid in the URL")
+        except ApiError as exc:
+            return api.error_response(exc)
+        return await serve_model_call(state, api, request, trajectory_uid, task_id=prompt_uid)
+
+    app.add_api_route(f"/v1/{path}", plain, methods=["POST"])
+    app.add_api_route(f"/{path}", plain, methods=["POST"])
+    # /s/... before the two-segment Claw-R1 form, which would match it too.
+    app.add_api_route(f"/s/{{session_id}}/v1/{path}", in_session, methods=["POST"])
+    app.add_api_route(f"/{{trajectory_uid}}/{{prompt_uid}}/v1/{path}", in_trajectory, methods=["POST"])
