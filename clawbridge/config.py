@@ -60,6 +60,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Request bodies above this get 413.")
     session_idle_timeout_s: float = Field(1800.0, description="Sessions idle this long end by themselves.")
     request_timeout_s: float = Field(600.0, description="A model call that takes longer gets 504.")
+    max_messages: int = Field(4096, ge=1, description="Requests with more messages get 400 before any validation or rendering.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header names accepted besides loopback names and the bind address (DNS-rebinding guard; '*' turns it off).",
+    )
+    header_timeout_s: float = Field(10.0, gt=0, description="A connection that has not sent a request's headers this long after opening (or after its last response) is closed.")
+    body_timeout_s: float = Field(60.0, gt=0, description="A request body not fully received this long after its headers gets 408.")
+    max_connections: int = Field(512, ge=1, description="Open connections (and requests) beyond this get 503 at once.")
 
     tokenizer: str = Field("", description="Tokenizer (with chat template) path or id; default: the model.")
 

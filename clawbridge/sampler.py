@@ -24,9 +24,19 @@ from typing import Literal, Protocol, runtime_checkable
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
+MIN_TEMPERATURE = 1e-4
+"""Temperatures in (0, MIN_TEMPERATURE) are treated as 0 (greedy): dividing logits by a tiny
+temperature overflows float32 to inf and the softmax to nan, and the distribution they ask for is
+argmax anyway to within float precision."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one completion."""
+    """How to sample one completion.
+
+    Normalised on construction, so no Sampler sees numerically unsafe values: a temperature in
+    (0, `MIN_TEMPERATURE`) becomes 0 (greedy).
+    """
 
     max_tokens: int
     """Upper bound on sampled tokens (the stop token counts)."""
@@ -41,6 +51,10 @@ class SamplingParams:
     """Sampling ends after yielding any of these ids (finish_reason 'stop')."""
     top_logprobs: int = 0
     """How many alternatives to report per position (0: none)."""
+
+    def __post_init__(self) -> None:
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,11 @@ class SamplerOverloaded(SamplerError):
 
 class SamplerUnavailable(SamplerError):
     """The model server cannot be reached or failed: answer 502."""
+
+
+class SamplerFailed(SamplerError):
+    """The sampler itself failed (a bug or bad numerics), with the model reachable: answer 502
+    `model_error`, never 'model unreachable'."""
 
 
 class SamplerTimeout(SamplerError):

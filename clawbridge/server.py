@@ -1,7 +1,12 @@
 """Wiring for `clawbridge up`: settings -> backend -> renderer, store, keys -> app -> uvicorn.
 
-Invariant: a non-loopback bind is refused unless both keys come from the environment (a
-generated key in a file on this machine is no protection for a port others can reach).
+Invariants:
+- A non-loopback bind is refused unless both keys come from the environment (a generated key in a
+  file on this machine is no protection for a port others can reach), each is strong
+  (`MIN_BIND_KEY_LENGTH` characters, `MIN_BIND_KEY_DISTINCT` distinct ones) and they differ (a
+  client key that is also the admin key would give every agent the management API).
+- Nothing is announced ("serving ...") before the state dir is known to be usable: private
+  (0700), writable, and its store intact (`clawbridge.store.health`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
+from clawbridge.proxy.connections import header_timeout_protocol
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
 from clawbridge.rewards.worker import build_reward_worker
@@ -61,12 +67,31 @@ def resolve_keys(settings: Settings) -> ResolvedKeys:
     return ResolvedKeys(client, admin)
 
 
+MIN_BIND_KEY_LENGTH = 24
+MIN_BIND_KEY_DISTINCT = 10
+
+
+def _weak(key: str) -> bool:
+    return len(key) < MIN_BIND_KEY_LENGTH or len(set(key)) < MIN_BIND_KEY_DISTINCT
+
+
 def check_bind(settings: Settings) -> None:
-    if not is_loopback(settings.host) and (settings.api_key is None or settings.admin_key is None):
+    if is_loopback(settings.host):
+        return
+    if settings.api_key is None or settings.admin_key is None:
         raise UnsafeBind(
             f"refusing to bind {settings.host}: set CLAWBRIDGE_API_KEY and CLAWBRIDGE_ADMIN_KEY in the environment "
             "before listening beyond 127.0.0.1"
         )
+    client, admin = settings.api_key.get_secret_value(), settings.admin_key.get_secret_value()
+    weak = [name for name, key in (("CLAWBRIDGE_API_KEY", client), ("CLAWBRIDGE_ADMIN_KEY", admin)) if _weak(key)]
+    if weak:
+        raise UnsafeBind(
+            f"refusing to bind {settings.host}: {' and '.join(weak)} must be at least {MIN_BIND_KEY_LENGTH} characters "
+            f"with {MIN_BIND_KEY_DISTINCT}+ distinct ones (e.g. `python -c \"import secrets; print(secrets.token_urlsafe(32))\"`)"
+        )
+    if client == admin:
+        raise UnsafeBind(f"refusing to bind {settings.host}: CLAWBRIDGE_API_KEY and CLAWBRIDGE_ADMIN_KEY must differ")
 
 
 async def build_state(settings: Settings, backend: ServingBackend | None = None) -> ProxyState:
@@ -130,12 +155,19 @@ class _Server(uvicorn.Server):
                     captured.clear()
 
 
+def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None) -> uvicorn.Config:
+    """uvicorn with clawbridge's connection limits (see `clawbridge.proxy.connections`)."""
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level or settings.log_level,
+                          access_log=settings.log_level == "debug", timeout_graceful_shutdown=5,
+                          http=header_timeout_protocol(settings.header_timeout_s),
+                          limit_concurrency=settings.max_connections, timeout_keep_alive=5)
+
+
 async def serve(settings: Settings, announce: Any = print) -> None:
     """Run the proxy until interrupted."""
     state = await build_state(settings)
     app = build_app(state)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            access_log=settings.log_level == "debug", timeout_graceful_shutdown=5)
+    config = uvicorn_config(app, settings)
     server = _Server(config, settings.state_path)
     keys = resolve_keys(settings)
     base = base_url_for(settings.host, settings.port)

@@ -123,7 +123,7 @@ class InProcessProxy:
 
     def start(self) -> InProcessProxy:
         from clawbridge.proxy.app import build_app
-        from clawbridge.server import build_state
+        from clawbridge.server import build_state, uvicorn_config
 
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -133,7 +133,7 @@ class InProcessProxy:
                 try:
                     self.state = await build_state(self.settings, self.backend)
                     app = build_app(self.state)
-                    cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+                    cfg = uvicorn_config(app, self.settings, log_level="warning")
                     self._server = uvicorn.Server(cfg)
                     ready.set()
                     await self._server.serve()

@@ -38,5 +38,6 @@ def test_non_loopback_bind_needs_keys(tmp_path: Path) -> None:
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
     with pytest.raises(UnsafeBind, match="CLAWBRIDGE_API_KEY"):
         check_bind(Settings(host="0.0.0.0", state_dir=tmp_path))
-    check_bind(Settings(host="0.0.0.0", state_dir=tmp_path, api_key="a" * 20, admin_key="b" * 20))  # type: ignore[arg-type]
+    check_bind(Settings(host="0.0.0.0", state_dir=tmp_path, api_key="cb-Zq8xW3rT9vLk2NpY7hJd4FsG",  # type: ignore[arg-type]
+                        admin_key="cbadmin-Qe5Rt1Yu8Io3Pa6Sd0Fg"))  # type: ignore[arg-type]
     check_bind(Settings(host="127.0.0.1", state_dir=tmp_path))

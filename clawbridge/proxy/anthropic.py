@@ -207,8 +207,8 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
 
     async def count(request: Request) -> Response:
         authenticate(request, state.keys, state.store)
-        raw = await read_body(request, state.settings.max_body_bytes)
-        body = parse_json_object(raw)
+        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+        body = parse_json_object(raw, state.settings.max_messages)
         body.setdefault("model", state.model_info.name)
         req: MessagesRequest = validate_messages_request(body, need_max_tokens=False)
         check_model(state, req.model)

@@ -1,7 +1,8 @@
 """The FastAPI app: OpenAI- and Anthropic-compatible model calls, the session API, health.
 
-Invariants: see `chat` (token exactness, commit before last byte) and `errors` (never a 500 for
-bad input). Idle sessions are ended by a background task every `reaper_interval_s`.
+Invariants: see `chat` (token exactness, commit before last byte), `errors` (never a 500 for
+bad input) and `guard` (Host check, draining). Idle sessions are ended by a background task every
+`reaper_interval_s`. The OpenAPI schema is served only to a caller with a key (`/openapi.json`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from clawbridge.proxy.anthropic import MessagesApi, build_anthropic_router
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
+from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
 from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
@@ -58,9 +60,16 @@ def build_app(state: ProxyState) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
 
-    app = FastAPI(title="clawbridge", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="clawbridge", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = state
     install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, hosts=HostPolicy(state.settings.host, state.settings.allowed_hosts),
+                       drain=state.drain)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        authenticate(request, state.keys, state.store)
+        return JSONResponse(app.openapi())
 
     def models_body() -> dict[str, Any]:
         info = state.model_info

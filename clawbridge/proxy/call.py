@@ -165,8 +165,9 @@ class SampledCall:
 
     async def start(self) -> None:
         try:
-            self.prompt_ids = self.state.renderer.render(
-                self.data["messages"], self.data.get("tools"), self.data.get("tool_choice")
+            # Rendering and tokenizing grow with the prompt: off the event loop.
+            self.prompt_ids = await asyncio.to_thread(
+                self.state.renderer.render, self.data["messages"], self.data.get("tools"), self.data.get("tool_choice")
             )
         except RenderError as exc:
             raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None

@@ -22,11 +22,14 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     502: "api_error",
     503: "api_error",
+    507: "api_error",
     504: "timeout_error",
 }
 

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -76,12 +77,14 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
     """Serve one model call of any API; every failure is answered in `api`'s error shape."""
     try:
         principal = authenticate(request, state.keys, state.store)
-        raw = await read_body(request, state.settings.max_body_bytes)
-        body = parse_json_object(raw)
+        settings = state.settings
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        # Parsing and validation grow with the body (up to max_body_bytes): off the event loop.
+        body = await asyncio.to_thread(parse_json_object, raw, settings.max_messages)
         fields = pop_session_fields(body)
         if body.get("model") is None:
             body["model"] = state.model_info.name
-        prepared = api.prepare(state, body)
+        prepared = await asyncio.to_thread(api.prepare, state, body)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
         call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
         call = dataclasses.replace(call, meta={**call.meta, "api": api.name})

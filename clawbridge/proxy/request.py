@@ -1,7 +1,13 @@
 """Reading and validating a chat completion request.
 
 Invariants:
-- A body larger than `max_body_bytes` is refused with 413 before it is fully read.
+- A body larger than `max_body_bytes` is refused with 413 before it is fully read; a body not
+  fully received within `timeout_s` is 408.
+- Content-Type: a JSON media type (`application/json`, `*/*+json`, any parameters) or none at all
+  (read as JSON, as curl users often omit it); anything else (text/plain, a form) is 415. The
+  OpenAI API refuses those too, so a client that works here works there.
+- A body with more than `max_messages` messages is 400 right after JSON parsing, before
+  validation or rendering (which grow with the message count).
 - Malformed JSON is 400; fields of the wrong type or range are 422; options clawbridge cannot
   honour (n > 1, penalties, logit_bias, structured output, audio, images) are 400 naming the
   option, never silently ignored. Unknown harmless fields (user, store, metadata, ...) are ignored.
@@ -9,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import orjson
@@ -17,9 +24,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clawbridge.proxy.errors import ApiError
 
+DEFAULT_MAX_MESSAGES = 4096
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The raw body, refusing (413) anything larger than `max_bytes`."""
+
+def check_content_type(value: str | None) -> None:
+    """415 unless `value` is absent or a JSON media type."""
+    if value is None or not value.strip():
+        return
+    media = value.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    raise ApiError(415, f"Content-Type {media!r} is not supported; send the body as JSON with "
+                   "'Content-Type: application/json'", code="unsupported_media_type")
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> bytes:
+    """The raw JSON body, refusing (413) anything larger than `max_bytes`, (408) anything slower
+    than `timeout_s`, and (415) a Content-Type that is not JSON."""
+    check_content_type(request.headers.get("content-type"))
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_capped(request, max_bytes)
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout_s:g}s", code="body_timeout") from None
+
+
+async def _read_capped(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -37,7 +68,8 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
+def parse_json_object(body: bytes, max_messages: int = DEFAULT_MAX_MESSAGES) -> dict[str, Any]:
+    """The body as a JSON object; 400 when it is not one, or has more than `max_messages` messages."""
     if not body:
         raise ApiError(400, "empty request body; expected a JSON object")
     try:
@@ -46,6 +78,10 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise ApiError(400, f"malformed JSON in request body: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > max_messages:
+        raise ApiError(400, f"{len(messages)} messages is over the limit of {max_messages} (max_messages)",
+                       param="messages", code="too_many_messages")
     return data
 
 

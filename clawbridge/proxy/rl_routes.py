@@ -23,6 +23,9 @@ from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
 
+MAX_OFFSET = 2**62
+"""Far past any real store, and inside SQLite's 64-bit integers (a larger offset overflowed: 500)."""
+
 
 class StartSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -67,7 +70,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     router = APIRouter(prefix="/rl")
 
     async def body_of(request: Request) -> dict[str, Any]:
-        return parse_json_object(await read_body(request, state.settings.max_body_bytes))
+        return parse_json_object(await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s))
 
     @router.post("/start_session")
     async def start_session(request: Request) -> dict[str, Any]:
@@ -143,8 +146,10 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def list_sessions(request: Request, limit: int = 50, offset: int = 0,
                             status: str | None = None) -> dict[str, Any]:
         require_admin(authenticate(request, state.keys, state.store))
-        if not 1 <= limit <= 1000 or offset < 0:
-            raise ApiError(422, "limit must be 1..1000 and offset >= 0")
+        if not 1 <= limit <= 1000:
+            raise ApiError(422, "limit must be 1..1000", param="limit")
+        if not 0 <= offset <= MAX_OFFSET:
+            raise ApiError(422, f"offset must be 0..{MAX_OFFSET}", param="offset")
         rows = state.store.list_sessions(limit, offset, status)
         return {"sessions": [r.__dict__ for r in rows]}
 

@@ -8,6 +8,7 @@ Resolution order (first match wins):
 4. A URL prefix `/s/{session_id}/v1/...` (source `url`) or Claw-R1's
    `/{trajectory_uid}/{prompt_uid}/v1/...` (source `trajectory`).
 5. OpenClaw's `Runtime: ... session=<key>` line in the first user message: source `openclaw_runtime`.
+(A session key with a different session in the header, body or URL is 403, never re-routed.)
 6. Nothing: the call is its own one-turn session (source `implicit`), ended after the call.
 Nothing is dropped: every call is recorded in some session.
 
@@ -116,6 +117,8 @@ def resolve_call_session(
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
         return CallSession(sid, source, turn_type, end_after, meta)
     if principal.kind == "session" and principal.session_id:
+        if url_session is not None and url_session != principal.session_id:
+            raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
         return CallSession(principal.session_id, "session_key", turn_type, end_after, meta)
     if url_session is not None:
         sid = check_session_id(url_session, "session id in the URL")

@@ -10,12 +10,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.config import Settings
 from clawbridge.proxy.auth import Keys
+from clawbridge.proxy.guard import Drain
 from clawbridge.render import Renderer
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
@@ -67,6 +68,8 @@ class ProxyState:
     """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
     judge: RewardWorker | None = None
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
+    drain: Drain = field(default_factory=Drain)
+    """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
 
     @property
     def sampler(self) -> Sampler:

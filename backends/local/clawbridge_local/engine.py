@@ -32,6 +32,7 @@ import concurrent.futures
 import copy
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 from collections import deque
@@ -45,6 +46,7 @@ from clawbridge.sampler import (
     FinishReason,
     PromptTooLong,
     SampledToken,
+    SamplerFailed,
     SamplerOverloaded,
     SamplerUnavailable,
     SamplingParams,
@@ -52,6 +54,7 @@ from clawbridge.sampler import (
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.sampling import choose, make_generator
 
+log = logging.getLogger("clawbridge.engine")
 WeightUpdate = Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
 """A new state (all or some parameters, by name) or a function that updates a module in place."""
 
@@ -335,8 +338,9 @@ class TorchEngine:
                 ids = torch.tensor([[req.last_token]], dtype=torch.long, device=self.device)
             out = model(input_ids=ids, past_key_values=req.cache, use_cache=True, logits_to_keep=1)
             choice = choose(out.logits[0, -1], req.params, req.generator)
-        except Exception as e:
-            self._finish(req, _End("cancelled", SamplerUnavailable(f"torch engine failed: {e!r}")))
+        except Exception as e:  # a bug in this engine, not an unreachable model
+            log.exception("torch engine failed on a decode step")
+            self._finish(req, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
             return
         req.last_token = choice.token_id
         req.generated += 1

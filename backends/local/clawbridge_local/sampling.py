@@ -6,6 +6,9 @@ Invariants:
   (plain `log_softmax(logits)` for temperature 0): top-k / top-p only restrict which tokens may be
   drawn, they do not renormalise the reported logprob. This is the number a trainer compares with
   its own `log_softmax` for importance ratios.
+- Never fails on numerics: a distribution that is not finite after temperature and truncation
+  (overflowed logits, an empty nucleus) falls back to argmax, so a request's odd `temperature` or
+  `top_p` cannot crash the engine.
 - Randomness comes only from the `torch.Generator` passed in, so one request's draws do not depend
   on what other requests do.
 """
@@ -48,6 +51,7 @@ def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         # Keep a token if the mass strictly before it is < top_p (the first token is always kept).
         before = torch.cumsum(probs, dim=-1) - probs
         drop_sorted = before >= top_p
+        drop_sorted[0] = False  # even when top_p underflows float32 to 0
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         out = out.masked_fill(drop, float("-inf"))
     return out
@@ -64,7 +68,12 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         logprobs = torch.log_softmax(scaled, dim=-1)
         allowed = _truncate(scaled, params.top_k, params.top_p)
         probs = torch.softmax(allowed, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=generator).item())
+        if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0.0:
+            token = int(torch.multinomial(probs, 1, generator=generator).item())
+        else:
+            token = int(torch.argmax(logits).item())
+            if not bool(torch.isfinite(logprobs).all()):
+                logprobs = torch.log_softmax(logits, dim=-1)
     top: tuple[tuple[int, float], ...] = ()
     if params.top_logprobs > 0:
         k = min(params.top_logprobs, logprobs.shape[-1])
