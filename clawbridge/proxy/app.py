@@ -22,6 +22,7 @@ from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
 from clawbridge.proxy.model_routes import add_model_routes
+from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
 
@@ -89,6 +90,8 @@ def build_app(state: ProxyState) -> FastAPI:
         return models_body()
 
     @app.get("/health")
+    @app.get("/v1/health")
+    @app.get("/healthz")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": state.model_info.name, "backend": state.backend.name,
                 "policy_version": state.sampler.policy_version}
@@ -97,6 +100,8 @@ def build_app(state: ProxyState) -> FastAPI:
     app.include_router(build_anthropic_router(state))
     add_model_routes(app, state, "chat/completions", ChatApi())
     add_model_routes(app, state, "messages", MessagesApi())
+    add_model_routes(app, state, "responses", ResponsesApi())
+    add_responses_retrieval(app, state)
 
     @app.post("/v1/completions")
     async def legacy_completions() -> Response:

@@ -70,7 +70,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404:
-            message = "no such route; see /v1/chat/completions, /v1/models, /health and /rl/*"
+            message = "no such route; see /v1/chat/completions, /v1/messages, /v1/responses, /v1/models, /health and /rl/*"
         return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)

@@ -24,7 +24,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -50,6 +50,8 @@ class Prepared:
     data: dict[str, Any]
     """OpenAI chat-shaped request data (`messages`, `tools`, `tool_choice`) given to the renderer."""
     shape: Callable[[SampledCall], ApiShape]
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Recorded in the turn's meta (e.g. the Responses `store` flag)."""
 
 
 class ApiAdapter(Protocol):
@@ -87,7 +89,7 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         prepared = await asyncio.to_thread(api.prepare, state, body)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
         call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
-        call = dataclasses.replace(call, meta={**call.meta, "api": api.name})
+        call = dataclasses.replace(call, meta={**call.meta, **prepared.meta, "api": api.name})
         check_model(state, prepared.req.model)
         if task_id is not None and call.source == TRAJECTORY_SOURCE:
             await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id)
