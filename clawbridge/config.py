@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     # --- proxy
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
     admin_key: SecretStr | None = Field(None, description="Admin key for /rl/* management (generated if unset).")
+    metrics_key: SecretStr | None = Field(None, description="Key that may read /metrics (besides the admin key); environment only.")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Request bodies above this get 413.")
     session_idle_timeout_s: float = Field(1800.0, description="Sessions idle this long end by themselves.")
     request_timeout_s: float = Field(600.0, description="A model call that takes longer gets 504.")

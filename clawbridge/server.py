@@ -178,6 +178,9 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     admin_where = "$CLAWBRIDGE_ADMIN_KEY" if keys.admin.source == "env" else keys.admin.source
     announce(f"admin key (for /rl/*): {admin_where}")
     announce(f"store: {state.store.path}")
+    root = root_url_for(settings.host, settings.port)
+    announce(f"dashboard: {root}/dashboard (log in with the admin key, or once within 10 min via "
+             f"{root}/dashboard/link/{app.state.dashboard.issue_link()}); metrics: {root}/metrics")
     if state.trainer is not None:
         announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}); watch with `clawbridge status`")
     else:

@@ -116,6 +116,8 @@ class InProcessProxy:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.state: Any = None
+        self.app: Any = None
+        """The FastAPI app once started (its `state.dashboard` is the dashboard's login manager)."""
 
     @property
     def base(self) -> str:
@@ -132,7 +134,7 @@ class InProcessProxy:
             async def main() -> None:
                 try:
                     self.state = await build_state(self.settings, self.backend)
-                    app = build_app(self.state)
+                    app = self.app = build_app(self.state)
                     cfg = uvicorn_config(app, self.settings, log_level="warning")
                     self._server = uvicorn.Server(cfg)
                     ready.set()

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from clawbridge.dashboard import install_dashboard
 from clawbridge.proxy.anthropic import MessagesApi, build_anthropic_router
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.chat import ChatApi
@@ -102,6 +103,7 @@ def build_app(state: ProxyState) -> FastAPI:
     add_model_routes(app, state, "messages", MessagesApi())
     add_model_routes(app, state, "responses", ResponsesApi())
     add_responses_retrieval(app, state)
+    install_dashboard(app, state)
 
     @app.post("/v1/completions")
     async def legacy_completions() -> Response:

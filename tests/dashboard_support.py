@@ -1,0 +1,95 @@
+"""A real proxy that has trained a little, for the dashboard, metrics and export tests.
+
+The real app under uvicorn (`InProcessProxy`), the real store, tokenizer and trainer loop, over
+`FakeTrainingBackend` (scripted answers; `publish()` bumps the policy version). Sessions are
+driven with the openai SDK and rewarded through `/rl/*`, so the store holds what a short real
+run leaves: turns at two policy versions, api rewards, two committed steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from clawbridge.backend import ModelInfo
+from clawbridge.config import Settings
+from clawbridge.render import Renderer
+from clawbridge.sampler import FakeSampler
+from clawbridge.trainer import FakeTrainingBackend
+from tests.fake_proxy import script_for
+from tests.support import InProcessProxy, free_port
+
+ANSWER = "The capital of France is Paris."
+
+
+@dataclass
+class TrainedProxy:
+    proxy: InProcessProxy
+    backend: FakeTrainingBackend
+    sessions: list[str]
+    """Session ids, oldest first."""
+    questions: dict[str, str]
+    """session id -> its user message."""
+
+    @property
+    def base(self) -> str:
+        return self.proxy.base
+
+    @property
+    def admin(self) -> str:
+        return str(self.proxy.state.keys.admin)
+
+    @property
+    def client_key(self) -> str:
+        return str(self.proxy.state.keys.client)
+
+
+def wait_for(check: Any, timeout_s: float = 30.0, what: str = "condition") -> Any:
+    """Poll `check()` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def start_trained_proxy(model_dir: Path, state_dir: Path, **settings: Any) -> TrainedProxy:
+    """Two rewarded sessions at v0 -> a step publishes v1 -> two rewarded sessions at v1 -> a step
+    publishes v2 (each step awaited, so the store is the same in every run)."""
+    renderer = Renderer.from_pretrained(str(model_dir))
+    sampler = FakeSampler(script=script_for(renderer, ANSWER))
+    values: dict[str, Any] = {"port": free_port(), "state_dir": state_dir, "model": str(model_dir),
+                              "served_model_name": "tiny", "batch_size": 2, "baseline": "none",
+                              "trainer_poll_interval_s": 0.05}
+    values.update(settings)
+    info = ModelInfo(name="tiny", tokenizer_path=str(model_dir), context_window=4096, max_output_tokens=256)
+    backend = FakeTrainingBackend(sampler, info)
+    proxy = InProcessProxy(Settings(**values), backend).start()
+    out = TrainedProxy(proxy, backend, [], {})
+    try:
+        client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=out.client_key, max_retries=0)
+        admin = {"Authorization": f"Bearer {out.admin}"}
+        for i, reward in enumerate((0.0, 1.0, 0.5, 1.0)):
+            sid = f"dash-{i}"
+            question = f"Question {i}: what is the capital of France?"
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}],
+                                           extra_headers={"X-Session-Id": sid})
+            r = httpx.post(proxy.base + "/rl/set_reward", json={"reward": reward, "session_id": sid}, headers=admin)
+            assert r.status_code == 200, r.text
+            r = httpx.post(proxy.base + "/rl/end_session", json={"session_id": sid}, headers=admin)
+            assert r.status_code == 200, r.text
+            out.sessions.append(sid)
+            out.questions[sid] = question
+            if i % 2 == 1:  # batch_size 2: each pair of sessions is one step
+                wait_for(lambda: len(backend.published) == (i + 1) // 2, what=f"training step {(i + 1) // 2}")
+        return out
+    except BaseException:
+        proxy.stop()
+        raise
