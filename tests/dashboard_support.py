@@ -88,7 +88,8 @@ def start_trained_proxy(model_dir: Path, state_dir: Path, **settings: Any) -> Tr
             out.sessions.append(sid)
             out.questions[sid] = question
             if i % 2 == 1:  # batch_size 2: each pair of sessions is one step
-                wait_for(lambda: len(backend.published) == (i + 1) // 2, what=f"training step {(i + 1) // 2}")
+                steps = (i + 1) // 2
+                wait_for(lambda n=steps: len(backend.published) == n, what=f"training step {steps}")
         return out
     except BaseException:
         proxy.stop()
