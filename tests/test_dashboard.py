@@ -58,6 +58,10 @@ def test_without_a_login_nothing_is_shown(trained: TrainedProxy) -> None:
         assert r.status_code == 401
         r = c.post("/dashboard/api/sessions/dash-0/reward", json={"reward": 1.0})
         assert r.status_code == 401
+        r = c.post("/dashboard/login", json={"key": trained.admin})
+        assert r.status_code == 415 and COOKIE not in r.headers.get("set-cookie", "")
+        r = c.post("/dashboard/login", data={"key": "x" * 5000})
+        assert r.status_code == 413
 
 
 def test_login_cookie_is_httponly_strict_and_gives_the_data(trained: TrainedProxy) -> None:

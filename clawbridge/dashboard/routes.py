@@ -72,6 +72,20 @@ def _logged_in(target: str, token: str) -> RedirectResponse:
     return resp
 
 
+async def _read_form(request: Request) -> bytes:
+    """The login form's body: urlencoded or no type (else 415), at most `MAX_FORM_BYTES` (else 413)."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media not in ("", "application/x-www-form-urlencoded"):
+        raise ApiError(415, "send the login as a form (application/x-www-form-urlencoded) with field 'key'",
+                       code="unsupported_media_type")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise ApiError(413, f"login form over {MAX_FORM_BYTES} bytes")
+    return body
+
+
 def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metrics) -> APIRouter:
     router = APIRouter()
     started_at = time.time()
@@ -96,8 +110,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
 
     @router.post("/dashboard/login")
     async def login(request: Request) -> Response:
-        raw = await read_body(request, MAX_FORM_BYTES)
-        form = parse_qs(raw.decode("utf-8", errors="replace"), max_num_fields=4)
+        form = parse_qs((await _read_form(request)).decode("utf-8", errors="replace"), max_num_fields=4)
         token = auth.login((form.get("key") or [""])[0].strip())
         if token is None:
             log.warning("dashboard login refused (wrong or missing admin key) from %s",
