@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     capacity_mode: bool = Field(False, description="Answer /rl/start_session 429 while the training backlog is full.")
     max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")
     reward_wait_s: float = Field(600.0, gt=0, description="Ended sessions still without any reward this long are dropped.")
+    default_session_reward: bool = Field(
+        True, description="AReaL's rule: a /rl/start_session session refreshed or ended with no reward gets "
+        "default_reward_value on its last turn (never when a judge is configured: its verdicts are the reward).")
+    default_reward_value: float = Field(0.0, description="The reward default_session_reward assigns.")
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
 
     # --- rewards (section owned by clawbridge/rewards): judge, OPD and how they combine

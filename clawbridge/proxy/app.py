@@ -26,6 +26,7 @@ from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
+from clawbridge.proxy.trajectory_routes import build_trajectory_router
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -80,15 +81,13 @@ def build_app(state: ProxyState) -> FastAPI:
                  "policy_version": state.sampler.policy_version}
         return {"object": "list", "data": [{"id": info.name, **entry}, {"id": "default", **entry}]}
 
-    @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authenticate(request, state.keys, state.store)
         return models_body()
 
-    @app.get("/s/{session_id}/v1/models")
-    async def models_in_session(request: Request, session_id: str) -> dict[str, Any]:
-        authenticate(request, state.keys, state.store)
-        return models_body()
+    # The same list under every base URL a client may be given (see model_routes).
+    for path in ("/v1/models", "/models", "/s/{session_id}/v1/models", "/{trajectory_uid}/{prompt_uid}/v1/models"):
+        app.add_api_route(path, models, methods=["GET"])
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -103,6 +102,7 @@ def build_app(state: ProxyState) -> FastAPI:
     add_model_routes(app, state, "messages", MessagesApi())
     add_model_routes(app, state, "responses", ResponsesApi())
     add_responses_retrieval(app, state)
+    app.include_router(build_trajectory_router(state))
     install_dashboard(app, state)
 
     @app.post("/v1/completions")

@@ -261,6 +261,9 @@ class ResponsesApi:
     name = "responses"
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+        items, limit = body.get("input"), state.settings.max_messages
+        if isinstance(items, list) and len(items) > limit:
+            raise invalid(f"{len(items)} input items is over the limit of {limit} (max_messages)", "input")
         req = validate_responses_request(body)
         past = history(state, req.previous_response_id) if req.previous_response_id else []
         data = chat_data(req, past)

@@ -1,15 +1,28 @@
 """The session API (`/rl/*`), shaped like AReaL's online proxy.
 
 - POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key)
-- POST /rl/end_session {session_id?}                                    (admin, or the session's key)
+- POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, or the session's key)
 - POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, or the session's key)
 - GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}, GET /rl/status   (admin)
+
+AReaL compatibility:
+- `interaction_id` may be the turn id or any id the client received for the call
+  (`chatcmpl-...`, `msg_...`, `resp_...`).
+- A session key (`api_key` of start_session) must be at least `MIN_SESSION_KEY_LEN` characters,
+  not blank, without surrounding whitespace, and neither the client nor the admin key: else 400.
+  Starting a session with the key of an active session refreshes it: the old session ends.
+- A keyed session refreshed or ended without any reward gets `default_reward_value` on its last
+  turn (setting `default_session_reward`; AReaL's "a default reward of 0 is assigned"), unless a
+  judge is configured.
+- Fields these routes do not know (AReaL's `model` on set_reward, ...) are ignored, logged once
+  per route and field; `group_size` above 1 is a 400 (one session per call here).
 
 Invariant: a reward is accepted (200) only after it is committed.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 from typing import Any
@@ -17,35 +30,49 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clawbridge.keys import keys_equal
 from clawbridge.proxy.auth import Principal, authenticate, require_admin
+from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
+
+log = logging.getLogger("clawbridge.proxy")
+
+MIN_SESSION_KEY_LEN = 16
+DEFAULT_REWARD_SOURCE = "default"
+"""`rewards.source` of the reward `default_session_reward` assigns."""
+_ignored_logged: set[tuple[str, str]] = set()
 
 MAX_OFFSET = 2**62
 """Far past any real store, and inside SQLite's 64-bit integers (a larger offset overflowed: 500)."""
 
 
 class StartSession(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     task_id: str | None = None
     api_key: str | None = None
+    group_size: int | None = None
 
 
 class EndSession(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     session_id: str | None = None
 
 
 class SetReward(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     reward: float
     interaction_id: str | None = None
     session_id: str | None = None
 
 
-def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
+def _validate(model: type[BaseModel], data: dict[str, Any], route: str = "") -> Any:
+    for name in sorted(set(data) - set(model.model_fields)):
+        if (route, name) not in _ignored_logged:
+            _ignored_logged.add((route, name))
+            log.info("ignoring field %r in %s requests (not used by clawbridge; logged once)", name[:64], route)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -66,6 +93,39 @@ def _target_session(principal: Principal, asked: str | None) -> str:
     return asked
 
 
+def _check_session_key(key: str, state: ProxyState) -> None:
+    """400 unless `key` can be a session key (see the module docstring)."""
+    def bad(why: str) -> ApiError:
+        return ApiError(400, f"api_key {why}", param="api_key", code="invalid_session_key")
+
+    if not key.strip():
+        raise bad("is blank")
+    if key != key.strip():
+        raise bad("has leading or trailing whitespace (an HTTP header would drop it, so no call could use it)")
+    if len(key) < MIN_SESSION_KEY_LEN:
+        raise bad(f"must be at least {MIN_SESSION_KEY_LEN} characters")
+    if keys_equal(key, state.keys.admin) or keys_equal(key, state.keys.client):
+        raise bad("is the server's client or admin key; a session key must differ from both "
+                  "(omit api_key to get a new one)")
+
+
+async def default_reward(state: ProxyState, session_id: str) -> None:
+    """AReaL's rule: a keyed session that ends without any reward gets the default on its last turn."""
+    settings = state.settings
+    if not settings.default_session_reward or state.judge is not None:
+        return
+    session = state.store.get_session(session_id)
+    if session is None or session.source != "session_key" or state.store.session_rewards(session_id):
+        return
+    last = state.store.last_turn_id(session_id)
+    if last is None:
+        return
+    await state.writer.call(state.store.add_reward, session_id, settings.default_reward_value,
+                            DEFAULT_REWARD_SOURCE, last)
+    log.info("session %s ended without a reward: default reward %g on %s", session_id,
+             settings.default_reward_value, last)
+
+
 def build_rl_router(state: ProxyState) -> APIRouter:
     router = APIRouter(prefix="/rl")
 
@@ -75,7 +135,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.post("/start_session")
     async def start_session(request: Request) -> dict[str, Any]:
         require_admin(authenticate(request, state.keys, state.store))
-        req = _validate(StartSession, await body_of(request))
+        req = _validate(StartSession, await body_of(request), "/rl/start_session")
         # --- trainer capacity mode (owned by clawbridge/trainer): new sessions only, never model calls
         if state.trainer is not None:
             over, retry_after = state.trainer.backlog_exceeded()
@@ -83,35 +143,46 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 raise ApiError(429, "the training backlog is full; start the session later", code="training_backlog",
                                headers={"Retry-After": str(math.ceil(retry_after))})
         # --- end trainer capacity mode
+        if req.group_size is not None and req.group_size != 1:
+            raise ApiError(400, "group_size: clawbridge starts one session per call; call start_session once per "
+                           "sample with the same task_id (sessions sharing a task_id form the baseline group)",
+                           param="group_size")
         key = req.api_key or f"cbs-{secrets.token_urlsafe(24)}"
-        if len(key) < 16:
-            raise ApiError(400, "api_key must be at least 16 characters", param="api_key")
+        _check_session_key(key, state)
+        replaced = state.store.session_for_key(key)
         session_id = await state.writer.call(state.store.start_keyed_session, key, req.task_id)
+        if replaced is not None:
+            log.info("session %s refreshed: key now records into %s", replaced, session_id)
+            await default_reward(state, replaced)
         return {"session_id": session_id, "api_key": key}
 
     @router.post("/end_session")
     async def end_session(request: Request) -> dict[str, Any]:
         principal = authenticate(request, state.keys, state.store)
-        req = _validate(EndSession, await body_of(request))
+        req = _validate(EndSession, await body_of(request), "/rl/end_session")
         sid = _target_session(principal, req.session_id)
         if state.store.get_session(sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
         ended = await state.writer.call(state.store.end_session, sid, "end_session")
+        if ended:
+            await default_reward(state, sid)
         if state.trainer is not None:
             state.trainer.notify()
-        return {"session_id": sid, "ended": ended}
+        session = state.store.get_session(sid)
+        count = session.turn_count if session is not None else 0
+        return {"message": "success", "session_id": sid, "ended": ended, "interaction_count": count}
 
     @router.post("/set_reward")
     async def set_reward(request: Request) -> dict[str, Any]:
         principal = authenticate(request, state.keys, state.store)
-        req = _validate(SetReward, await body_of(request))
+        req = _validate(SetReward, await body_of(request), "/rl/set_reward")
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        turn_id = req.interaction_id
+        turn_id = turn_id_for(req.interaction_id) if req.interaction_id is not None else None
         if turn_id is not None:
             owner = state.store.turn_session(turn_id)
             if owner is None:
-                raise ApiError(404, f"unknown interaction {turn_id!r}", code="interaction_not_found")
+                raise ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
             sid = _target_session(principal, req.session_id or owner)
             if sid != owner:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
