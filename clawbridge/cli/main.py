@@ -162,30 +162,104 @@ def sessions_show(
         console.print(f"reward {r['value']:g} on {r['turn_id'] or 'the session'} ({r['source']})")
 
 
+def _when(value: str | None, name: str) -> float | None:
+    """A Unix time from seconds since the epoch or an ISO 8601 date/time (UTC unless it says)."""
+    if value is None:
+        return None
+    import datetime as dt
+
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        err.print(f"{name}: {value!r} is neither seconds since the epoch nor an ISO date (2026-05-01T12:00)")
+        raise typer.Exit(2) from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+
 @sessions_app.command("export")
 def sessions_export(
-    out: Annotated[Path, typer.Argument(help="JSONL file to write ('-' for stdout).")],
+    out: Annotated[Path, typer.Argument(help="File to write ('-' for stdout; a folder for --format hf).")],
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
+    format_: Annotated[str, typer.Option(
+        "--format", help="sessions: one `show --json` document per session; chat: JSONL of {messages, tools} "
+        "per turn (TRL / SFT); tokens: JSONL of prompt ids, completion ids, logprobs, advantages, reward, "
+        "policy version per turn; parquet: the same as a Parquet file; hf: a folder datasets.load_dataset reads."
+    )] = "sessions",
     status_: Annotated[str | None, typer.Option("--status", help="Only active or ended sessions.")] = None,
+    since: Annotated[str | None, typer.Option(help="Turns created at or after (epoch seconds or ISO date).")] = None,
+    until: Annotated[str | None, typer.Option(help="Turns created at or before (epoch seconds or ISO date).")] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Turns whose reward is at least this.")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="Turns whose reward is at most this.")] = None,
+    turn_type: Annotated[str | None, typer.Option(help="main or side turns only.")] = None,
+    include_failed: Annotated[bool, typer.Option(help="Also cancelled and errored turns.")] = False,
 ) -> None:
-    """Export every session as one JSON document per line (the `show --json` shape)."""
-    store = _store(_settings(config, state_dir=state_dir))
+    """Export recorded sessions or turns in a format other tools read (rewards and advantages by the
+    trainer's own rules; see clawbridge/export/records.py)."""
+    from clawbridge.export import FORMATS, ExportFilter, export_records
+    from clawbridge.export import formats as fmt
+
+    if format_ not in FORMATS:
+        err.print(f"--format must be one of {', '.join(FORMATS)}")
+        raise typer.Exit(2)
+    if status_ not in (None, "active", "ended") or turn_type not in (None, "main", "side"):
+        err.print("--status must be active or ended; --turn-type main or side")
+        raise typer.Exit(2)
+    settings = _settings(config, state_dir=state_dir)
+    store = _store(settings)
+    if format_ == "sessions":
+        n = _export_sessions(store, out, status_, _when(since, "--since"), _when(until, "--until"))
+        err.print(f"exported {n} session(s)")
+        return
+    flt = ExportFilter(since=_when(since, "--since"), until=_when(until, "--until"), min_reward=min_reward,
+                       max_reward=max_reward, status=status_, turn_type=turn_type,  # type: ignore[arg-type]
+                       include_failed=include_failed)
+    records = export_records(store, settings, flt)
+    if format_ == "hf":
+        if str(out) == "-":
+            err.print("--format hf writes a folder; give its path")
+            raise typer.Exit(2)
+        path = fmt.write_hf_folder(records, out, settings.model_name)
+        err.print(f"exported {len(records)} turn(s) to {path} (datasets.load_dataset({str(out)!r}))")
+        return
+    if format_ == "parquet":
+        if str(out) == "-":
+            err.print("--format parquet writes a file; give its path")
+            raise typer.Exit(2)
+        fmt.write_parquet(records, out)
+    else:
+        rows = [fmt.chat_row(r) for r in records] if format_ == "chat" else [fmt.token_row(r) for r in records]
+        fh = sys.stdout if str(out) == "-" else out.open("w")
+        try:
+            fmt.write_jsonl(rows, fh)
+        finally:
+            if fh is not sys.stdout:
+                fh.close()
+    err.print(f"exported {len(records)} turn(s) as {format_}")
+
+
+def _export_sessions(store: Any, out: Path, status: str | None, since: float | None, until: float | None) -> int:
     fh = sys.stdout if str(out) == "-" else out.open("w")
     n, offset = 0, 0
     try:
         while True:
-            rows = store.list_sessions(limit=500, offset=offset, status=status_)
+            rows = store.list_sessions(limit=500, offset=offset, status=status)
             if not rows:
                 break
             for r in rows:
+                if (since is not None and r.updated_at < since) or (until is not None and r.created_at > until):
+                    continue
                 fh.write(json.dumps(store.session_view(r.session_id)) + "\n")
                 n += 1
             offset += len(rows)
     finally:
         if fh is not sys.stdout:
             fh.close()
-    err.print(f"exported {n} session(s)")
+    return n
 
 
 @app.command(context_settings={"ignore_unknown_options": True})

@@ -169,6 +169,11 @@ class ObserveStore:
         return {"pending_without_reward": int(unrewarded[0][0]), "active_sessions": int(active[0][0]),
                 "sessions_not_judged": int(unjudged[0][0])}
 
+    def sample_states(self, session_id: str) -> dict[str, tuple[int | None, str | None]]:
+        """turn id -> (the step that consumed its sample, why it was dropped) for the session."""
+        rows = self._all("SELECT turn_id, consumed_step, dropped_reason FROM samples WHERE session_id=?", (session_id,))
+        return {str(r[0]): (r[1], r[2]) for r in rows}
+
     def steps(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest `limit` steps, oldest first, with metrics and consumed sample counts."""
         rows = self._all(
