@@ -3,8 +3,9 @@
 Nothing here re-tokenizes: text comes from decoding the sampled ids, and the ids themselves are
 what gets recorded. Only text is interpreted.
 
-The grammar of a completion (Qwen3 / Hermes style), after trailing `<|im_end|>` / `<|endoftext|>`
-markers are stripped:
+The one completion grammar (Hermes tool calls with an optional leading think block; every chat
+format in `clawbridge.chatformat` speaks it, natively or through its system prompt), after
+trailing end-of-turn markers are stripped:
 
     [ws] <think> REASONING [</think>]  OUTSIDE
     OUTSIDE := (TEXT | <tool_call> JSON </tool_call>)*
@@ -12,12 +13,21 @@ markers are stripped:
 - A think block counts only at the very start (after whitespace); unclosed, it runs to the end.
 - A tool call block whose JSON is not an object with a string `name` (and `arguments` an object,
   a string, or absent), or that is never closed, stays in the content as its raw text.
+- A forced call (`ForcedCall`: the prompt already ends with the opening of a call to one named
+  function, `ForcedCall.prefill`) starts the completion inside that block. That first block is
+  always a call to the forced function: its arguments are the JSON the model wrote, or, when what
+  it wrote is not valid JSON (or the block never closes), the raw text it wrote for them, as
+  OpenAI does (clients validate arguments).
 - Content is the OUTSIDE text (tool call blocks removed), reasoning the think text; each has its
   leading and trailing newlines stripped and becomes None when only whitespace is left. This is
   the inverse of the chat template's rendering, so re-rendering a parsed turn gives the same text.
 
+End-of-turn markers are defined here once (`END_OF_TURN_MARKERS`); a chat format keeps those its
+vocabulary has (plus its eos token) as its stop markers, and passes them to the parser.
+
 Invariants:
-- `parse_completion` never raises on any text.
+- `parse_completion` never raises on any text; it is `StreamParser` fed the whole text at once,
+  so there is one parser of the grammar.
 - `StreamParser` fed any split of a text emits, in total, the content, reasoning and tool calls
   (name and arguments) that `parse_completion` gives for the whole text, and holds back text
   only while it could still be part of a marker or of a whitespace run that may be stripped.
@@ -34,8 +44,11 @@ from typing import Any, Literal
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-STOP_MARKERS: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
-"""End-of-turn token texts stripped from the end of a completion."""
+END_OF_TURN_MARKERS: tuple[str, ...] = (
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<end_of_turn>", "<|end|>",
+)
+"""Known end-of-turn token texts (ChatML, Llama 3, Gemma, Phi), in order of preference. A chat
+format's stop markers are those of these its vocabulary has, then its eos token's text."""
 
 
 def new_tool_call_id() -> str:
@@ -74,6 +87,17 @@ class ParsedMessage:
     """Text of the leading think block; None when absent or empty."""
     tool_calls: list[ToolCall] = field(default_factory=list)
 
+    @classmethod
+    def from_deltas(cls, deltas: Sequence[Delta]) -> ParsedMessage:
+        """The message a parser's deltas (all of them, in order) add up to."""
+        content = "".join(d.text for d in deltas if d.kind == "content")
+        reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
+        return cls(
+            content=content or None,
+            reasoning_content=reasoning or None,
+            tool_calls=[d.tool_call for d in deltas if d.tool_call is not None],
+        )
+
     def to_openai(self) -> dict[str, Any]:
         """The `message` object of an OpenAI chat completion choice."""
         msg: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -84,20 +108,15 @@ class ParsedMessage:
         return msg
 
 
-def strip_stop_markers(text: str) -> str:
-    """`text` without the end-of-turn markers at its end (any number of them)."""
+def strip_stop_markers(text: str, markers: Sequence[str] = END_OF_TURN_MARKERS) -> str:
+    """`text` without the end-of-turn `markers` at its end (any number of them)."""
     while True:
-        for m in STOP_MARKERS:
-            if text.endswith(m):
+        for m in markers:
+            if m and text.endswith(m):
                 text = text[: -len(m)]
                 break
         else:
             return text
-
-
-def _trim(text: str) -> str | None:
-    stripped = text.strip("\n")
-    return stripped if stripped.strip() else None
 
 
 def parse_tool_call_json(body: str) -> tuple[str, str] | None:
@@ -121,44 +140,49 @@ def parse_tool_call_json(body: str) -> tuple[str, str] | None:
     return None
 
 
-def parse_completion(text: str) -> ParsedMessage:
-    """Parse a whole completion (see the module docstring for the grammar). Never raises."""
-    text = strip_stop_markers(text)
-    reasoning: str | None = None
-    rest = text
-    lead = text.lstrip()
-    if lead.startswith(THINK_OPEN):
-        body = lead[len(THINK_OPEN) :]
-        end = body.find(THINK_CLOSE)
-        if end < 0:
-            reasoning, rest = body, ""
-        else:
-            reasoning, rest = body[:end], body[end + len(THINK_CLOSE) :]
-    outside: list[str] = []
-    calls: list[ToolCall] = []
-    pos = 0
-    while True:
-        start = rest.find(TOOL_OPEN, pos)
-        if start < 0:
-            outside.append(rest[pos:])
-            break
-        outside.append(rest[pos:start])
-        body_start = start + len(TOOL_OPEN)
-        end = rest.find(TOOL_CLOSE, body_start)
-        if end < 0:
-            outside.append(rest[start:])
-            break
-        parsed = parse_tool_call_json(rest[body_start:end])
-        if parsed is None:
-            outside.append(rest[start : end + len(TOOL_CLOSE)])
-        else:
-            calls.append(ToolCall(id=new_tool_call_id(), name=parsed[0], arguments=parsed[1]))
-        pos = end + len(TOOL_CLOSE)
-    return ParsedMessage(
-        content=_trim("".join(outside)),
-        reasoning_content=_trim(reasoning) if reasoning is not None else None,
-        tool_calls=calls,
-    )
+def tool_call_text(name: str, arguments: Any) -> str:
+    """One call written in the grammar: `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`.
+
+    `arguments`: an object (written as JSON) or an already-serialized JSON string (written as is),
+    the way the Qwen3 template writes a call; `ForcedCall.prefill` is this text's opening.
+    """
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f"{ForcedCall(name).prefill} {args}}}\n{TOOL_CLOSE}"
+
+
+@dataclass(frozen=True)
+class ForcedCall:
+    """A call the request forces (`tool_choice` naming a function): the prompt ends with `prefill`."""
+
+    name: str
+    """The function every answer calls first."""
+
+    @property
+    def prefill(self) -> str:
+        """The call's opening, up to where the model writes the arguments (it writes the space:
+        byte-level BPE tokenizers attach a space to the token after it)."""
+        return f'{TOOL_OPEN}\n{{"name": {json.dumps(self.name, ensure_ascii=False)}, "arguments":'
+
+    def call_from_block(self, body: str) -> ToolCall:
+        """The forced call out of its block's inside (`prefill` without `<tool_call>`, then what was sampled)."""
+        parsed = parse_tool_call_json(body)
+        if parsed is not None:
+            return ToolCall(id=new_tool_call_id(), name=self.name, arguments=parsed[1])
+        raw = body[len(self.prefill) - len(TOOL_OPEN):].strip()
+        if raw.endswith("}"):  # the closing brace of the call object, not of the arguments
+            raw = raw[:-1].rstrip()
+        return ToolCall(id=new_tool_call_id(), name=self.name, arguments=raw)
+
+
+def parse_completion(
+    text: str, stop_markers: Sequence[str] = END_OF_TURN_MARKERS, forced: ForcedCall | None = None
+) -> ParsedMessage:
+    """Parse a whole completion (see the module docstring for the grammar). Never raises.
+
+    `forced`: the call the prompt's prefill opened (`text` is what was sampled after it).
+    """
+    parser = StreamParser(stop_markers, forced=forced)
+    return ParsedMessage.from_deltas(parser.feed(text) + parser.finish())
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +213,7 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 class _TrimmedEmitter:
-    """Streams `_trim(all text fed)`: drops leading/trailing newlines, nothing if only whitespace."""
+    """Streams all text fed with its leading/trailing newlines dropped; nothing if only whitespace."""
 
     def __init__(self) -> None:
         self.started = False
@@ -210,26 +234,28 @@ class _TrimmedEmitter:
 class _StopMarkerFilter:
     """Passes text through, holding back a suffix that may be trailing end-of-turn markers."""
 
-    def __init__(self) -> None:
+    def __init__(self, markers: Sequence[str]) -> None:
+        self.markers = tuple(m for m in markers if m)
+        self._firsts = sorted({m[0] for m in self.markers})
         self.held = ""
 
     def _held_start(self, text: str) -> int:
         """Smallest i such that text[i:] is complete markers followed by a partial marker."""
         i = 0
         while True:
-            j = text.find("<", i)
+            j = min((k for c in self._firsts if (k := text.find(c, i)) >= 0), default=-1)
             if j < 0:
                 return len(text)
             k = j
             while True:
-                for m in STOP_MARKERS:
+                for m in self.markers:
                     if text.startswith(m, k):
                         k += len(m)
                         break
                 else:
                     break
             tail = text[k:]
-            if not tail or any(m.startswith(tail) for m in STOP_MARKERS):
+            if not tail or any(m.startswith(tail) for m in self.markers):
                 return j
             i = j + 1
 
@@ -240,22 +266,30 @@ class _StopMarkerFilter:
         return text[:cut]
 
     def finish(self) -> str:
-        out = strip_stop_markers(self.held)
+        out = strip_stop_markers(self.held, self.markers)
         self.held = ""
         return out
 
 
 class StreamParser:
-    """Incremental `parse_completion`: `feed` decoded text pieces, then `finish` once."""
+    """The grammar's one parser: `feed` decoded text pieces, then `finish` once.
 
-    def __init__(self) -> None:
-        self._stop = _StopMarkerFilter()
+    `stop_markers`: the chat format's end-of-turn texts, stripped from the end. `forced`: the
+    call the prompt's prefill opened; parsing starts inside that block.
+    """
+
+    def __init__(self, stop_markers: Sequence[str] = END_OF_TURN_MARKERS, *, forced: ForcedCall | None = None) -> None:
+        self._stop = _StopMarkerFilter(stop_markers)
         self._mode: Literal["start", "think", "content", "tool"] = "start"
         self._buf = ""
         self._content = _TrimmedEmitter()
         self._reasoning = _TrimmedEmitter()
         self._n_calls = 0
         self._finished = False
+        self._forced = forced
+        if forced is not None:
+            self._mode = "tool"
+            self._buf = forced.prefill[len(TOOL_OPEN):]
 
     def feed(self, piece: str) -> list[Delta]:
         """New certain deltas after `piece` (may be empty)."""
@@ -280,6 +314,10 @@ class StreamParser:
                 out[-1] = Delta(kind, out[-1].text + new)
             else:
                 out.append(Delta(kind, new))
+
+    def _call(self, out: list[Delta], call: ToolCall) -> None:
+        out.append(Delta("tool_call", index=self._n_calls, tool_call=call))
+        self._n_calls += 1
 
     def _step(self, text: str, *, final: bool) -> list[Delta]:
         out: list[Delta] = []
@@ -318,22 +356,28 @@ class StreamParser:
                 self._buf = buf[len(buf) - keep :]
                 return out
             else:  # tool
-                end = buf.find(TOOL_CLOSE)
+                forced, end = self._forced, buf.find(TOOL_CLOSE)
                 if end < 0:
                     if final:
-                        self._emit(out, "content", TOOL_OPEN + buf)
+                        if forced is not None:
+                            self._forced = None
+                            self._call(out, forced.call_from_block(buf))
+                        else:
+                            self._emit(out, "content", TOOL_OPEN + buf)
                         self._buf = ""
                     return out
                 body = buf[:end]
                 self._buf = buf[end + len(TOOL_CLOSE) :]
                 self._mode = "content"
+                if forced is not None:
+                    self._forced = None
+                    self._call(out, forced.call_from_block(body))
+                    continue
                 parsed = parse_tool_call_json(body)
                 if parsed is None:
                     self._emit(out, "content", TOOL_OPEN + body + TOOL_CLOSE)
                 else:
-                    call = ToolCall(id=new_tool_call_id(), name=parsed[0], arguments=parsed[1])
-                    out.append(Delta("tool_call", index=self._n_calls, tool_call=call))
-                    self._n_calls += 1
+                    self._call(out, ToolCall(id=new_tool_call_id(), name=parsed[0], arguments=parsed[1]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Renderer: OpenAI-shaped chat messages -> prompt token ids, through the model's chat template.
+"""Renderer: the `ChatFormat` of a transformers tokenizer with a chat template.
+
+OpenAI-shaped chat messages -> prompt token ids through the chat template, with tools handled as
+the template's family needs (`clawbridge.chatformat`: natively, or written into the system
+message), a forced `tool_choice` prefilled; sampled text -> assistant message by the one grammar
+of `clawbridge.parse`, with this vocabulary's stop markers.
 
 Invariants:
 - Token exact: `render` returns exactly `tokenizer(text, add_special_tokens=False).input_ids` for
-  the template's text (`render_text`). The speed-up (per-segment caching) never changes the ids:
+  the prompt text (`render_text`: the template's text, then any forced call's prefill). The speed-up (per-segment caching) never changes the ids:
   text is split only at added tokens the tokenizer itself splits at first (no lstrip/rstrip/
   single_word, not normalized), so each segment tokenizes independently of its neighbours.
 - Bounded memory: the segment cache holds at most `max_entries` segments and `max_chars` text.
@@ -21,13 +26,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawbridge.chatformat import (
+    Capabilities,
+    Prompt,
+    RenderError,
+    ToolChoiceError,
+    ToolStyle,
+    select_tools,
+    stop_markers_for,
+    tool_style_for,
+)
+from clawbridge.parse import ParsedMessage, StreamParser, parse_completion
 from clawbridge.sources import resolve_source
+
+__all__ = ["ROLES", "RenderError", "Renderer", "SegmentCache", "ToolChoiceError", "normalize_messages"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 """Message roles `render` accepts."""
-
-STOP_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>")
-"""End-of-turn markers whose ids (when in the vocabulary) end sampling, with the eos id."""
 
 _HUGE_MAX_LENGTH = 1_000_000_000
 """transformers' `model_max_length` when a tokenizer does not know its context (VERY_LARGE_INTEGER)."""
@@ -35,10 +50,6 @@ _HUGE_MAX_LENGTH = 1_000_000_000
 
 _BATCH_MIN_CHARS = 64 * 1024
 """Below this much uncached text, segments are tokenized one by one instead of in a batch."""
-
-
-class RenderError(ValueError):
-    """The request cannot be rendered (bad messages, tools or template failure): HTTP 400."""
 
 
 @dataclass
@@ -181,36 +192,6 @@ def normalize_messages(messages: Any, *, developer_as_system: bool) -> list[dict
     return out
 
 
-def select_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
-    """The tools to show the model: all of them, none (`"none"`), or only the named one."""
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
-        raise RenderError("'tools' must be a list of objects")
-
-    def tool_name(t: Mapping[str, Any]) -> Any:
-        fn = t.get("function")
-        return fn.get("name") if isinstance(fn, Mapping) else t.get("name")
-
-    for j, t in enumerate(tools):
-        if not isinstance(tool_name(t), str):
-            raise RenderError(f"tools[{j}]: a tool needs a function name")
-    if tool_choice is None or tool_choice in ("auto", "required"):
-        return [dict(t) for t in tools]
-    if tool_choice == "none":
-        return None
-    if isinstance(tool_choice, Mapping):
-        fn = tool_choice.get("function")
-        name = fn.get("name") if isinstance(fn, Mapping) else tool_choice.get("name")
-        if not isinstance(name, str):
-            raise RenderError("'tool_choice' object must name a function")
-        chosen = [dict(t) for t in tools if tool_name(t) == name]
-        if not chosen:
-            raise RenderError(f"'tool_choice' names {name!r}, which is not in 'tools'")
-        return chosen
-    raise RenderError("'tool_choice' must be 'none', 'auto', 'required' or a function object")
-
-
 class Renderer:
     """Chat template + tokenizer of one model, with a segment cache for fast repeated prompts."""
 
@@ -238,13 +219,17 @@ class Renderer:
             if splittable
             else None
         )
+        self.tool_style: ToolStyle = tool_style_for(template)
+        """How tools reach this template (natively, or written into the system message)."""
+        self.capabilities: Capabilities = Capabilities(
+            native_tools=self.tool_style.native_tools, reasoning="<think>" in template
+        )
         vocab = tokenizer.get_vocab()
-        stops: list[int] = [vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab]
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if isinstance(eos, int) and eos not in stops:
-            stops.append(eos)
-        self.stop_token_ids: tuple[int, ...] = tuple(stops)
-        """Ids that end an assistant turn (`<|im_end|>`, `<|endoftext|>`, eos), in that order."""
+        eos = getattr(tokenizer, "eos_token", None)
+        self.stop_markers: tuple[str, ...] = stop_markers_for(vocab, eos if isinstance(eos, str) else None)
+        """End-of-turn texts in this vocabulary (`<|im_end|>`, `<|endoftext|>`, ..., eos), in that order."""
+        self.stop_token_ids: tuple[int, ...] = tuple(vocab[m] for m in self.stop_markers)
+        """Ids of `stop_markers`: the sampler stops on them."""
         max_len = getattr(tokenizer, "model_max_length", None)
         self.context_window: int | None = (
             int(max_len) if isinstance(max_len, int) and 0 < max_len < _HUGE_MAX_LENGTH else None
@@ -267,18 +252,32 @@ class Renderer:
 
     # ----------------------------------------------------------------------------------------
 
-    def render_text(
+    @property
+    def format_name(self) -> str:
+        """The chat format's family: "qwen3" (native Hermes tools) or "plain" (tools in the system message)."""
+        return self.tool_style.name
+
+    def describe(self) -> str:
+        """One line for the start-up log: the format and what it does natively."""
+        caps = self.capabilities
+        tools = "native tools" if caps.native_tools else "tools in the system message"
+        return (f"chat format {self.format_name}: {tools}, reasoning {'yes' if caps.reasoning else 'no'}, "
+                f"stop markers {', '.join(self.stop_markers) or 'none'}")
+
+    def render_prompt(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
-    ) -> str:
-        """The prompt text: normalized messages through the chat template, generation prompt added."""
+    ) -> Prompt:
+        """An OpenAI chat request as prompt text and ids: normalized messages and the tools shown,
+        through the chat format and template, generation prompt added, then a forced call's opening."""
         norm = normalize_messages(messages, developer_as_system=not self.developer_role_supported)
-        shown = select_tools(tools, tool_choice)
+        selection = select_tools(tools, tool_choice)
+        shown_messages, template_tools = self.tool_style.prepare(norm, selection.shown)
         try:
             text = self.tokenizer.apply_chat_template(
-                norm, tools=shown, tokenize=False, add_generation_prompt=True
+                shown_messages, tools=template_tools, tokenize=False, add_generation_prompt=True
             )
         except RenderError:
             raise
@@ -286,7 +285,18 @@ class Renderer:
             raise RenderError(f"chat template failed: {e}") from e
         if not isinstance(text, str):
             raise RenderError("chat template did not produce text")
-        return text
+        if selection.forced is not None:
+            text += selection.forced.prefill
+        return Prompt(ids=self.encode(text), text=text, forced=selection.forced)
+
+    def render_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text (`render_prompt(...).text`)."""
+        return self.render_prompt(messages, tools, tool_choice).text
 
     def render(
         self,
@@ -294,8 +304,16 @@ class Renderer:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> list[int]:
-        """Prompt token ids for an OpenAI chat request (ends with the assistant generation prompt)."""
-        return self.encode(self.render_text(messages, tools, tool_choice))
+        """Prompt token ids for an OpenAI chat request (`render_prompt(...).ids`)."""
+        return self.render_prompt(messages, tools, tool_choice).ids
+
+    def parser(self, prompt: Prompt | None = None) -> StreamParser:
+        """A streaming parser for a completion of `prompt` (this format's stop markers)."""
+        return StreamParser(self.stop_markers, forced=prompt.forced if prompt is not None else None)
+
+    def parse(self, text: str, prompt: Prompt | None = None) -> ParsedMessage:
+        """A whole completion of `prompt` as an assistant message."""
+        return parse_completion(text, self.stop_markers, prompt.forced if prompt is not None else None)
 
     def segments(self, text: str) -> list[str]:
         """`text` split at added tokens (kept as their own items); empty pieces dropped."""

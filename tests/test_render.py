@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from clawbridge.parse import parse_completion
-from clawbridge.render import Renderer, RenderError, SegmentCache
+from clawbridge.render import Renderer, RenderError, SegmentCache, ToolChoiceError
 from clawbridge.tinymodel import SPECIAL_TOKENS
 
 TOOLS_HEADER = (
@@ -106,15 +106,31 @@ def test_tool_choice(renderer: Renderer) -> None:
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     tools = [_tool("read_file"), _tool("exec"), _tool("web_search")]
     assert renderer.render_text(msgs, tools, "none") == renderer.render_text(msgs)
-    for choice in ("auto", "required", None):
+    for choice in ("auto", None):
         assert renderer.render_text(msgs, tools, choice) == renderer.render_text(msgs, tools)
-    named = renderer.render_text(msgs, tools, {"type": "function", "function": {"name": "exec"}})
-    assert named == renderer.render_text(msgs, [tools[1]])
-    assert '"read_file"' not in named and '"exec"' in named
-    with pytest.raises(RenderError, match="not in 'tools'"):
+    # A named function: only that tool is shown, and the prompt ends with the opening of its call.
+    named = renderer.render_prompt(msgs, tools, {"type": "function", "function": {"name": "exec"}})
+    assert named.forced is not None and named.forced.name == "exec"
+    assert named.text == renderer.render_text(msgs, [tools[1]]) + '<tool_call>\n{"name": "exec", "arguments":'
+    assert named.ids == _full_ids(renderer, named.text)
+    assert '"read_file"' not in named.text
+    # "required" with one tool forces that tool.
+    assert renderer.render_text(msgs, [tools[1]], "required") == named.text
+    with pytest.raises(ToolChoiceError, match="not in 'tools'"):
         renderer.render(msgs, tools, {"type": "function", "function": {"name": "nope"}})
-    with pytest.raises(RenderError):
-        renderer.render(msgs, tools, "sometimes")
+    with pytest.raises(ToolChoiceError, match="cannot be enforced with 3 tools"):
+        renderer.render(msgs, tools, "required")
+    for bogus in ("sometimes", 3, ["auto"]):
+        with pytest.raises(ToolChoiceError, match="tool_choice must be"):
+            renderer.render(msgs, tools, bogus)  # type: ignore[arg-type]
+        with pytest.raises(ToolChoiceError, match="tool_choice must be"):
+            renderer.render(msgs, None, bogus)  # type: ignore[arg-type]
+    with pytest.raises(ToolChoiceError, match="needs at least one tool"):
+        renderer.render(msgs, None, "required")
+    with pytest.raises(ToolChoiceError, match="not in 'tools'"):
+        renderer.render(msgs, [], {"type": "function", "function": {"name": "exec"}})
+    with pytest.raises(ToolChoiceError, match="'allowed_tools' is not supported"):
+        renderer.render(msgs, tools, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}})
 
 
 def test_assistant_reasoning_and_tool_calls(renderer: Renderer) -> None:

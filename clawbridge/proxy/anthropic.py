@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable
@@ -27,12 +28,11 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.parse import Delta, StreamParser
 from clawbridge.proxy.anthropic_request import MessagesRequest, openai_data, validate_messages_request
 from clawbridge.proxy.auth import authenticate
-from clawbridge.proxy.call import SampledCall
+from clawbridge.proxy.call import SampledCall, render_request
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
-from clawbridge.render import RenderError
 from clawbridge.sampler import SampledToken
 
 log = logging.getLogger("clawbridge.proxy")
@@ -132,7 +132,8 @@ class MessagesShape:
     def __init__(self, call: SampledCall) -> None:
         self.call = call
         self.message_id = "msg_" + call.hex
-        self._parser = StreamParser()
+        self._parser: StreamParser | None = None
+        """The stream's parser, made once the prompt is rendered (it may continue a forced call)."""
         self._blocks = Blocks()
 
     def stop(self, has_tool_use: bool) -> tuple[str, str | None]:
@@ -154,7 +155,7 @@ class MessagesShape:
                 "usage": self.usage_body()}
 
     def body(self) -> dict[str, Any]:
-        parser, blocks = StreamParser(), Blocks()
+        parser, blocks = self.call.parser(), Blocks()
         blocks.add(parser.feed(self.call.gen.text))
         blocks.add(parser.finish())
         blocks.finish()
@@ -167,9 +168,11 @@ class MessagesShape:
         return [sse_event({"type": "message_start", "message": start}), sse_event({"type": "ping"})]
 
     def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
+        self._parser = self._parser or self.call.parser()
         return [sse_event(e) for e in self._blocks.add(self._parser.feed(text))] if text else []
 
     def flush(self) -> list[bytes]:
+        self._parser = self._parser or self.call.parser()
         return [sse_event(e) for e in self._blocks.add(self._parser.finish()) + self._blocks.finish()]
 
     def recorded(self) -> dict[str, Any]:
@@ -213,11 +216,8 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
         req: MessagesRequest = validate_messages_request(body, need_max_tokens=False)
         check_model(state, req.model)
         data = openai_data(req)
-        try:
-            ids = state.renderer.render(data["messages"], data.get("tools"), data.get("tool_choice"))
-        except RenderError as exc:
-            raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None
-        return JSONResponse({"input_tokens": len(ids)})
+        prompt = await asyncio.to_thread(render_request, state, data)
+        return JSONResponse({"input_tokens": len(prompt.ids)})
 
     async def guarded(work: Awaitable[Response]) -> Response:
         """Answer every failure of `work` Anthropic-shaped, keeping its status and headers."""

@@ -32,7 +32,8 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from clawbridge.parse import IncrementalDecoder
+from clawbridge.chatformat import Prompt, ToolChoiceError
+from clawbridge.parse import IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
@@ -120,6 +121,16 @@ class ApiShape(Protocol):
         ...
 
 
+def render_request(state: ProxyState, data: dict[str, Any]) -> Prompt:
+    """The prompt for OpenAI-shaped request `data`; a 400 naming the problem if it cannot be rendered."""
+    try:
+        return state.renderer.render_prompt(data["messages"], data.get("tools"), data.get("tool_choice"))
+    except ToolChoiceError as exc:
+        raise ApiError(400, f"invalid tool_choice: {exc}", code="invalid_tool_choice", param="tool_choice") from None
+    except RenderError as exc:
+        raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None
+
+
 class SampledCall:
     """One model call, from the normalised request (`ChatRequest` + OpenAI-shaped data) to the turn."""
 
@@ -133,6 +144,8 @@ class SampledCall:
         self.created = time.time()
         self.hex = uuid.uuid4().hex
         self.gen = Generation()
+        self.prompt: Prompt | None = None
+        """The rendered prompt (after `start`): its ids, and any forced call its end opens."""
         self.prompt_ids: list[int] = []
         self.policy_version = 0
         self.stream: SampleStream | None = None
@@ -164,19 +177,24 @@ class SampledCall:
         )
 
     async def start(self) -> None:
-        try:
-            # Rendering and tokenizing grow with the prompt: off the event loop.
-            self.prompt_ids = await asyncio.to_thread(
-                self.state.renderer.render, self.data["messages"], self.data.get("tools"), self.data.get("tool_choice")
-            )
-        except RenderError as exc:
-            raise ApiError(400, f"cannot render messages: {exc}", code="invalid_messages") from None
+        # Rendering and tokenizing grow with the prompt: off the event loop.
+        self.prompt = await asyncio.to_thread(render_request, self.state, self.data)
+        self.prompt_ids = self.prompt.ids
         params = self.params()
         try:
             self.stream = await self.state.sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:
             raise sampler_error(exc) from None
         self.policy_version = self.stream.policy_version
+
+    def parser(self) -> StreamParser:
+        """A new parser for this call's completion: the chat format's, continuing any forced call."""
+        assert self.prompt is not None, "parser() before start()"
+        return self.state.renderer.parser(self.prompt)
+
+    def parsed(self) -> ParsedMessage:
+        """Everything sampled so far, parsed as one assistant message."""
+        return self.state.renderer.parse(self.gen.text, self.prompt)
 
     # ------------------------------------------------------------------ sampling
     async def pieces(self) -> AsyncIterator[tuple[str, list[SampledToken]]]:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from clawbridge.parse import Delta, StreamParser, parse_completion
+from clawbridge.parse import Delta, StreamParser
 from clawbridge.proxy.call import SampledCall
 from clawbridge.proxy.errors import ApiError, error_body
 from clawbridge.proxy.model_routes import Prepared, openai_error
@@ -28,7 +28,8 @@ class ChatShape:
     def __init__(self, call: SampledCall) -> None:
         self.call = call
         self.completion_id = "chatcmpl-" + call.hex
-        self._parser = StreamParser()
+        self._parser: StreamParser | None = None
+        """The stream's parser, made once the prompt is rendered (it may continue a forced call)."""
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tool_calls: list[dict[str, Any]] = []
@@ -68,7 +69,7 @@ class ChatShape:
         }
 
     def body(self) -> dict[str, Any]:
-        parsed = parse_completion(self.call.gen.text)
+        parsed = self.call.parsed()
         return self.completion_body(parsed.to_openai(), self.finish_reason(bool(parsed.tool_calls)))
 
     # ------------------------------------------------------------------ stream
@@ -106,12 +107,14 @@ class ChatShape:
         return [self.chunk({"role": "assistant", "content": ""})]
 
     def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
+        self._parser = self._parser or self.call.parser()
         ds = self._deltas(self._parser.feed(text)) if text else []
         if not ds:
             return [self.chunk({}, tokens=tokens)] if tokens and self.call.req.logprobs else []
         return [self.chunk(d, tokens=tokens if i == 0 else None) for i, d in enumerate(ds)]
 
     def flush(self) -> list[bytes]:
+        self._parser = self._parser or self.call.parser()
         return [self.chunk(d) for d in self._deltas(self._parser.finish())]
 
     def recorded(self) -> dict[str, Any]:

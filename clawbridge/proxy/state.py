@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawbridge.backend import ModelInfo, ServingBackend
+from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.guard import Drain
-from clawbridge.render import Renderer
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
 
@@ -60,7 +60,8 @@ class ProxyState:
     settings: Settings
     backend: ServingBackend
     model_info: ModelInfo
-    renderer: Renderer
+    renderer: ChatFormat
+    """The served model's chat format (`clawbridge.render.Renderer`)."""
     store: Store
     writer: StoreWriter
     keys: Keys
