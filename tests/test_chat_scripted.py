@@ -1,4 +1,7 @@
-"""Chat completions with a scripted sampler: exact text, reasoning, tool calls, stops, logprobs, streaming."""
+"""Chat completions with a scripted sampler: exact text, reasoning, tool calls, stops, logprobs, streaming.
+
+Every test runs once per chat format: the tiny model's Qwen3 template (native tools) and the same
+model with a plain ChatML template (tools written into the system message)."""
 
 from __future__ import annotations
 
@@ -20,16 +23,21 @@ ANSWER = ('<think>\nThe user wants the file.\n</think>\n\nLet me look. <tool_cal
           '{"name": "read_file", "arguments": {"path": "/tmp/a.txt"}}\n</tool_call>')
 
 
-@pytest.fixture(scope="module")
-def renderer(tiny_model_dir: Path) -> Renderer:
-    return Renderer.from_pretrained(str(tiny_model_dir))
+@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_chatml_dir"], ids=["qwen3", "plain"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    return Path(request.getfixturevalue(request.param))
 
 
 @pytest.fixture(scope="module")
-def env(tiny_model_dir: Path, renderer: Renderer,
+def renderer(model_dir: Path) -> Renderer:
+    return Renderer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def env(model_dir: Path, renderer: Renderer,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcessProxy, SwitchableSampler]]:
     sampler = SwitchableSampler(script=script_for(renderer, ANSWER), logprob=-0.25)
-    proxy = start_fake_proxy(tiny_model_dir, tmp_path_factory.mktemp("scripted"), sampler)
+    proxy = start_fake_proxy(model_dir, tmp_path_factory.mktemp("scripted"), sampler)
     yield proxy, sampler
     proxy.stop()
 
@@ -137,10 +145,10 @@ def test_max_tokens_and_params_reach_the_sampler(env: tuple[InProcessProxy, Swit
     assert sampler.calls[-1].max_tokens == 4
 
 
-def test_malformed_tool_call_comes_back_as_content(tiny_model_dir: Path, renderer: Renderer, tmp_path: Path) -> None:
+def test_malformed_tool_call_comes_back_as_content(model_dir: Path, renderer: Renderer, tmp_path: Path) -> None:
     bad = 'Sure. <tool_call>\n{"name": "read_file", "arguments": {oops</tool_call>'
     sampler = SwitchableSampler(script=script_for(renderer, bad))
-    proxy = start_fake_proxy(tiny_model_dir, tmp_path, sampler)
+    proxy = start_fake_proxy(model_dir, tmp_path, sampler)
     try:
         msg = sdk(proxy).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}]).choices[0]  # type: ignore[arg-type]
         assert not msg.message.tool_calls
@@ -149,5 +157,41 @@ def test_malformed_tool_call_comes_back_as_content(tiny_model_dir: Path, rendere
                                                          stream=True))
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == msg.message.content
+    finally:
+        proxy.stop()
+
+
+def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer: Renderer, tmp_path: Path) -> None:
+    """The prompt ends with the call's opening; the model writes only the arguments; the SDK gets the call."""
+    tools = [*TOOLS, {"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}]
+    sampler = SwitchableSampler(script=script_for(renderer, ' {"path": "/tmp/b.txt"}}\n</tool_call>'))
+    proxy = start_fake_proxy(model_dir, tmp_path, sampler)
+    choice = {"type": "function", "function": {"name": "read_file"}}
+    messages = [{"role": "user", "content": "read b"}]
+    try:
+        resp = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=tools,  # type: ignore[arg-type]
+                                                  tool_choice=choice, extra_headers={"X-Session-Id": "forced-1"})
+        got = resp.choices[0]
+        assert got.finish_reason == "tool_calls" and got.message.content is None
+        assert [(c.function.name, json.loads(c.function.arguments))  # type: ignore[union-attr]
+                for c in got.message.tool_calls or []] == [("read_file", {"path": "/tmp/b.txt"})]
+        turn = proxy.state.store.session_view("forced-1")["turns"][0]
+        assert turn["prompt_token_ids"] == renderer.render(messages, tools, choice)
+        assert renderer.decode(turn["prompt_token_ids"]).endswith('<tool_call>\n{"name": "read_file", "arguments":')
+        assert turn["completion_token_ids"] == sampler.script
+        stream = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=tools,  # type: ignore[arg-type]
+                                                    tool_choice=choice, stream=True)
+        calls, finish = [], None
+        for chunk in stream:
+            for ch in chunk.choices:
+                calls += ch.delta.tool_calls or []
+                finish = ch.finish_reason or finish
+        assert finish == "tool_calls"
+        assert [(c.function.name, c.function.arguments) for c in calls] == [  # type: ignore[union-attr]
+            ("read_file", got.message.tool_calls[0].function.arguments)]  # type: ignore[index, union-attr]
+        # "required" with one tool is the same forced call.
+        req = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                 tool_choice="required")
+        assert [c.function.name for c in req.choices[0].message.tool_calls or []] == ["read_file"]  # type: ignore[union-attr]
     finally:
         proxy.stop()

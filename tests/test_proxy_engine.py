@@ -1,4 +1,7 @@
-"""`clawbridge up` as a subprocess with the real local torch engine, driven by the real `openai` SDK."""
+"""`clawbridge up` as a subprocess with the real local torch engine, driven by the real `openai` SDK.
+
+Every test runs once per chat format: the tiny model with its Qwen3 template (native tools), and
+with a plain ChatML template (tools in the system message)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from clawbridge.parse import parse_completion
 from clawbridge.render import Renderer
 from tests.support import ProxyProcess
 
@@ -19,16 +21,21 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "Sea
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
 
 
+@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_chatml_dir"], ids=["qwen3", "plain"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    return Path(request.getfixturevalue(request.param))
+
+
 @pytest.fixture(scope="module")
-def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
-    p = ProxyProcess(tiny_model_dir, tmp_path_factory.mktemp("engine-proxy")).start()
+def proxy(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    p = ProxyProcess(model_dir, tmp_path_factory.mktemp("engine-proxy")).start()
     yield p
     p.stop()
 
 
 @pytest.fixture(scope="module")
-def renderer(tiny_model_dir: Path) -> Renderer:
-    return Renderer.from_pretrained(str(tiny_model_dir))
+def renderer(model_dir: Path) -> Renderer:
+    return Renderer.from_pretrained(str(model_dir))
 
 
 def sdk(proxy: ProxyProcess) -> openai.OpenAI:
@@ -49,9 +56,9 @@ def message_text(msg: dict) -> str:  # type: ignore[type-arg]
     return (msg.get("content") or "") + (msg.get("reasoning_content") or "")
 
 
-def test_models_and_health(proxy: ProxyProcess, tiny_model_dir: Path) -> None:
+def test_models_and_health(proxy: ProxyProcess, model_dir: Path) -> None:
     ids = [m.id for m in sdk(proxy).models.list().data]
-    assert ids == [tiny_model_dir.name, "default"]
+    assert ids == [model_dir.name, "default"]
 
 
 def test_recorded_ids_decode_to_what_the_client_received(proxy: ProxyProcess, renderer: Renderer) -> None:
@@ -65,7 +72,7 @@ def test_recorded_ids_decode_to_what_the_client_received(proxy: ProxyProcess, re
     assert len(turn["completion_logprobs"]) == len(turn["completion_token_ids"])
     assert all(lp <= 0.0 for lp in turn["completion_logprobs"])
     assert turn["policy_version"] == 0
-    parsed = parse_completion(renderer.decode(strip_stop(turn["completion_token_ids"], renderer)))
+    parsed = renderer.parse(renderer.decode(strip_stop(turn["completion_token_ids"], renderer)))
     got = resp.choices[0].message
     assert (got.content or "") == (parsed.content or "")
     assert [c.function.name for c in got.tool_calls or []] == [c.name for c in parsed.tool_calls]  # type: ignore[union-attr]
@@ -129,3 +136,20 @@ def test_concurrent_calls_all_complete(proxy: ProxyProcess) -> None:
         counts = list(ex.map(one, range(6)))
     assert all(c >= 1 for c in counts)
     assert len(show(proxy, "conc")["turns"]) == 6
+
+
+def test_forced_tool_choice_makes_the_real_model_call_it(proxy: ProxyProcess, renderer: Renderer) -> None:
+    messages = [{"role": "user", "content": "Find the weather in Paris."}]
+    choice = {"type": "function", "function": {"name": "search"}}
+    resp = sdk(proxy).chat.completions.create(model="default", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                              tool_choice=choice, max_tokens=12, seed=2,  # type: ignore[arg-type]
+                                              extra_headers={"X-Session-Id": "forced-engine"})
+    got = resp.choices[0]
+    assert got.finish_reason in ("tool_calls", "length")
+    assert [c.function.name for c in got.message.tool_calls or []][:1] == ["search"]  # type: ignore[union-attr]
+    turn = show(proxy, "forced-engine")["turns"][0]
+    prompt = renderer.render_prompt(messages, TOOLS, choice)
+    assert turn["prompt_token_ids"] == prompt.ids
+    # What the client got is the parse of the recorded ids as a continuation of the forced opening.
+    parsed = renderer.parse(renderer.decode(strip_stop(turn["completion_token_ids"], renderer)), prompt)
+    assert parsed.tool_calls[0].arguments == got.message.tool_calls[0].function.arguments  # type: ignore[index, union-attr]

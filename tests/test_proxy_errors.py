@@ -61,6 +61,34 @@ def test_malformed_json_is_400(env: tuple[InProcessProxy, SwitchableSampler]) ->
     assert_openai_error(post(proxy, b"\xff\xfe garbage"), 400)
 
 
+def test_tool_choice_that_cannot_be_honoured_is_400_naming_it(env: tuple[InProcessProxy, SwitchableSampler]) -> None:
+    proxy, sampler = env
+    tools = [{"type": "function", "function": {"name": f, "parameters": {"type": "object"}}} for f in ("a", "b")]
+    n_prompts = len(sampler.prompts)
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"tool_choice": "bogus"}, "tool_choice must be"),
+        ({"tool_choice": "bogus", "tools": tools}, "tool_choice must be"),
+        ({"tool_choice": "required"}, "needs at least one tool"),
+        ({"tool_choice": "required", "tools": tools}, "cannot be enforced with 2 tools"),
+        ({"tool_choice": {"type": "function", "function": {"name": "c"}}, "tools": tools}, "not in 'tools'"),
+        ({"tool_choice": {"type": "function", "function": {"name": "a"}}}, "not in 'tools'"),
+        ({"tool_choice": {"type": "function"}, "tools": tools}, "must name a function"),
+    ]
+    client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=client_key(proxy), max_retries=0)
+    for extra, why in cases:
+        err = assert_openai_error(post(proxy, {"model": "tiny", "messages": MSG, **extra}), 400)
+        assert err["param"] == "tool_choice" and err["code"] == "invalid_tool_choice", extra
+        assert why in str(err["message"]), (extra, err)
+        with pytest.raises(openai.BadRequestError, match=why):
+            client.chat.completions.create(model="tiny", messages=MSG, **extra)  # type: ignore[call-overload]
+    # Anthropic's "any" is "required": refused the same way, Anthropic-shaped.
+    r = post(proxy, {"model": "tiny", "max_tokens": 5, "messages": MSG, "tool_choice": {"type": "any"},
+                     "tools": [{"name": n, "input_schema": {"type": "object"}} for n in ("a", "b")]},
+             path="/v1/messages")
+    assert r.status_code == 400 and "cannot be enforced" in r.json()["error"]["message"]
+    assert len(sampler.prompts) == n_prompts  # nothing was sampled for any of them
+
+
 def test_bad_fields_are_422_or_400(env: tuple[InProcessProxy, SwitchableSampler]) -> None:
     proxy, _ = env
     assert_openai_error(post(proxy, {"model": "tiny"}), 422)
