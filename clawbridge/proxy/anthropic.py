@@ -25,7 +25,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from clawbridge.parse import Delta, StreamParser
+from clawbridge.parse import Delta
 from clawbridge.proxy.anthropic_request import MessagesRequest, openai_data, validate_messages_request
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, render_request
@@ -132,8 +132,6 @@ class MessagesShape:
     def __init__(self, call: SampledCall) -> None:
         self.call = call
         self.message_id = "msg_" + call.hex
-        self._parser: StreamParser | None = None
-        """The stream's parser, made once the prompt is rendered (it may continue a forced call)."""
         self._blocks = Blocks()
 
     def stop(self, has_tool_use: bool) -> tuple[str, str | None]:
@@ -168,12 +166,10 @@ class MessagesShape:
         return [sse_event({"type": "message_start", "message": start}), sse_event({"type": "ping"})]
 
     def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
-        self._parser = self._parser or self.call.parser()
-        return [sse_event(e) for e in self._blocks.add(self._parser.feed(text))] if text else []
+        return [sse_event(e) for e in self._blocks.add(self.call.stream_parser.feed(text))] if text else []
 
     def flush(self) -> list[bytes]:
-        self._parser = self._parser or self.call.parser()
-        return [sse_event(e) for e in self._blocks.add(self._parser.finish()) + self._blocks.finish()]
+        return [sse_event(e) for e in self._blocks.add(self.call.stream_parser.finish()) + self._blocks.finish()]
 
     def recorded(self) -> dict[str, Any]:
         return self.message(self._blocks.content, *self.stop(self._blocks.has_tool_use))

@@ -147,6 +147,7 @@ class SampledCall:
         self.prompt: Prompt | None = None
         """The rendered prompt (after `start`): its ids, and any forced call its end opens."""
         self.prompt_ids: list[int] = []
+        self._stream_parser: StreamParser | None = None
         self.policy_version = 0
         self.stream: SampleStream | None = None
         self._decoder = IncrementalDecoder(state.renderer.decode)
@@ -191,6 +192,13 @@ class SampledCall:
         """A new parser for this call's completion: the chat format's, continuing any forced call."""
         assert self.prompt is not None, "parser() before start()"
         return self.state.renderer.parser(self.prompt)
+
+    @property
+    def stream_parser(self) -> StreamParser:
+        """The parser the streamed pieces go through (one per call, made once the prompt is rendered)."""
+        if self._stream_parser is None:
+            self._stream_parser = self.parser()
+        return self._stream_parser
 
     def parsed(self) -> ParsedMessage:
         """Everything sampled so far, parsed as one assistant message."""

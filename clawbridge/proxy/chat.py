@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from clawbridge.parse import Delta, StreamParser
+from clawbridge.parse import Delta
 from clawbridge.proxy.call import SampledCall
 from clawbridge.proxy.errors import ApiError, error_body
 from clawbridge.proxy.model_routes import Prepared, openai_error
@@ -28,8 +28,6 @@ class ChatShape:
     def __init__(self, call: SampledCall) -> None:
         self.call = call
         self.completion_id = "chatcmpl-" + call.hex
-        self._parser: StreamParser | None = None
-        """The stream's parser, made once the prompt is rendered (it may continue a forced call)."""
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tool_calls: list[dict[str, Any]] = []
@@ -107,15 +105,13 @@ class ChatShape:
         return [self.chunk({"role": "assistant", "content": ""})]
 
     def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
-        self._parser = self._parser or self.call.parser()
-        ds = self._deltas(self._parser.feed(text)) if text else []
+        ds = self._deltas(self.call.stream_parser.feed(text)) if text else []
         if not ds:
             return [self.chunk({}, tokens=tokens)] if tokens and self.call.req.logprobs else []
         return [self.chunk(d, tokens=tokens if i == 0 else None) for i, d in enumerate(ds)]
 
     def flush(self) -> list[bytes]:
-        self._parser = self._parser or self.call.parser()
-        return [self.chunk(d) for d in self._deltas(self._parser.finish())]
+        return [self.chunk(d) for d in self._deltas(self.call.stream_parser.finish())]
 
     def recorded(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}

@@ -25,7 +25,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from clawbridge.parse import Delta, StreamParser
+from clawbridge.parse import Delta
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, turn_id_for
 from clawbridge.proxy.errors import ApiError
@@ -147,7 +147,6 @@ class ResponsesShape:
         self.call = call
         self.req = req
         self.response_id = "resp_" + call.hex
-        self._parser = StreamParser()
         self._items = Items(call.hex)
         self._seq = 0
 
@@ -176,7 +175,7 @@ class ResponsesShape:
         return "incomplete" if self.call.gen.finish_reason == "length" else "completed"
 
     def body(self) -> dict[str, Any]:
-        parser, items = StreamParser(), Items(self.call.hex)
+        parser, items = self.call.parser(), Items(self.call.hex)
         items.add(parser.feed(self.call.gen.text))
         items.add(parser.finish())
         items.finish()
@@ -196,10 +195,10 @@ class ResponsesShape:
                           {"type": "response.in_progress", "response": self.response([], "in_progress")}])
 
     def piece(self, text: str, tokens: list[SampledToken]) -> list[bytes]:
-        return self._sse(self._items.add(self._parser.feed(text))) if text else []
+        return self._sse(self._items.add(self.call.stream_parser.feed(text))) if text else []
 
     def flush(self) -> list[bytes]:
-        return self._sse(self._items.add(self._parser.finish()) + self._items.finish())
+        return self._sse(self._items.add(self.call.stream_parser.finish()) + self._items.finish())
 
     def recorded(self) -> dict[str, Any]:
         return self.response(self._items.output, self.status())
