@@ -285,3 +285,31 @@ def test_heartbeat_through_gateway_is_a_side_turn(
                 gateway.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 gateway.kill()
+
+
+def test_openai_responses_provider_is_recorded_as_responses_turns(
+    clawbridge_server: dict[str, Any], openclaw_home: Path
+) -> None:
+    """OpenClaw's `openai-responses` provider (streamed Responses API events) against /v1/responses."""
+    home = clawbridge_server["root"] / "home-responses"
+    config = home / ".openclaw" / "openclaw.json"
+    config.parent.mkdir(parents=True)
+    text = (openclaw_home / ".openclaw" / "openclaw.json").read_text()
+    text = json5edit.replace_source(text, ["models", "providers", "clawbridge", "api"], '"openai-responses"')
+    config.write_text(text)
+    session = "e2e-responses"
+    out = _openclaw(home, "agent", "--local", "--session-id", session, "--message", "Hello, responses.", "--json")
+    printed = _printed_text(out)
+
+    doc = _show(clawbridge_server["state"], f"agent:main:explicit:{session}")
+    assert doc is not None, f"no session; log:\n{clawbridge_server['log'].read_text()[-3000:]}"
+    main = [t for t in doc["turns"] if t["turn_type"] == "main"]
+    assert len(main) == 1 and main[0]["meta"]["api"] == "responses", [t.get("meta") for t in doc["turns"]]
+    turn = main[0]
+    assert turn["status"] == "ok" and turn["meta"]["stream"] is True and "input" in turn["request"]
+    parsed = parse_completion(_decode(clawbridge_server["model_dir"], turn["completion_token_ids"]))
+    sent = "".join(part["text"] for item in turn["response"]["output"] if item["type"] == "message"
+                   for part in item["content"])
+    # Token exact: the recorded ids, decoded and parsed, are the text sent; OpenClaw showed it.
+    assert (parsed.content or "") == sent
+    assert printed.strip() and _same_answer(printed, sent) > 0.9, (printed, sent)
