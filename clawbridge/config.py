@@ -69,6 +69,13 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(10.0, gt=0, description="A connection that has not sent a request's headers this long after opening (or after its last response) is closed.")
     body_timeout_s: float = Field(60.0, gt=0, description="A request body not fully received this long after its headers gets 408.")
     max_connections: int = Field(512, ge=1, description="Open connections (and requests) beyond this get 503 at once.")
+    drain_grace_s: float = Field(10.0, ge=0, description="On SIGTERM: stop accepting, let running calls finish this long, then end them with an error.")
+    min_free_disk_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="Model calls get 507 (before sampling) while the state dir's disk has less free space than this."
+    )
+    store_budget_bytes: int = Field(
+        8 * 1024**3, ge=0, description="`status` warns when the store (db + WAL) grows past this (0: no budget)."
+    )
 
     tokenizer: str = Field("", description="Tokenizer (with chat template) path or id; default: the model.")
 

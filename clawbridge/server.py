@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import signal
 import socket
 from collections.abc import Iterator
@@ -31,10 +32,12 @@ from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
+from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
 from clawbridge.rewards.worker import build_reward_worker
-from clawbridge.store import Store
+from clawbridge.store import DB_FILENAME, Store
+from clawbridge.store.health import check_store_file, prepare_state_dir
 from clawbridge.trainer import TrainerLoop
 
 log = logging.getLogger("clawbridge")
@@ -97,7 +100,10 @@ def check_bind(settings: Settings) -> None:
 async def build_state(settings: Settings, backend: ServingBackend | None = None) -> ProxyState:
     """Start the backend and assemble what the app needs."""
     check_bind(settings)
-    settings.state_path.mkdir(parents=True, exist_ok=True)
+    for note in prepare_state_dir(settings.state_path):
+        log.warning("%s", note)
+    log.info("checking the store's integrity")
+    check_store_file(settings.state_path / DB_FILENAME)
     keys = resolve_keys(settings)
     if backend is None:
         backend = load_backend(settings.backend, settings)
@@ -126,7 +132,7 @@ def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, 
     )
 
 
-class _Server(uvicorn.Server):
+class ProxyServer(uvicorn.Server):
     """uvicorn's server that records its address once listening, and does not re-raise a caught
     SIGTERM/SIGINT once it has shut down.
 
@@ -135,9 +141,19 @@ class _Server(uvicorn.Server):
     Fireworks resources it was asked to) has run. We stop gracefully instead and return.
     """
 
-    def __init__(self, config: uvicorn.Config, state_dir: Path) -> None:
+    def __init__(self, config: uvicorn.Config, state_dir: Path, drain: Drain | None = None,
+                 drain_grace_s: float = 0.0) -> None:
         super().__init__(config)
         self.state_dir = state_dir
+        self.drain = drain
+        self.drain_grace_s = drain_grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Drain first (see `clawbridge.proxy.guard.Drain`), then uvicorn's own graceful shutdown,
+        whose timeout is set past the grace period so our error answers go out before it cancels."""
+        if self.drain is not None:
+            self.drain.begin(self.drain_grace_s)
+        await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -159,7 +175,8 @@ class _Server(uvicorn.Server):
 def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None) -> uvicorn.Config:
     """uvicorn with clawbridge's connection limits (see `clawbridge.proxy.connections`)."""
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level or settings.log_level,
-                          access_log=settings.log_level == "debug", timeout_graceful_shutdown=5,
+                          access_log=settings.log_level == "debug",
+                          timeout_graceful_shutdown=math.ceil(settings.drain_grace_s) + 3,
                           http=header_timeout_protocol(settings.header_timeout_s),
                           limit_concurrency=settings.max_connections, timeout_keep_alive=5)
 
@@ -169,7 +186,7 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     state = await build_state(settings)
     app = build_app(state)
     config = uvicorn_config(app, settings)
-    server = _Server(config, settings.state_path)
+    server = ProxyServer(config, settings.state_path, state.drain, settings.drain_grace_s)
     keys = resolve_keys(settings)
     base = base_url_for(settings.host, settings.port)
     key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"

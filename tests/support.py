@@ -125,7 +125,7 @@ class InProcessProxy:
 
     def start(self) -> InProcessProxy:
         from clawbridge.proxy.app import build_app
-        from clawbridge.server import build_state, uvicorn_config
+        from clawbridge.server import ProxyServer, build_state, uvicorn_config
 
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -136,7 +136,8 @@ class InProcessProxy:
                     self.state = await build_state(self.settings, self.backend)
                     app = self.app = build_app(self.state)
                     cfg = uvicorn_config(app, self.settings, log_level="warning")
-                    self._server = uvicorn.Server(cfg)
+                    self._server = ProxyServer(cfg, self.settings.state_path, self.state.drain,
+                                               self.settings.drain_grace_s)
                     ready.set()
                     await self._server.serve()
                 except BaseException as exc:

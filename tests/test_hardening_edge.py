@@ -265,3 +265,16 @@ def test_slow_body_is_408(tight: InProcessProxy) -> None:
             if b"body_timeout" in reply:
                 break
     assert reply.startswith(b"HTTP/1.1 408") and b"body_timeout" in reply
+
+
+def test_unknown_request_fields_are_not_stored(env: InProcessProxy) -> None:
+    """A client's big unknown fields (10 x 7.9 MB grew the store by 87 MB) are dropped, named."""
+    store = env.state.store
+    before = store.size_bytes()
+    body = {"model": "tiny", "messages": MSG, "temperature": 0.5, "junk": "x" * 1_000_000, "user": "u1"}
+    r = httpx.post(env.base + "/v1/chat/completions", json=body, headers={**auth(env), "X-Session-Id": "junk-1"})
+    assert r.status_code == 200
+    (turn,) = store.session_turns("junk-1")
+    assert turn["request"] == {"model": "tiny", "messages": MSG, "temperature": 0.5, "user": "u1",
+                               "_dropped_fields": ["junk"]}
+    assert store.size_bytes() - before < 200_000

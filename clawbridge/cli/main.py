@@ -81,13 +81,14 @@ def up(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from clawbridge.backend import BackendNotInstalled
     from clawbridge.server import UnsafeBind, serve
+    from clawbridge.store.health import StateDirError, StoreCorrupt
 
     try:
         asyncio.run(serve(settings, announce=lambda s: console.print(s, highlight=False, soft_wrap=True)))
     except KeyboardInterrupt:
         pass
-    except (BackendNotInstalled, UnsafeBind, FileNotFoundError, OSError) as exc:
-        err.print(f"[red]cannot start:[/red] {exc}")
+    except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, FileNotFoundError, OSError) as exc:
+        err.print(f"[red]cannot start:[/red] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)
         logging.getLogger("clawbridge").debug("start-up failed", exc_info=True)
@@ -450,6 +451,9 @@ def config_show(
 
 def _mount_optional() -> None:
     """Sub-commands that live in their own modules."""
+    from clawbridge.cli.store_cmd import app as store_app
+
+    app.add_typer(store_app, name="store")
     try:
         from clawbridge.cli.openclaw_cmd import app as openclaw_app
 

@@ -45,6 +45,8 @@ def gather_status(settings: Settings) -> dict[str, Any]:
             except (httpx.HTTPError, ValueError):
                 pass
         break
+    if info["running"] and h.get("status") == "failing":
+        info.setdefault("warnings", []).append(f"the server cannot record turns: {h.get('store')}")
     if "store" not in info:
         path = settings.state_path / DB_FILENAME
         if path.exists():
@@ -56,6 +58,12 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                 info["trainer"] = TrainingStore(store).training_stats()
             finally:
                 store.close()
+    size = (info.get("store") or {}).get("size_bytes")
+    budget = settings.store_budget_bytes
+    if isinstance(size, int) and budget and size > budget:
+        info.setdefault("warnings", []).append(
+            f"the store is {size / 1024**3:.2f} GiB, over store_budget_bytes ({budget / 1024**3:.2f} GiB): export "
+            "old sessions (`clawbridge sessions export`) and move the state dir to a bigger disk before it fills")
     return info
 
 
@@ -65,6 +73,8 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
                       f"backend {info.get('backend')}, serving policy v{info.get('policy_version')}")
     else:
         console.print(f"server: [yellow]not running[/yellow] at {info['server']}")
+    for warning in info.get("warnings", []):
+        console.print(f"[red]warning:[/red] {warning}", highlight=False)
     s = info.get("store")
     if not s:
         console.print("store: none yet (run `clawbridge up`)")

@@ -92,9 +92,13 @@ def build_app(state: ProxyState) -> FastAPI:
     @app.get("/health")
     @app.get("/v1/health")
     @app.get("/healthz")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": state.model_info.name, "backend": state.backend.name,
-                "policy_version": state.sampler.policy_version}
+    async def health() -> Response:
+        """200 `ok`, or 503 `failing` with `store` saying why turns cannot be recorded now."""
+        problem = state.writer.problem(state.settings.min_free_disk_bytes)
+        body = {"status": "failing" if problem else "ok", "model": state.model_info.name,
+                "backend": state.backend.name, "policy_version": state.sampler.policy_version,
+                "store": problem or "ok"}
+        return JSONResponse(body, status_code=503 if problem else 200)
 
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))

@@ -12,6 +12,10 @@ Invariants:
   before the JSON body.
 - A call whose client goes away is cancelled at the sampler and recorded with status `cancelled`
   (never trained on), so nothing is silently dropped.
+- A turn that cannot be recorded is never answered as a success: a whole response becomes the
+  store's 507/503 error, a stream ends with an error event instead of its closing events.
+- On shutdown (`state.drain`), calls still running when the grace period ends are cancelled,
+  recorded `cancelled`, and answered 503 (or an error event).
 - Every id a client sees for a call (`chatcmpl-<hex>`, `msg_<hex>`, `resp_<hex>`) and the turn id
   in the store (`turn_<hex>`) share one hex part, so `turn_id_for` maps any of them to the turn.
 """
@@ -35,7 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.parse import IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.request import ChatRequest
+from clawbridge.proxy.request import ChatRequest, stored_request
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.stops import StopMatcher
@@ -56,6 +60,12 @@ log = logging.getLogger("clawbridge.proxy")
 
 CLIENT_ID_PREFIXES = ("chatcmpl-", "msg_", "resp_", "turn_")
 """Prefixes of the ids a call is known by; the rest of the id is the call's hex part."""
+
+
+def shutting_down() -> ApiError:
+    """How a call still running when the drain grace period ends is answered (recorded cancelled)."""
+    return ApiError(503, "clawbridge is shutting down and this call did not finish within drain_grace_s; retry it",
+                    code="server_shutting_down", headers={"Retry-After": "5"})
 
 
 def turn_id_for(interaction_id: str) -> str:
@@ -182,6 +192,7 @@ class SampledCall:
         self.prompt = await asyncio.to_thread(render_request, self.state, self.data)
         self.prompt_ids = self.prompt.ids
         params = self.params()
+        self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
         try:
             self.stream = await self.state.sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:
@@ -254,7 +265,7 @@ class SampledCall:
             completion_token_ids=self.gen.ids, completion_logprobs=self.gen.logprobs,
             policy_version=self.policy_version,
             finish_reason=self.gen.finish_reason if status == "ok" else status,
-            request_json=self.raw.decode("utf-8", errors="replace"),
+            request_json=stored_request(self.raw),
             response_json=json.dumps(response) if response is not None else None,
             created_at=self.created, completed_at=time.time(), first_token_at=self.gen.first_token_at,
             meta=meta, turn_id=self.turn_id,
@@ -308,6 +319,10 @@ class SampledCall:
                     task.cancel()
                     self.record_cancelled_soon()
                     raise ApiError(504, "model did not finish within request_timeout_s", code="model_timeout")
+                if self.state.drain.expired.is_set():
+                    task.cancel()
+                    self.record_cancelled_soon()
+                    raise shutting_down()
             exc = task.exception()
             if exc is not None:
                 self.record_cancelled_soon()
@@ -333,6 +348,8 @@ class SampledCall:
                     yield event
                 if time.monotonic() > deadline:
                     raise SamplerTimeout("request_timeout_s exceeded while streaming")
+                if self.state.drain.expired.is_set():
+                    raise shutting_down()
             for event in shape.flush():
                 yield event
             await self.record("ok", shape.recorded())
@@ -344,6 +361,12 @@ class SampledCall:
             self.record_cancelled_soon()
             finished = True
             yield shape.stream_error(sampler_error(exc))
+        except ApiError as err:  # shutting down, or the turn could not be recorded
+            log.warning("stream %s ended: %s", self.turn_id, err.message)
+            if err.code == "server_shutting_down":
+                self.record_cancelled_soon()
+            finished = True
+            yield shape.stream_error(err)
         finally:
             if not finished:
                 self.record_cancelled_soon()

@@ -68,6 +68,37 @@ async def _read_capped(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
+STORED_REQUEST_FIELDS = frozenset({
+    # what is rendered (every API shape)
+    "model", "messages", "system", "tools", "tool_choice", "input", "instructions", "previous_response_id",
+    # how it was sampled
+    "max_tokens", "max_completion_tokens", "max_output_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+    "stop_sequences", "stream", "stream_options", "logprobs", "top_logprobs", "n", "parallel_tool_calls",
+    "response_format", "reasoning", "reasoning_effort", "thinking", "user",
+    # OpenClaw-RL's session fields
+    "session_id", "turn_type", "session_done",
+})
+"""Top-level request fields the store keeps: what rendering, training and the judge read."""
+
+
+def stored_request(raw: bytes) -> str:
+    """The request as recorded: `raw` without top-level fields outside `STORED_REQUEST_FIELDS`
+    (their names are kept under `_dropped_fields`), so a client's large unknown fields cannot grow
+    the store; `raw` itself when it is not a JSON object."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")
+    if not isinstance(data, dict):
+        return raw.decode("utf-8", errors="replace")
+    dropped = sorted(k for k in data if k not in STORED_REQUEST_FIELDS)
+    if not dropped:
+        return raw.decode("utf-8", errors="replace")
+    kept: dict[str, Any] = {k: v for k, v in data.items() if k in STORED_REQUEST_FIELDS}
+    kept["_dropped_fields"] = [k[:64] for k in dropped[:50]]
+    return orjson.dumps(kept).decode()
+
+
 def parse_json_object(body: bytes, max_messages: int = DEFAULT_MAX_MESSAGES) -> dict[str, Any]:
     """The body as a JSON object; 400 when it is not one, or has more than `max_messages` messages."""
     if not body:

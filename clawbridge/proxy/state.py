@@ -1,13 +1,19 @@
 """What the request handlers share: settings, model, renderer, sampler, keys and the store writer.
 
-Invariant: every store write from the event loop goes through `StoreWriter`, one thread, in
-submission order, so writes never block the loop and never interleave.
+Invariants:
+- Every store write from the event loop goes through `StoreWriter`, one thread, in submission
+  order, so writes never block the loop and never interleave.
+- A turn that cannot be recorded (disk full, read-only or failing store) is never answered as a
+  success: `record_turn` raises `ApiError` 507 (no space) or 503 (other store failures) with what
+  to do, and the failure is kept (`StoreWriter.problem`) until a later write succeeds, so `/health`
+  and new model calls see it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,9 +23,11 @@ from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
 from clawbridge.proxy.auth import Keys
+from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.guard import Drain
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
+from clawbridge.store.health import disk_problem
 
 if TYPE_CHECKING:
     from clawbridge.rewards.worker import RewardWorker
@@ -29,25 +37,61 @@ log = logging.getLogger("clawbridge.store")
 T = TypeVar("T")
 
 
+def store_failure(exc: BaseException) -> ApiError:
+    """The client-facing error for a turn the store could not record."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and "full" in text.lower():
+        return ApiError(507, f"the answer could not be recorded: the store is out of space ({text}); "
+                        "free disk space in the state dir, then retry", code="store_full")
+    return ApiError(503, f"the answer could not be recorded: the store failed ({text}); see the clawbridge log",
+                    code="store_unavailable")
+
+
 class StoreWriter:
-    """Runs store calls on one dedicated thread."""
+    """Runs store calls on one dedicated thread, and remembers whether recording is failing."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawbridge-store")
+        self.failure: str | None = None
+        """Why the last turn could not be recorded; None once one has been recorded since."""
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    def _record(self, turn: TurnRecord, source: str, end_reason: str | None) -> str:
+        try:
+            turn_id = self.store.record_turn(turn, source, end_reason)
+        except sqlite3.Error as exc:
+            self.failure = f"recording turns fails: {exc}"
+            raise
+        self.failure = None
+        return turn_id
+
     async def record_turn(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
-        await self.call(self.store.record_turn, turn, source, end_reason)
+        try:
+            await self.call(self._record, turn, source, end_reason)
+        except sqlite3.Error as exc:
+            log.error("recording %s failed: %s", turn.turn_id, exc)
+            raise store_failure(exc) from None
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
         def report(f: Future[str]) -> None:
             if f.exception() is not None:
                 log.error("recording %s failed: %s", turn.turn_id, f.exception())
 
-        self._pool.submit(self.store.record_turn, turn, source, end_reason).add_done_callback(report)
+        self._pool.submit(self._record, turn, source, end_reason).add_done_callback(report)
+
+    def ensure_recordable(self, min_free_bytes: int) -> None:
+        """Raise `ApiError` 507 when the state dir's disk is below `min_free_bytes` free (checked
+        before sampling, so no model time is spent on a turn that could not be recorded)."""
+        low = disk_problem(self.store.path.parent, min_free_bytes)
+        if low is not None:
+            raise ApiError(507, f"not sampling: {low}", code="insufficient_storage")
+
+    def problem(self, min_free_bytes: int) -> str | None:
+        """Why a turn could not be recorded now (low disk space, or the last write failed), else None."""
+        return disk_problem(self.store.path.parent, min_free_bytes) or self.failure
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

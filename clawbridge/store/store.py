@@ -8,6 +8,8 @@ Invariants:
   other processes (the CLI) open their own `Store` on the same file: WAL lets them read while the
   server writes.
 - Secrets are never stored: session keys are kept as their sha256.
+- The file (and so its -wal and -shm) is created 0600; see `health` for the checks made before a
+  server uses it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clawbridge.store.codec import decode_floats, decode_ids, encode_floats, encode_ids
+from clawbridge.store.health import create_private
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 DB_FILENAME = "clawbridge.db"
@@ -71,7 +74,8 @@ class TurnRecord:
     policy_version: int
     finish_reason: str | None
     request_json: str
-    """The request body exactly as the client sent it."""
+    """The request body as the client sent it, less unknown top-level fields
+    (`clawbridge.proxy.request.stored_request`)."""
     response_json: str | None
     created_at: float
     completed_at: float
@@ -95,7 +99,8 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        create_private(path)  # SQLite would create it 0644; its -wal and -shm copy this mode
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.RLock()
@@ -121,7 +126,8 @@ class Store:
             try:
                 yield self._conn
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL / IOERR
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
@@ -402,7 +408,18 @@ class Store:
             "training_steps": steps[0],
             "last_trained_policy_version": steps[1],
             "last_turn_at": last_turn,
+            "size_bytes": self.size_bytes(),
         }
+
+    def size_bytes(self) -> int:
+        """Bytes on disk of the store file and its WAL."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += Path(f"{self.path}{suffix}").stat().st_size
+            except OSError:
+                pass
+        return total
 
 
 def _session_row(row: sqlite3.Row) -> SessionRow:
