@@ -214,6 +214,10 @@ def test_max_output_tokens_is_incomplete(env: Env) -> None:
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": ""}, "input"),
     ({"instructions": "no input"}, "input"),
+    ({"input": 5}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input.0.content.0.text"),
+    ({"input": [{"type": "reasoning", "summary": "thought"}]}, "input.0.summary"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
 ])
 def test_bad_input_is_a_400_with_an_openai_error(env: Env, body: dict[str, Any], param: str) -> None:
     proxy, sampler = env
@@ -239,3 +243,39 @@ def test_malformed_json_unknown_model_and_mid_stream_failure(env: Env) -> None:
     with pytest.raises(openai.APIStatusError) as err:
         sdk(proxy).responses.create(model="tiny", input="hi")
     assert err.value.status_code == 502
+
+
+def test_a_session_key_reads_and_continues_only_its_own_responses(env: Env) -> None:
+    proxy, _ = env
+    admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+    keys = [httpx.post(proxy.base + "/rl/start_session", json={"task_id": "t"}, headers=admin).json()["api_key"]
+            for _ in range(2)]
+    mine, theirs = (openai.OpenAI(base_url=proxy.base + "/v1", api_key=k, max_retries=0) for k in keys)
+    first = mine.responses.create(model="tiny", input="hi")
+    assert mine.responses.retrieve(first.id).id == first.id
+    assert mine.responses.create(model="tiny", input="more", previous_response_id=first.id).status == "completed"
+    with pytest.raises(openai.PermissionDeniedError):
+        theirs.responses.retrieve(first.id)
+    with pytest.raises(openai.PermissionDeniedError):
+        theirs.responses.create(model="tiny", input="more", previous_response_id=first.id)
+
+
+WEIRD_BODIES: list[bytes] = [
+    b"[]", b"{", b"null", b'"text"', b'{"input": null}', b'{"input": {}}', b'{"input": [null]}',
+    b'{"input": [{"type": "function_call", "name": 5, "call_id": []}]}', b'{"input": "hi", "tools": {"a": 1}}',
+    b'{"input": "hi", "tool_choice": {"type": "allowed_tools"}}', b'{"input": "hi", "temperature": 1e400}',
+    b'{"input": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": 5}]}]}',
+    b'{"messages": "x", "input": [], "max_tokens": -1}', b'{"input": "hi", "previous_response_id": ""}',
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/responses", "/s/weird/v1/responses", "/traj/p/v1/responses",
+                                  "/messages", "/chat/completions", "/traj/p/v1/messages"])
+def test_weird_bodies_never_get_a_5xx(env: Env, path: str) -> None:
+    proxy, _ = env
+    headers = {"Authorization": f"Bearer {proxy.state.keys.client}", "Content-Type": "application/json"}
+    for body in WEIRD_BODIES:
+        r = httpx.post(proxy.base + path, content=body, headers=headers)
+        assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error["message"] and error["type"].endswith("_error"), (path, body, r.text)

@@ -52,6 +52,9 @@ class Prepared:
     shape: Callable[[SampledCall], ApiShape]
     meta: dict[str, Any] = field(default_factory=dict)
     """Recorded in the turn's meta (e.g. the Responses `store` flag)."""
+    reads: tuple[str, ...] = ()
+    """Sessions whose recorded calls the request builds on (previous_response_id); a session key
+    may only build on its own session."""
 
 
 class ApiAdapter(Protocol):
@@ -88,6 +91,9 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
             body["model"] = state.model_info.name
         prepared = await asyncio.to_thread(api.prepare, state, body)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
+        if principal.kind == "session" and any(sid != principal.session_id for sid in prepared.reads):
+            raise ApiError(403, "a session key can only continue responses of its own session",
+                           code="session_mismatch")
         call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
         call = dataclasses.replace(call, meta={**call.meta, **prepared.meta, "api": api.name})
         check_model(state, prepared.req.model)

@@ -13,7 +13,8 @@ Invariants:
 - `previous_response_id` continues the conversation of a recorded, stored responses turn (its
   input and output items; not its instructions); any other id is a 400 naming why.
   `store: false` is honoured as "kept only as training data": the turn is recorded, but it can be
-  neither retrieved (`GET /v1/responses/{id}` answers 404) nor continued.
+  neither retrieved (`GET /v1/responses/{id}` answers 404) nor continued. A session key may only
+  retrieve or continue responses of its own session (403).
 """
 
 from __future__ import annotations
@@ -214,12 +215,14 @@ class ResponsesShape:
 
 # ---------------------------------------------------------------------- stored responses
 def stored_response(state: ProxyState, response_id: str, param: str) -> dict[str, Any]:
-    """The recorded turn of a stored responses call, or a 4xx saying why it cannot be used."""
+    """The recorded turn (plus its `session_id`) of a stored responses call, or a 4xx saying why
+    it cannot be used."""
     turn_id = turn_id_for(response_id)
     session = state.store.turn_session(turn_id) if response_id.startswith("resp_") else None
     turn = None
     if session is not None:
         turn = next((t for t in state.store.session_turns(session) if t["turn_id"] == turn_id), None)
+        turn = None if turn is None else {**turn, "session_id": session}
     if turn is None or turn["meta"].get("api") != "responses":
         raise ApiError(404 if param == "response_id" else 400,
                        f"no response {response_id!r} was recorded by this server", param=param,
@@ -234,8 +237,9 @@ def stored_response(state: ProxyState, response_id: str, param: str) -> dict[str
     return dict(turn)
 
 
-def history(state: ProxyState, previous_response_id: str) -> list[dict[str, Any]]:
-    """The chat messages of a previous_response_id chain, oldest first, without instructions."""
+def history(state: ProxyState, previous_response_id: str) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The chat messages of a previous_response_id chain, oldest first, without instructions; and
+    the sessions they were recorded in."""
     chain: list[dict[str, Any]] = []
     next_id: str | None = previous_response_id
     while next_id is not None:
@@ -251,7 +255,7 @@ def history(state: ProxyState, previous_response_id: str) -> list[dict[str, Any]
         if request_input:
             messages += input_messages(request_input)
         messages += output_messages(turn["response"].get("output") or [])
-    return messages
+    return messages, tuple(sorted({str(turn["session_id"]) for turn in chain}))
 
 
 class ResponsesApi:
@@ -264,12 +268,13 @@ class ResponsesApi:
         if isinstance(items, list) and len(items) > limit:
             raise invalid(f"{len(items)} input items is over the limit of {limit} (max_messages)", "input")
         req = validate_responses_request(body)
-        past = history(state, req.previous_response_id) if req.previous_response_id else []
+        past, reads = history(state, req.previous_response_id) if req.previous_response_id is not None else ([], ())
         data = chat_data(req, past)
         if not data["messages"]:
             raise invalid("input must have at least one item", "input")
         chat = validate_chat_request(data)
-        return Prepared(chat, data, lambda call: ResponsesShape(call, req), meta={"store": req.store})
+        return Prepared(chat, data, lambda call: ResponsesShape(call, req), meta={"store": req.store},
+                        reads=reads)
 
     def error_response(self, err: ApiError) -> Response:
         return openai_error(err)
@@ -279,8 +284,10 @@ def add_responses_retrieval(app: FastAPI, state: ProxyState) -> None:
     """GET /v1/responses/{id} (and without /v1): a stored response as it was answered."""
 
     async def retrieve(request: Request, response_id: str) -> Response:
-        authenticate(request, state.keys, state.store)
+        principal = authenticate(request, state.keys, state.store)
         turn = stored_response(state, response_id, "response_id")
+        if principal.kind == "session" and turn["session_id"] != principal.session_id:
+            raise ApiError(403, "a session key can only read responses of its own session", code="session_mismatch")
         return JSONResponse(turn["response"])
 
     app.add_api_route("/v1/responses/{response_id}", retrieve, methods=["GET"])

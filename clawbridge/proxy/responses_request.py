@@ -6,7 +6,8 @@ Invariants:
   `temperature`, `top_p`) or refused with a 400 naming it (images, files, hosted tools,
   structured output, background mode, stored prompts, conversations, item references); fields
   that cannot change the prompt (metadata, reasoning settings, include, user, service tier,
-  parallel_tool_calls, truncation "disabled") are accepted and not used.
+  parallel_tool_calls, truncation) are accepted and not used: with truncation "auto" a prompt
+  too long for the context is still a 400, never silently shortened.
 - Input items become chat messages the way the model produced them: a `reasoning` item, an
   assistant `message` and the `function_call`s that follow it are ONE assistant message
   (`reasoning_content`, `content`, `tool_calls`), because the model sampled them as one turn;
@@ -62,6 +63,8 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 
 def validate_responses_request(data: dict[str, Any]) -> ResponsesRequest:
     """The validated request, or a 400 naming the first bad field."""
+    if not isinstance(data.get("input"), str | list):
+        raise invalid("input is required: a string, or a list of input items", "input")
     try:
         req = ResponsesRequest.model_validate(data)
     except ValidationError as exc:
@@ -120,11 +123,12 @@ def _part_text(part: Any, i: int, j: int) -> str:
     if not isinstance(part, dict):
         raise invalid(f"input[{i}].content[{j}] must be an object", f"input.{i}.content.{j}")
     kind = part.get("type")
-    if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text") and isinstance(
-            part.get("text"), str):
-        return str(part["text"])
-    if kind == "refusal" and isinstance(part.get("refusal"), str):
-        return str(part["refusal"])
+    field = "refusal" if kind == "refusal" else "text"
+    if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"):
+        if isinstance(part.get(field), str):
+            return str(part[field])
+        raise invalid(f"input[{i}].content[{j}]: a {kind} part needs a string {field!r}",
+                      f"input.{i}.content.{j}.{field}")
     raise invalid(f"input[{i}].content[{j}]: content type {kind!r} is not served; only text is",
                   f"input.{i}.content.{j}")
 
