@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
     admin_key: SecretStr | None = Field(None, description="Admin key for /rl/* management (generated if unset).")
     metrics_key: SecretStr | None = Field(None, description="Key that may read /metrics (besides the admin key); environment only.")
+    report_to: str = Field("", description="Also send training step metrics to: tensorboard, wandb or both (comma-separated); off when empty.")
+    report_dir: str = Field("", description="Where tensorboard event files and wandb runs go (default: <state_dir>/runs).")
+    wandb_project: str = Field("clawbridge", description="report_to wandb: the W&B project (WANDB_MODE=offline works without a network).")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Request bodies above this get 413.")
     session_idle_timeout_s: float = Field(1800.0, description="Sessions idle this long end by themselves.")
     request_timeout_s: float = Field(600.0, description="A model call that takes longer gets 504.")
@@ -204,6 +207,13 @@ class Settings(BaseSettings):
         description="Fireworks account id.",
         validation_alias=AliasChoices("FIREWORKS_ACCOUNT_ID", "CLAWBRIDGE_FIREWORKS_ACCOUNT_ID", "fireworks_account_id"),
     )
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        from clawbridge.reporting import parse_report_to
+
+        return ",".join(parse_report_to(value))
 
     @classmethod
     def settings_customise_sources(

@@ -35,6 +35,7 @@ from clawbridge.proxy.connections import header_timeout_protocol
 from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
+from clawbridge.reporting import build_reporter
 from clawbridge.rewards.worker import build_reward_worker
 from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
@@ -117,6 +118,8 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
     if settings.train and isinstance(backend, TrainingBackend):
         state.trainer = TrainerLoop.from_settings(settings, store, backend)
     state.judge = await build_reward_worker(settings, store, backend, renderer)
+    if state.trainer is not None:
+        state.reporter = build_reporter(settings, store)
     return state
 
 
@@ -201,6 +204,9 @@ async def serve(settings: Settings, announce: Any = print) -> None:
              f"{root}/dashboard/link/{app.state.dashboard.issue_link()}); metrics: {root}/metrics")
     if state.trainer is not None:
         announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}); watch with `clawbridge status`")
+        if state.reporter is not None:
+            announce(f"step metrics also go to {settings.report_to} (under "
+                     f"{settings.report_dir or settings.state_path / 'runs'})")
     else:
         announce("training: off (the backend serves only, or train = false)")
     if state.judge is not None:

@@ -70,11 +70,13 @@ def up(
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
+    report_to: Annotated[str | None, typer.Option(
+        help="Also send step metrics to tensorboard, wandb or both ('tensorboard,wandb'); off by default.")] = None,
 ) -> None:
     """Start the proxy: serve the model, record every call, print where to point your agent."""
     settings = _settings(config, backend=backend, model=model, served_model_name=served_model_name,
                          engine=engine, tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
-                         log_level=log_level, fireworks_yes=True if yes else None)
+                         log_level=log_level, fireworks_yes=True if yes else None, report_to=report_to)
     if not settings.model:
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)

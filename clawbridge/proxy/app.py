@@ -52,9 +52,13 @@ def build_app(state: ProxyState) -> FastAPI:
             await state.trainer.start()
         if state.judge is not None:
             await state.judge.start()
+        if state.reporter is not None:
+            await state.reporter.start()
         try:
             yield
         finally:
+            if state.reporter is not None:
+                await state.reporter.stop()
             if state.judge is not None:
                 await state.judge.stop()
             if state.trainer is not None:

@@ -30,6 +30,7 @@ from clawbridge.store import Store, TurnRecord
 from clawbridge.store.health import disk_problem
 
 if TYPE_CHECKING:
+    from clawbridge.reporting import StepReporter
     from clawbridge.rewards.worker import RewardWorker
     from clawbridge.trainer.loop import TrainerLoop
 
@@ -113,6 +114,8 @@ class ProxyState:
     """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
     judge: RewardWorker | None = None
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
+    reporter: StepReporter | None = None
+    """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
     drain: Drain = field(default_factory=Drain)
     """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
 

@@ -176,17 +176,24 @@ class ObserveStore:
 
     def steps(self, limit: int = 200) -> list[dict[str, Any]]:
         """The newest `limit` steps, oldest first, with metrics and consumed sample counts."""
+        return list(reversed(self._steps_where("ORDER BY st.step DESC LIMIT ?", (limit,))))
+
+    def steps_after(self, step: int, limit: int = 500) -> list[dict[str, Any]]:
+        """Steps numbered above `step`, oldest first (at most `limit`)."""
+        return self._steps_where("WHERE st.step > ? ORDER BY st.step LIMIT ?", (step, limit))
+
+    def _steps_where(self, tail: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self._all(
             "SELECT st.step, st.policy_version, st.status, st.metrics_json, st.error, st.started_at, "
             "st.finished_at, (SELECT COUNT(*) FROM samples sa WHERE sa.consumed_step = st.step) "
-            "FROM steps st ORDER BY st.step DESC LIMIT ?",
-            (limit,),
+            f"FROM steps st {tail}",
+            args,
         )
         return [
             {"step": int(r[0]), "policy_version": r[1], "status": str(r[2]),
              "metrics": json.loads(r[3]) if r[3] else {}, "error": r[4], "started_at": float(r[5]),
              "finished_at": r[6], "samples": int(r[7])}
-            for r in reversed(rows)
+            for r in rows
         ]
 
     def versions(self) -> list[dict[str, Any]]:
