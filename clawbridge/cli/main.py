@@ -265,6 +265,41 @@ def _export_sessions(store: Any, out: Path, status: str | None, since: float | N
     return n
 
 
+@app.command("export-weights")
+def export_weights(
+    out: Annotated[Path, typer.Argument(help="New folder to write the weights to.")],
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    model: Annotated[str | None, typer.Option(help="The base model the checkpoints belong to (as given to up).")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="A checkpoint folder (default: the newest one).")] = None,
+    adapter: Annotated[bool, typer.Option("--adapter", help="LoRA: write the peft adapter instead of merged weights.")] = False,
+) -> None:
+    """Write the trained policy (the newest checkpoint) as a Hugging Face folder other servers load:
+    merged full weights, or with --adapter a peft adapter. Local backend; run it with the same
+    --model and LoRA settings as `up`."""
+    settings = _settings(config, state_dir=state_dir, model=model)
+    if settings.backend != "local":
+        err.print(f"export-weights reads local checkpoints; the {settings.backend} backend keeps its weights on "
+                  "its service (use its own checkpoint download)")
+        raise typer.Exit(1)
+    if not settings.model:
+        err.print("pass --model: the base model the checkpoints were trained from")
+        raise typer.Exit(2)
+    try:
+        from clawbridge_local.export import ExportError
+        from clawbridge_local.export import export_weights as run_export
+    except ImportError:
+        err.print("export-weights needs the local backend: pip install -e backends/local")
+        raise typer.Exit(1) from None
+    try:
+        done = run_export(settings, out, checkpoint, adapter)
+    except (ExportError, FileNotFoundError, ValueError) as exc:
+        err.print(f"[red]cannot export:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {done.kind} weights of policy v{done.policy_version} (checkpoint {done.checkpoint}) "
+                  f"to {done.path}", highlight=False, soft_wrap=True)
+
+
 @app.command(context_settings={"ignore_unknown_options": True})
 def reward(
     session_id: Annotated[str, typer.Argument(help="Session to reward.")],
