@@ -40,7 +40,8 @@ with the family-specific part (how tools reach the model) given by a `ToolStyle`
 
 Forcing a call (`tool_choice` naming a function, or "required" with one tool) works the same for
 every format: the prompt ends with the opening of that call (`clawbridge.parse.ForcedCall`), so
-the model can only write its arguments. "required" with several tools cannot be forced that way
+the model can only write its arguments, and the proxy ends sampling where the call closes (the
+call is the whole answer). "required" with several tools cannot be forced that way
 and is refused (400), never silently treated as "auto".
 
 Invariants:

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -164,7 +165,7 @@ def test_malformed_tool_call_comes_back_as_content(model_dir: Path, renderer: Re
 def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer: Renderer, tmp_path: Path) -> None:
     """The prompt ends with the call's opening; the model writes only the arguments; the SDK gets the call."""
     tools = [*TOOLS, {"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}]
-    sampler = SwitchableSampler(script=script_for(renderer, ' {"path": "/tmp/b.txt"}}\n</tool_call>'))
+    sampler = SwitchableSampler(script=script_for(renderer, ' {"path": "/tmp/b.txt"}}\n</tool_call> and more'))
     proxy = start_fake_proxy(model_dir, tmp_path, sampler)
     choice = {"type": "function", "function": {"name": "read_file"}}
     messages = [{"role": "user", "content": "read b"}]
@@ -178,7 +179,9 @@ def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer
         turn = proxy.state.store.session_view("forced-1")["turns"][0]
         assert turn["prompt_token_ids"] == renderer.render(messages, tools, choice)
         assert renderer.decode(turn["prompt_token_ids"]).endswith('<tool_call>\n{"name": "read_file", "arguments":')
-        assert turn["completion_token_ids"] == sampler.script
+        # Sampling ends where the forced call closes: the call is the whole answer.
+        assert renderer.decode(turn["completion_token_ids"]) == ' {"path": "/tmp/b.txt"}}\n</tool_call>'
+        assert turn["completion_token_ids"] == sampler.script[: len(turn["completion_token_ids"])]
         stream = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=tools,  # type: ignore[arg-type]
                                                     tool_choice=choice, stream=True)
         calls, finish = [], None
@@ -189,6 +192,14 @@ def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer
         assert finish == "tool_calls"
         assert [(c.function.name, c.function.arguments) for c in calls] == [  # type: ignore[union-attr]
             ("read_file", got.message.tool_calls[0].function.arguments)]  # type: ignore[index, union-attr]
+        # Anthropic's {"type": "tool"} is the same forced call, as a tool_use block.
+        anth = anthropic.Anthropic(base_url=proxy.base, api_key=proxy.state.keys.client, max_retries=0)
+        msg = anth.messages.create(model="tiny", max_tokens=64, messages=[{"role": "user", "content": "read b"}],
+                                   tools=[{"name": "read_file", "input_schema": {"type": "object"}}],
+                                   tool_choice={"type": "tool", "name": "read_file"})
+        assert msg.stop_reason == "tool_use"
+        assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in msg.content] == [
+            ("tool_use", "read_file", {"path": "/tmp/b.txt"})]
         # "required" with one tool is the same forced call.
         req = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
                                                  tool_choice="required")

@@ -1,7 +1,8 @@
 """`clawbridge up` as a subprocess with the real local torch engine, driven by the real `openai` SDK.
 
 Every test runs once per chat format: the tiny model with its Qwen3 template (native tools), and
-with a plain ChatML template (tools in the system message)."""
+with a plain ChatML template (tools in the system message); and once against the real
+SmolLM2-135M-Instruct (a plain ChatML template of its own; slow, skipped when it cannot be fetched)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "Sea
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_chatml_dir"], ids=["qwen3", "plain"])
+@pytest.fixture(scope="module", params=["tiny_model_dir", "tiny_chatml_dir",
+                                        pytest.param("smollm2_dir", marks=pytest.mark.slow)],
+                ids=["qwen3", "plain", "smollm2"])
 def model_dir(request: pytest.FixtureRequest) -> Path:
     return Path(request.getfixturevalue(request.param))
 

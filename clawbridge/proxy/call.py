@@ -37,7 +37,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawbridge.chatformat import Prompt, ToolChoiceError
-from clawbridge.parse import IncrementalDecoder, ParsedMessage, StreamParser
+from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import ChatRequest, stored_request
 from clawbridge.proxy.sessions import CallSession
@@ -191,6 +191,9 @@ class SampledCall:
         # Rendering and tokenizing grow with the prompt: off the event loop.
         self.prompt = await asyncio.to_thread(render_request, self.state, self.data)
         self.prompt_ids = self.prompt.ids
+        if self.prompt.forced is not None:
+            # A forced call is the whole answer (as OpenAI answers a named tool_choice): stop where it closes.
+            self._stops = StopMatcher([*self.req.stop_strings, TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
         try:
