@@ -234,3 +234,20 @@ def test_claw_r1_errors_name_the_clawbridge_way(proxy: InProcessProxy) -> None:
         assert r.status_code == 404 and hint in r.json()["error"]["message"]
     r = post(proxy, "/traj-x/bad uid/v1/chat/completions", {"messages": MSG}, key=proxy.state.keys.client)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({"default_reward_value": -0.5}, [-0.5]),
+    ({"default_session_reward": False}, []),
+])
+def test_default_reward_is_configurable(tiny_model_dir: Path, renderer: Renderer, tmp_path: Path,
+                                        settings: dict[str, Any], expected: list[float]) -> None:
+    p = start_fake_proxy(tiny_model_dir, tmp_path, SwitchableSampler(script=script_for(renderer, "ok")), **settings)
+    try:
+        key = "sk-sess-configurable-01"
+        sid = post(p, "/rl/start_session", {"api_key": key}).json()["session_id"]
+        openai.OpenAI(base_url=p.base, api_key=key, max_retries=0).chat.completions.create(model="tiny", messages=MSG)
+        assert post(p, "/rl/start_session", {"api_key": key}).status_code == 200  # refresh
+        assert [x["value"] for x in view(p, sid)["rewards"]] == expected
+    finally:
+        p.stop()
