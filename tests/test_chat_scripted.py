@@ -200,6 +200,12 @@ def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer
         assert msg.stop_reason == "tool_use"
         assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in msg.content] == [
             ("tool_use", "read_file", {"path": "/tmp/b.txt"})]
+        # And the Responses API's {"type": "function", "name"}: one function_call item.
+        items = sdk(proxy).responses.create(model="tiny", input="read b", tool_choice={"type": "function", "name": "read_file"},
+                                            tools=[{"type": "function", "name": "read_file", "parameters": {"type": "object"},
+                                                    "strict": False}]).output
+        assert [(i.type, getattr(i, "name", None), json.loads(getattr(i, "arguments", "null"))) for i in items] == [
+            ("function_call", "read_file", {"path": "/tmp/b.txt"})]
         # "required" with one tool is the same forced call.
         req = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
                                                  tool_choice="required")

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from clawbridge.chatformat import TOOLS_PROMPT_HEAD, TOOLS_PROMPT_TAIL, ChatFormat
+from clawbridge.chatformat import (
+    TOOLS_PROMPT_HEAD,
+    TOOLS_PROMPT_TAIL,
+    ChatFormat,
+    NativeTools,
+    SystemPromptTools,
+    stop_markers_for,
+    tool_style_for,
+)
 from clawbridge.parse import ForcedCall, ParsedMessage, StreamParser
 from clawbridge.render import Renderer
 
@@ -62,6 +70,20 @@ def test_format_is_chosen_from_the_template(qwen3: Renderer, plain: Renderer) ->
     assert plain.stop_markers == ("<|im_end|>", "<|endoftext|>")
     assert plain.stop_token_ids == (vocab["<|im_end|>"], vocab["<|endoftext|>"])
     assert "tools in the system message" in plain.describe() and "native tools" in qwen3.describe()
+
+
+def test_tool_style_and_stop_markers_of_other_families() -> None:
+    """Only a template that writes Hermes `<tool_call>` blocks gets tools natively; a Llama-3-style
+    template with its own tool syntax gets them in the system message, in the grammar we parse."""
+    llama_like = ("{% if tools %}Environment: ipython{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}"
+                  "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}"
+                  "<|eot_id|>{% endfor %}")
+    assert isinstance(tool_style_for(llama_like), SystemPromptTools)
+    assert isinstance(tool_style_for("{% for t in tools %}<tool_call>{% endfor %}"), NativeTools)
+    assert stop_markers_for({"<|eot_id|>": 7, "<|end_of_text|>": 8, "x": 1}, "<|end_of_text|>") == (
+        "<|eot_id|>", "<|end_of_text|>")
+    assert stop_markers_for({"</s>": 2}, "</s>") == ("</s>",)
+    assert stop_markers_for({"a": 1}, None) == ()
 
 
 def test_plain_template_gets_tools_in_its_system_message(plain: Renderer) -> None:
