@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     engine: Literal["auto", "torch", "sglang"] = Field("auto", description="Local backend serving engine.")
     device: str = Field("auto", description="torch engine device: auto, cpu or cuda[:N].")
     dtype: str = Field("auto", description="torch engine dtype: auto, float32, bfloat16 or float16.")
+    engine_threads: int = Field(
+        0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two cores; measured in bench/engine_threads.py)."
+    )
     max_running_requests: int = Field(8, description="Requests decoded at the same time by the torch engine.")
     max_queued_requests: int = Field(64, description="Requests waiting for a slot before new ones get 429.")
     default_max_tokens: int = Field(1024, description="max_tokens when a request gives none.")

@@ -7,6 +7,7 @@ engine for the sampler numerics; clients are the real `openai` / `anthropic` SDK
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ import httpx
 import openai
 import pytest
 import torch
+from clawbridge_local.backend import engine_threads
 from clawbridge_local.sampling import choose
 
 from clawbridge.backend import load_backend
@@ -190,8 +192,10 @@ def test_choose_survives_tiny_temperature_and_top_p() -> None:
 def engine_proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessProxy]:
     torch.set_num_threads(1)
     settings = Settings(backend="local", model=str(tiny_model_dir), served_model_name="tiny", train=False,
-                        port=free_port(), state_dir=tmp_path_factory.mktemp("edge-engine"), engine="torch")
+                        port=free_port(), state_dir=tmp_path_factory.mktemp("edge-engine"), engine="torch",
+                        engine_threads=1)
     proxy = InProcessProxy(settings, load_backend("local", settings)).start()
+    assert torch.get_num_threads() == 1
     yield proxy
     proxy.stop()
     asyncio.run(proxy.backend.close())
@@ -278,3 +282,11 @@ def test_unknown_request_fields_are_not_stored(env: InProcessProxy) -> None:
     assert turn["request"] == {"model": "tiny", "messages": MSG, "temperature": 0.5, "user": "u1",
                                "_dropped_fields": ["junk"]}
     assert store.size_bytes() - before < 200_000
+
+
+def test_engine_threads_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert engine_threads(3) == 3
+    assert engine_threads(0) == max(1, (os.cpu_count() or 1) // 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert engine_threads(0) == 2 and engine_threads(5) == 5

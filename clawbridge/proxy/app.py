@@ -23,6 +23,7 @@ from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
 from clawbridge.proxy.model_routes import add_model_routes
+from clawbridge.proxy.openapi import openapi_document
 from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
@@ -76,7 +77,7 @@ def build_app(state: ProxyState) -> FastAPI:
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
         authenticate(request, state.keys, state.store)
-        return JSONResponse(app.openapi())
+        return JSONResponse(openapi_document(app))
 
     def models_body() -> dict[str, Any]:
         info = state.model_info

@@ -24,6 +24,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge_local.engine import TorchEngine
@@ -33,6 +35,18 @@ from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, 
 from clawbridge_local.training import LocalTrainer, resolve_model_folder
 
 log = logging.getLogger("clawbridge.local")
+
+
+def engine_threads(setting: int) -> int:
+    """The torch thread count: `setting` when > 0, else OMP_NUM_THREADS when set, else one per two
+    cores. On a busy 2-core machine torch's default (all cores) decoded several times slower than 1
+    thread (OpenMP workers spin-wait for cores others use); bench/engine_threads.py measures it."""
+    if setting > 0:
+        return setting
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 1) // 2)
 
 
 class EngineNotAvailable(RuntimeError):
@@ -89,6 +103,9 @@ class LocalBackend:
         if self.engine_name == "sglang":
             await self._start_sglang()
             return
+        threads = engine_threads(s.engine_threads)
+        torch.set_num_threads(threads)
+        log.info("torch engine: %d CPU thread(s) (engine_threads)", threads)
         self._engine = await asyncio.to_thread(
             TorchEngine.load,
             s.model,
