@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,7 +231,7 @@ def test_bad_input_is_a_400_with_an_openai_error(env: Env, body: dict[str, Any],
     assert len(sampler.prompts) == n, "nothing is sampled for a refused request"
 
 
-def test_malformed_json_unknown_model_and_mid_stream_failure(env: Env) -> None:
+def test_malformed_json_unknown_model_and_unreachable_sampler(env: Env) -> None:
     proxy, sampler = env
     headers = {"Authorization": f"Bearer {proxy.state.keys.client}"}
     r = httpx.post(proxy.base + "/v1/responses", content=b"{nope", headers=headers)
@@ -279,3 +280,28 @@ def test_weird_bodies_never_get_a_5xx(env: Env, path: str) -> None:
         assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
         error = r.json()["error"]
         assert error["message"] and error["type"].endswith("_error"), (path, body, r.text)
+
+
+def test_mid_stream_failure_is_an_error_event_and_recorded_cancelled(tiny_model_dir: Path, renderer: Renderer,
+                                                                   tmp_path: Path) -> None:
+    from tests.test_anthropic_api import FailingMidStream
+
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path, FailingMidStream(script=script_for(renderer, ANSWER)))
+    try:
+        events: list[Any] = []
+        with sdk(proxy).responses.stream(model="tiny", input="hi", extra_headers={"X-Session-Id": "resp-fail"}) as s:
+            events.extend(s)
+        kinds = [e.type for e in events]
+        assert kinds[0] == "response.created" and kinds[-1] == "error" and "response.completed" not in kinds
+        assert events[-1].code == "model_unreachable" and "engine died" in events[-1].message
+        with pytest.raises(openai.APIStatusError) as err:  # non-streaming: a 502
+            sdk(proxy).responses.create(model="tiny", input="hi", extra_headers={"X-Session-Id": "resp-fail2"})
+        assert err.value.status_code == 502
+        for sid in ("resp-fail", "resp-fail2"):
+            deadline = time.monotonic() + 10
+            while not (proxy.state.store.session_view(sid) or {}).get("turns") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            turn = turn_of(proxy, sid)
+            assert turn["status"] == "cancelled" and len(turn["completion_token_ids"]) == 8
+    finally:
+        proxy.stop()
