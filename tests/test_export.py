@@ -147,3 +147,13 @@ def test_bad_export_options_exit_2_with_a_reason(state_dir: Path, tmp_path: Path
     assert "--turn-type" in export(state_dir, tmp_path / "x", "--format", "tokens", "--turn-type", "tool",
                                    code=2).output
     assert "folder" in export(state_dir, "-", "--format", "hf", code=2).output
+
+
+def test_sessions_list_has_rewards_and_show_prints_what_the_model_said(state_dir: Path) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(app, ["sessions", "list", "--state-dir", str(state_dir)])
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if "dash-2" in line)
+    assert "0.5 (1)" in row
+    shown = runner.invoke(app, ["sessions", "show", "dash-2", "--state-dir", str(state_dir)])
+    assert shown.exit_code == 0 and f"#0 answer: {ANSWER}" in shown.output

@@ -129,11 +129,16 @@ def sessions_list(
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
-    table = Table("session", "status", "source", "turns", "created", "end reason")
     import datetime as dt
 
+    from clawbridge.store.observe import ObserveStore
+
+    rewards = {s.session_id: s for s in ObserveStore(store).session_summaries(limit, 0, status_)}
+    table = Table("session", "status", "source", "turns", "reward (mean of n)", "created", "end reason")
     for r in rows:
-        table.add_row(r.session_id, r.status, r.source, str(r.turn_count),
+        summary = rewards.get(r.session_id)
+        reward = "" if summary is None or summary.reward is None else f"{summary.reward:g} ({summary.rewards})"
+        table.add_row(r.session_id, r.status, r.source, str(r.turn_count), reward,
                       dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.end_reason or "")
     console.print(table)
 
@@ -161,6 +166,14 @@ def sessions_show(
                       str(len(t["completion_token_ids"])), str(t["policy_version"]),
                       "" if t["reward"] is None else f"{t['reward']:g}", t["finish_reason"] or "")
     console.print(table)
+    from clawbridge.rewards.next_state import answer_message, text_of
+
+    for t in view["turns"]:
+        answer = answer_message(t["response"])
+        calls = ", ".join(str((c.get("function") or {}).get("name")) for c in answer.get("tool_calls") or [])
+        text = text_of(answer.get("content")).strip().replace("\n", " ")
+        console.print(f"#{t['seq']} answer: {text[:300]}{'…' if len(text) > 300 else ''}"
+                      + (f" [tool calls: {calls}]" if calls else ""), highlight=False, markup=False)
     for r in view["rewards"]:
         console.print(f"reward {r['value']:g} on {r['turn_id'] or 'the session'} ({r['source']})")
 
