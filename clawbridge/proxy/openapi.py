@@ -16,7 +16,9 @@ from pydantic import BaseModel
 
 from clawbridge.proxy.anthropic_request import MessagesRequest
 from clawbridge.proxy.request import ChatRequest
+from clawbridge.proxy.responses_request import ResponsesRequest
 from clawbridge.proxy.rl_routes import EndSession, SetReward, StartSession
+from clawbridge.proxy.trajectory_routes import CompleteTrajectory, RegisterTrajectory
 
 REF = "#/components/schemas/{model}"
 
@@ -27,6 +29,9 @@ def body_models() -> list[tuple[str, type[BaseModel]]]:
         ("/chat/completions", ChatRequest),
         ("/messages/count_tokens", MessagesRequest),
         ("/messages", MessagesRequest),
+        ("/responses", ResponsesRequest),
+        ("/register_trajectory", RegisterTrajectory),
+        ("/complete_trajectory", CompleteTrajectory),
         ("/rl/start_session", StartSession),
         ("/rl/end_session", EndSession),
         ("/rl/set_reward", SetReward),
