@@ -10,7 +10,9 @@
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
 answers are `Cache-Control: no-store`; every page carries a Content-Security-Policy that allows
 only this server's own scripts and styles (no CDN, works offline); a reward set here is answered
-only after it is committed.
+only after it is committed. The HTML routes (pages, login, link, static files) are left out of the
+OpenAPI document: they answer browsers (a refused login is the login page again, status 401);
+the JSON routes answer OpenAI-style errors like every other route.
 """
 
 from __future__ import annotations
@@ -94,21 +96,21 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
     def login_page(status: int = 200, error: str | None = None) -> HTMLResponse:
         return _page("login.html", status, error=error, model=state.model_info.name)
 
-    @router.get("/dashboard", response_class=HTMLResponse)
+    @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
     async def index(request: Request) -> HTMLResponse:
         viewer = auth.viewer(request)
         if viewer is None or viewer.login is None:
             return login_page()
         return _page("index.html", csrf=viewer.login.csrf, model=state.model_info.name)
 
-    @router.get("/dashboard/sessions/{session_id}", response_class=HTMLResponse)
+    @router.get("/dashboard/sessions/{session_id}", response_class=HTMLResponse, include_in_schema=False)
     async def session_page(request: Request, session_id: str) -> HTMLResponse:
         viewer = auth.viewer(request)
         if viewer is None or viewer.login is None:
             return login_page()
         return _page("session.html", csrf=viewer.login.csrf, model=state.model_info.name, session_id=session_id)
 
-    @router.post("/dashboard/login")
+    @router.post("/dashboard/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         form = parse_qs((await _read_form(request)).decode("utf-8", errors="replace"), max_num_fields=4)
         token = auth.login((form.get("key") or [""])[0].strip())
@@ -119,7 +121,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         log.info("dashboard login from %s", request.client.host if request.client else "?")
         return _logged_in("/dashboard", token)
 
-    @router.get("/dashboard/link/{token}")
+    @router.get("/dashboard/link/{token}", include_in_schema=False)
     async def link(token: str) -> Response:
         cookie = auth.redeem_link(token)
         if cookie is None:
@@ -127,7 +129,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         log.info("dashboard login by one-time link")
         return _logged_in("/dashboard", cookie)
 
-    @router.post("/dashboard/logout")
+    @router.post("/dashboard/logout", include_in_schema=False)
     async def logout(request: Request) -> Response:
         auth.require_write(request)
         token = request.cookies.get(COOKIE)
@@ -137,7 +139,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         resp.delete_cookie(COOKIE, path="/")
         return resp
 
-    @router.get("/dashboard/static/{name}")
+    @router.get("/dashboard/static/{name}", include_in_schema=False)
     async def static(name: str) -> Response:
         if name not in STATIC_FILES:
             raise ApiError(404, f"no static file {name!r}")
