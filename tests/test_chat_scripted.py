@@ -212,3 +212,35 @@ def test_forced_tool_choice_is_a_call_to_that_function(model_dir: Path, renderer
         assert [c.function.name for c in req.choices[0].message.tool_calls or []] == ["read_file"]  # type: ignore[union-attr]
     finally:
         proxy.stop()
+
+
+def test_parallel_tool_calls_false_ends_the_answer_at_the_first_call(model_dir: Path, renderer: Renderer,
+                                                                      tmp_path: Path) -> None:
+    two = ('First. <tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "read_file", "arguments": {"path": "b"}}\n</tool_call>')
+    sampler = SwitchableSampler(script=script_for(renderer, two))
+    proxy = start_fake_proxy(model_dir, tmp_path, sampler)
+    messages = [{"role": "user", "content": "read a and b"}]
+    try:
+        both = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        assert [json.loads(c.function.arguments) for c in both.choices[0].message.tool_calls or []] == [  # type: ignore[union-attr]
+            {"path": "a"}, {"path": "b"}]
+        one = sdk(proxy).chat.completions.create(model="tiny", messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                 parallel_tool_calls=False, extra_headers={"X-Session-Id": "serial"})
+        got = one.choices[0]
+        assert got.finish_reason == "tool_calls" and got.message.content == "First. "
+        assert [json.loads(c.function.arguments) for c in got.message.tool_calls or []] == [{"path": "a"}]  # type: ignore[union-attr]
+        turn = proxy.state.store.session_view("serial")["turns"][0]
+        assert renderer.decode(turn["completion_token_ids"]).endswith('"path": "a"}}\n</tool_call>')
+        # The same through Anthropic's disable_parallel_tool_use and the Responses API's parallel_tool_calls.
+        anth = anthropic.Anthropic(base_url=proxy.base, api_key=proxy.state.keys.client, max_retries=0)
+        msg = anth.messages.create(model="tiny", max_tokens=200, messages=[{"role": "user", "content": "read"}],
+                                   tools=[{"name": "read_file", "input_schema": {"type": "object"}}],
+                                   tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+        assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.stop_reason == "tool_use"
+        out = sdk(proxy).responses.create(model="tiny", input="read", parallel_tool_calls=False,
+                                          tools=[{"type": "function", "name": "read_file",
+                                                  "parameters": {"type": "object"}, "strict": False}]).output
+        assert [i.type for i in out] == ["message", "function_call"]
+    finally:
+        proxy.stop()

@@ -180,3 +180,20 @@ def test_streaming_parse_equals_whole_parse_for_any_split(fmt: Renderer, forced:
             assert _key(_stream(fmt.parser(prompt), pieces)) == _key(whole), (text, pieces)
         if forced:
             assert whole.tool_calls and whole.tool_calls[0].name == "exec"
+
+
+def test_end_strings_stop_after_themselves_for_any_split() -> None:
+    from clawbridge.proxy.stops import StopMatcher
+
+    text = 'a <tool_call>\n{"name": "f"}\n</tool_call>\n<tool_call>more'
+    rng = random.Random(5)
+    for stops, want in (([], 'a <tool_call>\n{"name": "f"}\n</tool_call>'), (["f"], 'a <tool_call>\n{"name": "')):
+        for _ in range(50):
+            cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, 8)))
+            matcher, out, hit = StopMatcher(stops, ends=["</tool_call>"]), "", False
+            for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True):
+                piece, hit = matcher.push(text[i:j])
+                out += piece
+                if hit:
+                    break
+            assert hit and out == want, (stops, cuts)

@@ -268,9 +268,11 @@ def openai_data(req: MessagesRequest) -> dict[str, Any]:
     tools = openai_tools(req)
     if tools is not None:
         data["tools"] = tools
-        choice = openai_tool_choice(req)
-        if choice is not None:
-            data["tool_choice"] = choice
+    choice = openai_tool_choice(req)
+    if choice is not None:
+        data["tool_choice"] = choice
+    if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use:
+        data["parallel_tool_calls"] = False
     for key, value in (("max_tokens", req.max_tokens), ("temperature", req.temperature),
                        ("top_p", req.top_p), ("top_k", req.top_k), ("stop", req.stop_sequences)):
         if value is not None:

@@ -191,9 +191,10 @@ class SampledCall:
         # Rendering and tokenizing grow with the prompt: off the event loop.
         self.prompt = await asyncio.to_thread(render_request, self.state, self.data)
         self.prompt_ids = self.prompt.ids
-        if self.prompt.forced is not None:
-            # A forced call is the whole answer (as OpenAI answers a named tool_choice): stop where it closes.
-            self._stops = StopMatcher([*self.req.stop_strings, TOOL_CLOSE])
+        if self.prompt.forced is not None or (self.req.parallel_tool_calls is False and self.data.get("tools")):
+            # A forced call is the whole answer (as OpenAI answers a named tool_choice), and with
+            # parallel_tool_calls false the first call is the last: sampling ends where it closes.
+            self._stops = StopMatcher(self.req.stop_strings, ends=[TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
         try:

@@ -4,9 +4,10 @@ Invariants:
 - Every field that changes what the model sees or how it samples is converted exactly
   (`instructions`, `input` items, function `tools`, `tool_choice`, `max_output_tokens`,
   `temperature`, `top_p`) or refused with a 400 naming it (images, files, hosted tools,
-  structured output, background mode, stored prompts, conversations, item references); fields
+  structured output, background mode, stored prompts, conversations, item references);
+  `parallel_tool_calls: false` ends the answer at its first tool call; fields
   that cannot change the prompt (metadata, reasoning settings, include, user, service tier,
-  parallel_tool_calls, truncation) are accepted and not used: with truncation "auto" a prompt
+  truncation) are accepted and not used: with truncation "auto" a prompt
   too long for the context is still a 400, never silently shortened.
 - Input items become chat messages the way the model produced them: a `reasoning` item, an
   assistant `message` and the `function_call`s that follow it are ONE assistant message
@@ -233,6 +234,8 @@ def chat_data(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str,
     choice = chat_tool_choice(req.tool_choice)
     if choice is not None:
         data["tool_choice"] = choice
+    if req.parallel_tool_calls is False:
+        data["parallel_tool_calls"] = False
     for name, value in (("max_completion_tokens", req.max_output_tokens), ("temperature", req.temperature),
                         ("top_p", req.top_p)):
         if value is not None:
