@@ -18,6 +18,7 @@ import pytest
 from tests.dashboard_support import ANSWER, TrainedProxy, start_trained_proxy, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -66,8 +67,16 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         driver.quit()
 
 
-def wait_js(driver: WebDriver, script: str, what: str, timeout_s: float = 30.0) -> Any:
-    return wait_for(lambda: driver.execute_script(script), timeout_s, what)
+def wait_js(driver: WebDriver, script: str, what: str, timeout_s: float = 60.0) -> Any:
+    """Poll `script` until it returns something truthy (a page still navigating counts as not yet)."""
+
+    def check() -> Any:
+        try:
+            return driver.execute_script(script)
+        except WebDriverException:
+            return None
+
+    return wait_for(check, timeout_s, what)
 
 
 def log_in(driver: WebDriver, base: str, key: str) -> None:
