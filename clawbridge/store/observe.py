@@ -63,6 +63,14 @@ class DroppedSample:
     created_at: float
 
 
+_SESSION_INDEX = (
+    "idx AS (SELECT session_id, ROW_NUMBER() OVER (ORDER BY created_at, session_id) - 1 AS i "
+    "FROM sessions)"
+)
+"""A CTE numbering sessions by creation (0 = oldest), computed once per query (a window function,
+not a count per row: the dashboard polls this)."""
+
+
 class ObserveStore:
     """Read-only queries for the dashboard, metrics and exports on a `Store`'s connection."""
 
@@ -77,13 +85,10 @@ class ObserveStore:
     def reward_points(self, limit: int = 2000) -> list[RewardPoint]:
         """The newest `limit` rewards, oldest first, each with its session's index and version."""
         rows = self._all(
-            "SELECT r.session_id, r.turn_id, r.source, r.value, r.created_at, "
-            "(SELECT COUNT(*) FROM sessions s2 WHERE s2.created_at < s.created_at "
-            " OR (s2.created_at = s.created_at AND s2.session_id < s.session_id)) AS idx, "
+            f"WITH {_SESSION_INDEX} SELECT r.session_id, r.turn_id, r.source, r.value, r.created_at, idx.i, "
             "COALESCE((SELECT t.policy_version FROM turns t WHERE t.turn_id = r.turn_id), "
             " (SELECT t.policy_version FROM turns t WHERE t.session_id = r.session_id ORDER BY t.seq DESC LIMIT 1)) "
-            "AS version FROM rewards r JOIN sessions s ON s.session_id = r.session_id "
-            "ORDER BY r.reward_id DESC LIMIT ?",
+            "FROM rewards r JOIN idx ON idx.session_id = r.session_id ORDER BY r.reward_id DESC LIMIT ?",
             (limit,),
         )
         return [
@@ -94,10 +99,8 @@ class ObserveStore:
     def version_starts(self) -> list[tuple[int, int]]:
         """(policy_version, index of the first session with a turn sampled by it), ascending."""
         rows = self._all(
-            "SELECT t.policy_version, MIN(idx) FROM turns t JOIN ("
-            " SELECT s.session_id, (SELECT COUNT(*) FROM sessions s2 WHERE s2.created_at < s.created_at "
-            " OR (s2.created_at = s.created_at AND s2.session_id < s.session_id)) AS idx FROM sessions s"
-            ") q ON q.session_id = t.session_id GROUP BY t.policy_version ORDER BY t.policy_version"
+            f"WITH {_SESSION_INDEX} SELECT t.policy_version, MIN(idx.i) FROM turns t "
+            "JOIN idx ON idx.session_id = t.session_id GROUP BY t.policy_version ORDER BY t.policy_version"
         )
         return [(int(r[0]), int(r[1])) for r in rows]
 
