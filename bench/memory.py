@@ -169,7 +169,6 @@ async def _backend(model_dir: Path, work: Path, batch: list[Any]) -> None:
             "dtype": "float32",
             "lora_rank": 8,
             "lora_alpha": 16.0,
-            "checkpoint_every": 0,
         }
     )
     backend = LocalBackend(settings, progress=False)

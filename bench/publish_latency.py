@@ -97,7 +97,6 @@ async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) 
                 "lora_rank": lora_rank,
                 "lora_alpha": 16.0,
                 "learning_rate": 1e-4,
-                "checkpoint_every": 0,
                 "max_running_requests": 4,
             }
         )

@@ -7,10 +7,15 @@ backend can train).
 
 Invariants:
 - `start()` is called once, before `sampler()` is used; `close()` once, at shutdown.
-- `publish()` makes the newly trained weights the ones `sampler()` serves and returns the new
-  policy version, a strictly increasing int. Streams already running finish on their old version.
-- `train_step` either completes (returning metrics) or raises; a raise means the step did not
-  happen, and the caller leaves its samples unconsumed.
+- `publish(version)` makes the newly trained weights the ones `sampler()` serves under `version`
+  (strictly greater than the one served; the trainer loop takes it from the store, which never
+  hands out a number twice) and returns it. Streams already running finish on their old version.
+- `train_step` either completes (returning metrics) or raises. A raise may still have changed the
+  trainer's state (a hosted step that timed out, an export that failed after the optimizer ran),
+  so the trainer loop never trusts it: it restores the last committed checkpoint before the next
+  step (`clawbridge.trainer.checkpoints`).
+- Checkpoints belong to the trainer loop: a backend only saves (`save_checkpoint`) and restores
+  (`restore_checkpoint`) them when told, and never restores one by itself at `start()`.
 """
 
 from __future__ import annotations
@@ -186,16 +191,20 @@ class TrainingBackend(ServingBackend, Protocol):
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult: ...
 
-    async def publish(self) -> int:
-        """Serve the latest trained weights; return the new policy version."""
+    async def publish(self, version: int | None = None) -> int:
+        """Serve the latest trained weights as `version` (default: the served one + 1); return it."""
         ...
 
     async def save_checkpoint(self, name: str) -> str:
-        """Save weights + optimizer + step + version; return where it went."""
+        """Save the trainer's weights + optimizer state; return where it went (a path or URI that
+        `restore_checkpoint` takes)."""
         ...
 
-    async def restore_checkpoint(self, path: str) -> int:
-        """Load a checkpoint written by `save_checkpoint`; return its policy version."""
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        """Load weights + optimizer state written by `save_checkpoint` into the trainer and serve
+        those weights as `version` (default: the version recorded with the checkpoint); return the
+        served version. When `version` equals the version served now, the caller guarantees that
+        those weights are already served: only the trainer state is loaded."""
         ...
 
 

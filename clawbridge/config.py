@@ -93,7 +93,6 @@ class Settings(BaseSettings):
         description="Modules LoRA adapts (local backend).",
     )
     learning_rate: float = Field(1e-4, description="AdamW / Adam learning rate.")
-    checkpoint_every: int = Field(10, description="Save a checkpoint every N training steps (0: never).")
     max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (local backend; 0: off).")
     micro_batch_size: int = Field(8, description="Datums per forward/backward; larger batches accumulate (local).")
     train_world_size: int = Field(

@@ -28,6 +28,7 @@ import uvicorn
 from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
 from clawbridge.backend import ServingBackend, TrainingBackend, load_backend
 from clawbridge.config import Settings
+from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
@@ -40,6 +41,8 @@ from clawbridge.rewards.worker import build_reward_worker
 from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
 from clawbridge.trainer import TrainerLoop
+from clawbridge.trainer.checkpoints import CheckpointKeeper, check_identity
+from clawbridge.trainer.identity import checkpoint_identity
 
 log = logging.getLogger("clawbridge")
 
@@ -99,24 +102,41 @@ def check_bind(settings: Settings) -> None:
 
 
 async def build_state(settings: Settings, backend: ServingBackend | None = None) -> ProxyState:
-    """Start the backend and assemble what the app needs."""
+    """Start the backend and assemble what the app needs.
+
+    The store is opened first, so a state dir whose checkpoints belong to another model, LoRA
+    config or backend refuses before any model loads (`clawbridge.trainer.identity`)."""
     check_bind(settings)
     for note in prepare_state_dir(settings.state_path):
         log.warning("%s", note)
     log.info("checking the store's integrity")
     check_store_file(settings.state_path / DB_FILENAME)
     keys = resolve_keys(settings)
-    if backend is None:
-        backend = load_backend(settings.backend, settings)
-    await backend.start()
-    info = backend.model_info()
-    renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)
-    log.info("%s: %s", info.name, renderer.describe())
     store = Store.open(settings.state_path)
+    try:
+        identity = checkpoint_identity(settings, backend.name if backend is not None else settings.backend)
+        check_identity(store, identity)
+        if backend is None:
+            backend = load_backend(settings.backend, settings)
+        await backend.start()
+        info = backend.model_info()
+        renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)
+        log.info("%s: %s", info.name, renderer.describe())
+        keeper: CheckpointKeeper | None = None
+        if isinstance(backend, TrainingBackend):
+            # Serve the newest committed version, with or without training: checkpoints belong to
+            # the trainer loop (clawbridge.trainer.checkpoints), never to the backend's start().
+            keeper = CheckpointKeeper(store, backend, identity)
+            await keeper.resume()
+    except BaseException:
+        store.close()
+        if backend is not None:
+            await backend.close()
+        raise
     state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
-    if settings.train and isinstance(backend, TrainingBackend):
-        state.trainer = TrainerLoop.from_settings(settings, store, backend)
+    if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
+        state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper)
     state.judge = await build_reward_worker(settings, store, backend, renderer)
     if state.trainer is not None:
         state.reporter = build_reporter(settings, store)
@@ -145,11 +165,12 @@ class ProxyServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, state_dir: Path, drain: Drain | None = None,
-                 drain_grace_s: float = 0.0) -> None:
+                 drain_grace_s: float = 0.0, lock: StateDirLock | None = None) -> None:
         super().__init__(config)
         self.state_dir = state_dir
         self.drain = drain
         self.drain_grace_s = drain_grace_s
+        self.lock = lock
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Drain first (see `clawbridge.proxy.guard.Drain`), then uvicorn's own graceful shutdown,
@@ -161,7 +182,10 @@ class ProxyServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:  # bound: a failed bind must not overwrite another server's address
-            write_address(self.state_dir, root_url_for(self.config.host, self.config.port))
+            url = root_url_for(self.config.host, self.config.port)
+            write_address(self.state_dir, url)
+            if self.lock is not None:
+                self.lock.record(url)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -185,11 +209,28 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None) -
 
 
 async def serve(settings: Settings, announce: Any = print) -> None:
-    """Run the proxy until interrupted."""
+    """Run the proxy until interrupted.
+
+    Before anything loads: the state dir lock (`clawbridge.instance`: a second server on it exits
+    at once, naming the first) and the listening socket (a port in use is reported at once)."""
+    check_bind(settings)
+    lock = StateDirLock(settings.state_path)
+    lock.acquire()
+    try:
+        sock = bind_listener(settings.host, settings.port)
+        try:
+            await _serve_locked(settings, announce, lock, sock)
+        finally:
+            sock.close()
+    finally:
+        lock.release()
+
+
+async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, sock: socket.socket) -> None:
     state = await build_state(settings)
     app = build_app(state)
     config = uvicorn_config(app, settings)
-    server = ProxyServer(config, settings.state_path, state.drain, settings.drain_grace_s)
+    server = ProxyServer(config, settings.state_path, state.drain, settings.drain_grace_s, lock)
     keys = resolve_keys(settings)
     base = base_url_for(settings.host, settings.port)
     key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"
@@ -215,7 +256,7 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
              + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         clear_address(settings.state_path)
         state.writer.close()

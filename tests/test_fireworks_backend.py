@@ -58,7 +58,6 @@ def make_settings(url: str, state: Path, **kw: Any) -> Settings:
         request_timeout_s=10.0,
         lora_rank=8,
         learning_rate=3e-5,
-        checkpoint_every=0,
     )
     base.update(kw)
     return Settings(**base)
@@ -308,29 +307,34 @@ def test_sampler_retries_425_and_429_then_maps_errors(
     asyncio.run(run())
 
 
-def test_restart_resumes_from_manifest(fake: tuple[FakeFireworks, ServerThread], tmp_path: Path) -> None:
+def test_restart_restores_what_it_is_told(fake: tuple[FakeFireworks, ServerThread], tmp_path: Path) -> None:
     fw, srv = fake
-    settings = make_settings(srv.url, tmp_path, checkpoint_every=1)
+    settings = make_settings(srv.url, tmp_path)
 
-    async def first() -> str:
+    async def first() -> tuple[str, str]:
         backend = await started(settings)
         try:
             await backend.train_step([datum()], LossConfig())
             assert await backend.publish() == 1
-            return backend.manifest.versions[1]
+            return backend.manifest.versions[1], await backend.save_checkpoint("step-1")
         finally:
             await backend.close()
 
-    identity = asyncio.run(first())
+    identity, path = asyncio.run(first())
     n_jobs = fw.ops().count("job.create")
 
     async def second() -> None:
         # no consent needed: everything it uses already exists and was created by clawbridge
-        backend = await started(make_settings(srv.url, tmp_path, checkpoint_every=1, fireworks_yes=False))
+        backend = await started(make_settings(srv.url, tmp_path, fireworks_yes=False))
         try:
+            assert not fw.bodies("trainer.load_weights")  # the trainer loop restores, never start()
+            hotloads = fw.ops().count("hotload")
+            assert await backend.restore_checkpoint(path, 1) == 1
+            assert fw.ops().count("hotload") == hotloads  # the deployment already serves v1's snapshot
             assert backend.sampler().policy_version == 1 and backend.manifest.step == 1
             await backend.train_step([datum()], LossConfig())
             assert await backend.publish() == 2
+            await backend.save_checkpoint("step-2")
         finally:
             await backend.close()
 

@@ -53,7 +53,6 @@ TRAINER_SETTINGS: dict[str, Any] = {
     "advantage_normalization": "token_mean",
     "api_key": CLIENT_KEY,
     "admin_key": ADMIN_KEY,
-    "checkpoint_every": 0,
 }
 
 

@@ -67,7 +67,6 @@ def settings_for(model_dir: Path, state_dir: Path, lora_rank: int, **extra: Any)
         "lora_rank": lora_rank,
         "lora_alpha": 32.0,
         "learning_rate": 1e-3,
-        "checkpoint_every": 0,
         "max_running_requests": 4,
         "train_world_size": 1,
     }
@@ -235,31 +234,30 @@ def test_lora_publish_serves_what_the_trainer_computes(tiny_model_dir: Path, tmp
 
 
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora8"])
-def test_restart_restores_newest_checkpoint_and_serves_it(
-    tiny_model_dir: Path, tmp_path: Path, lora_rank: int
-) -> None:
-    settings = settings_for(tiny_model_dir, tmp_path, lora_rank, checkpoint_every=1)
+def test_restart_restores_a_checkpoint_and_serves_it(tiny_model_dir: Path, tmp_path: Path, lora_rank: int) -> None:
+    settings = settings_for(tiny_model_dir, tmp_path, lora_rank)
 
-    async def first_run() -> tuple[list[Sample], list[Sample]]:
+    async def first_run() -> tuple[list[Sample], list[Sample], str]:
         backend = LocalBackend(settings, progress=False)
         await backend.start()
         try:
             engine = backend.sampler()
             base = samples = await greedy_all(engine)
-            for version in (1, 2):
+            for version in (3, 5):  # the trainer loop hands out numbers from the store
                 await backend.train_step(batch_from(samples), LossConfig())
-                assert await backend.publish() == version
+                assert await backend.publish(version) == version
                 samples = await greedy_all(engine)
-            return base, samples
+            return base, samples, await backend.save_checkpoint("v00000005-step")
         finally:
             await backend.close()
 
-    async def second_run() -> tuple[list[Sample], int, int]:
+    async def second_run(path: str) -> tuple[list[Sample], int, int]:
         backend = LocalBackend(settings, progress=False)
         await backend.start()
         try:
             engine = backend.sampler()
-            assert engine.policy_version == 2
+            assert engine.policy_version == 0  # a backend never restores by itself
+            assert await backend.restore_checkpoint(path, 5) == 5
             restored = await greedy_all(engine)
             trainer = backend._trainer
             assert trainer is not None
@@ -269,13 +267,12 @@ def test_restart_restores_newest_checkpoint_and_serves_it(
         finally:
             await backend.close()
 
-    base, served = asyncio.run(first_run())
-    ckpts = sorted(p.name for p in (tmp_path / "checkpoints" / "local").iterdir())
-    assert ckpts == ["step-00000001", "step-00000002"]
-    restored, step, next_version = asyncio.run(second_run())
-    assert step == 2 and next_version == 3
+    base, served, path = asyncio.run(first_run())
+    assert Path(path).parent == tmp_path / "checkpoints" / "local"
+    restored, step, next_version = asyncio.run(second_run(path))
+    assert step == 2 and next_version == 6
     for (ids, lps, v), (ids_r, lps_r, v_r), (_, base_lps, _) in zip(served, restored, base, strict=True):
-        assert (v, v_r) == (2, 2)
+        assert (v, v_r) == (5, 5)
         assert ids_r == ids
         assert lps_r == pytest.approx(lps, abs=1e-6)
         assert max(abs(a - b) for a, b in zip(lps, base_lps, strict=False)) > 1e-3  # not just the base

@@ -326,7 +326,7 @@ def test_fake_sampling_client_stream_cut_at_stop() -> None:
 # ---- checkpoints
 
 
-def test_restart_resumes_from_manifest(server: TinkerProtocolServer, tmp_path: Path) -> None:
+def test_restart_restores_what_it_is_told(server: TinkerProtocolServer, tmp_path: Path) -> None:
     async def first(b: TinkerBackend) -> str:
         await b.train_step([datum([40])], LossConfig())
         await b.train_step([datum([41])], LossConfig())
@@ -343,6 +343,8 @@ def test_restart_resumes_from_manifest(server: TinkerProtocolServer, tmp_path: P
     assert [p.name for p in manifest_file.parent.iterdir()] == ["manifest.json"]  # no temp files left
 
     async def second(b: TinkerBackend) -> Any:
+        assert b.sampler().policy_version == 0  # the trainer loop restores, never start()
+        assert await b.restore_checkpoint(path, 1) == 1
         state = (b.step, b.policy_version, b.sampler().policy_version)
         stream = await b.sampler().sample(PROMPT, SamplingParams(max_tokens=2))
         tokens = [t.token_id async for t in stream]

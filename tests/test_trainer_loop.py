@@ -187,7 +187,12 @@ def test_failed_step_leaves_samples_then_one_success_consumes_them_once(store: S
     assert [d.turn_id for d in b.batches[0]] == [d.turn_id for d in b.batches[1]] == ids
     assert consumed(store) == dict.fromkeys(ids, ok.step)
     assert run(loop.run_once()) is None
-    assert len(b.batches) == 2 and b.published == [1]
+    assert len(b.batches) == 2
+    # The failed update was undone before the retry: the weights hold each sample exactly once.
+    assert b.applied == ids
+    # A failed publish may have left anything served: the committed base is served again under a
+    # new number (v2) and the retried step publishes v3; v1 is never used again.
+    assert b.published == ([1] if where == "train" else [2, 3])
     assert loop.status()["last_error"]["step"] == failed.step
 
 

@@ -82,14 +82,17 @@ def up(
         raise typer.Exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from clawbridge.backend import BackendNotInstalled
+    from clawbridge.instance import PortInUse, StateDirBusy
     from clawbridge.server import UnsafeBind, serve
     from clawbridge.store.health import StateDirError, StoreCorrupt
+    from clawbridge.trainer.identity import CheckpointMismatch
 
     try:
         asyncio.run(serve(settings, announce=lambda s: console.print(s, highlight=False, soft_wrap=True)))
     except KeyboardInterrupt:
         pass
-    except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, FileNotFoundError, OSError) as exc:
+    except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, StateDirBusy, PortInUse, CheckpointMismatch,
+            FileNotFoundError, OSError) as exc:
         err.print(f"[red]cannot start:[/red] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)

@@ -139,6 +139,24 @@ MIGRATIONS: list[str] = [
         finished_at  REAL NOT NULL
     );
     """,
+    # v3: policy versions owned by the store (clawbridge.store.versions): every version ever
+    # served is reserved here before it is published, so none repeats across restarts; committed
+    # ones name the checkpoint (weights + optimizer state) and what it belongs to.
+    """
+    CREATE TABLE policy_versions (
+        version        INTEGER PRIMARY KEY,
+        status         TEXT NOT NULL,       -- reserved | committed | abandoned
+        kind           TEXT NOT NULL,       -- base | step | rollback | restore
+        step           INTEGER,             -- kind step: the training step that produced it
+        source_version INTEGER,             -- rollback | restore: the version whose weights it serves
+        checkpoint     TEXT,                -- committed: where its weights and optimizer state are
+        identity_json  TEXT,                -- committed: base model, LoRA config, backend
+        created_at     REAL NOT NULL,
+        committed_at   REAL
+    );
+    CREATE INDEX policy_versions_status ON policy_versions(status, version);
+    ALTER TABLE steps ADD COLUMN checkpoint TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -31,6 +31,7 @@ from typing import Any
 
 from clawbridge.store.codec import decode_floats, decode_ids
 from clawbridge.store.store import Store, StoreError
+from clawbridge.store.versions import commit_in
 
 INGEST_MARGIN_S = 60.0
 """Sessions ended up to this long before the last watermark are rescanned (out-of-order commits)."""
@@ -265,11 +266,21 @@ class TrainingStore:
             return int(cur.lastrowid or 0)
 
     def commit_step(
-        self, step: int, policy_version: int, metrics: dict[str, Any], turn_ids: Sequence[str]
+        self,
+        step: int,
+        policy_version: int,
+        metrics: dict[str, Any],
+        turn_ids: Sequence[str],
+        checkpoint: str | None = None,
+        identity: dict[str, Any] | None = None,
     ) -> None:
-        """In ONE transaction: the step becomes ok with its metrics and version, and its samples
-        are consumed by it. Raises StoreError (nothing written) if a sample is not pending."""
+        """In ONE transaction: the step becomes ok with its metrics, version and checkpoint, its
+        samples are consumed by it, and (with a checkpoint) its reserved policy version becomes
+        committed (`clawbridge.store.versions`). Raises StoreError (nothing written) if a sample is
+        not pending or the version is not reserved."""
         with self.store._tx() as c:
+            if checkpoint is not None:
+                commit_in(c, policy_version, checkpoint, identity)
             changed = 0
             for tid in turn_ids:
                 changed += c.execute(
@@ -282,9 +293,9 @@ class TrainingStore:
                     f"step {step}: {len(set(turn_ids)) - changed} sample(s) were no longer pending"
                 )
             cur = c.execute(
-                "UPDATE steps SET status='ok', policy_version=?, metrics_json=?, error=NULL, finished_at=? "
-                "WHERE step=? AND status='running'",
-                (policy_version, json.dumps(metrics), time.time(), step),
+                "UPDATE steps SET status='ok', policy_version=?, metrics_json=?, error=NULL, finished_at=?, "
+                "checkpoint=? WHERE step=? AND status='running'",
+                (policy_version, json.dumps(metrics), time.time(), checkpoint, step),
             )
             if cur.rowcount != 1:
                 raise StoreError(f"step {step} is not running")

@@ -9,7 +9,13 @@ Invariants:
   starts is sampled (and recorded) at the new version.
 - Failures on demand: `fail_train` / `fail_publish` make the next N calls raise `FakeStepError`;
   `crash_after_train` makes the next `publish()` raise `SimulatedCrash`, a BaseException that no
-  `except Exception` catches, standing in for a process killed between a step and its commit.
+  `except Exception` catches, standing in for a process killed between a step and its commit;
+  `crash_at` does the same at a named moment ("train": after the update applied, "publish": after
+  the new version serves, "checkpoint": during the checkpoint write, nothing saved).
+- The trainer state is modelled: `applied` lists the turn ids of every batch whose update the
+  weights hold (a failed `train_step` with `fail_after_apply` still applies it, like a hosted step
+  that timed out); a checkpoint snapshots `applied` and `restore_checkpoint` brings it back. The
+  `disk` dict is where checkpoints live: hand the same one to the fake of a restarted process.
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ class FakeTrainingBackend(FakeServingBackend):
 
     name = "fake-training"
 
-    def __init__(self, sampler: FakeSampler, info: ModelInfo, step_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        sampler: FakeSampler,
+        info: ModelInfo,
+        step_delay_s: float = 0.0,
+        disk: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+    ) -> None:
         super().__init__(sampler, info)
         self.fake_sampler = sampler
         self.step_delay_s = step_delay_s
@@ -42,39 +54,69 @@ class FakeTrainingBackend(FakeServingBackend):
         self.batches: list[list[Datum]] = []
         self.losses: list[LossConfig] = []
         self.published: list[int] = []
-        self.checkpoints: dict[str, int] = {}
+        self.disk: dict[str, tuple[int, tuple[str, ...]]] = {} if disk is None else disk
+        """Checkpoints by name: (policy version, applied turn ids); survives a simulated restart."""
+        self.applied: list[str] = []
+        """Turn ids whose update the trainer state holds, in the order applied."""
+        self.restores: list[tuple[str, int]] = []
         self.fail_train = 0
+        self.fail_after_apply = False
+        """`fail_train` failures happen after the update was applied (a timed-out hosted step)."""
         self.fail_publish = 0
         self.crash_after_train = False
+        self.crash_at: str | None = None
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         self.batches.append(list(batch))
         self.losses.append(loss)
         if self.step_delay_s:
             await asyncio.sleep(self.step_delay_s)
-        if self.fail_train > 0:
+        if self.fail_train > 0 and not self.fail_after_apply:
             self.fail_train -= 1
             raise FakeStepError("fake train_step failure (asked for)")
+        self.applied.extend(d.turn_id for d in batch)
+        if self.fail_train > 0:
+            self.fail_train -= 1
+            raise FakeStepError("fake train_step failure after the update applied (asked for)")
+        if self.crash_at == "train":
+            self.crash_at = None
+            raise SimulatedCrash("simulated kill after train_step")
         tokens = sum(sum(d.mask) for d in batch)
         pg = -sum(a * m for d in batch for a, m in zip(d.advantages, d.mask, strict=True))
         return StepResult(metrics={"loss": pg, "tokens": float(tokens), "kl": 0.0, "clip_fraction": 0.0})
 
-    async def publish(self) -> int:
+    async def publish(self, version: int | None = None) -> int:
         if self.crash_after_train:
             self.crash_after_train = False
             raise SimulatedCrash("simulated kill between train_step and commit")
         if self.fail_publish > 0:
             self.fail_publish -= 1
             raise FakeStepError("fake publish failure (asked for)")
-        self.fake_sampler.version += 1
-        self.published.append(self.fake_sampler.version)
-        return self.fake_sampler.version
+        new = self.fake_sampler.version + 1 if version is None else version
+        if new <= self.fake_sampler.version:
+            raise ValueError(f"new policy version {new} must be > {self.fake_sampler.version}")
+        self.fake_sampler.version = new
+        self.published.append(new)
+        if self.crash_at == "publish":
+            self.crash_at = None
+            raise SimulatedCrash("simulated kill after publish")
+        return new
 
     async def save_checkpoint(self, name: str) -> str:
-        self.checkpoints[name] = self.fake_sampler.version
+        if self.crash_at == "checkpoint":
+            self.crash_at = None
+            raise SimulatedCrash("simulated kill during the checkpoint write")
+        self.disk[name] = (self.fake_sampler.version, tuple(self.applied))
         return f"fake://{name}"
 
-    async def restore_checkpoint(self, path: str) -> int:
-        version = self.checkpoints[path.removeprefix("fake://")]
-        self.fake_sampler.version = version
-        return version
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        saved_version, applied = self.disk[path.removeprefix("fake://")]
+        self.applied = list(applied)
+        serve = saved_version if version is None else version
+        if serve != self.fake_sampler.version:
+            if serve < self.fake_sampler.version:
+                raise ValueError(f"cannot serve v{serve} after v{self.fake_sampler.version}")
+            self.fake_sampler.version = serve
+            self.published.append(serve)
+        self.restores.append((path, serve))
+        return serve

@@ -8,14 +8,17 @@ Invariants:
 - When a turn becomes trainable: its session has ended (end_session, X-Session-Done, idle, a
   replaced session key, a one-call session) and it has at least one reward. See
   `clawbridge.store.training` for the sample lifecycle.
-- A step = `train_step(batch, LossConfig)` then `publish()`, and only then, in ONE transaction,
-  the `steps` row becomes ok (with the published version and metrics) and the batch's samples get
-  `consumed_step`. A raise anywhere (store read, datum build, train_step, publish) records the
-  step as failed with its error and leaves the samples for the next step; so does a cancel.
-- Exactly-once in the store, at-least-once at the backend: a process killed after `train_step`
-  (or `publish`) but before the commit leaves the step `running` and its samples unconsumed; the
-  next loop marks that step failed (`recover_interrupted`) and trains the samples again, so the
-  backend may see a sample twice across a crash, but the store consumes it once.
+- A step = `train_step(batch, LossConfig)`, then `publish(v)` of a version `v` reserved in the
+  store, then a checkpoint of the trainer state, and only then, in ONE transaction, the `steps`
+  row becomes ok (with v, its checkpoint and metrics), v becomes committed and the batch's samples
+  get `consumed_step`. A raise anywhere records the step as failed with its error and leaves the
+  samples for the next step; so does a cancel. Checkpoints and versions: see
+  `clawbridge.trainer.checkpoints`.
+- Exactly-once in the store AND in the weights: after a failed step the trainer state is reloaded
+  from the newest committed checkpoint before another step runs, and a process killed after
+  `train_step` (or `publish`, or the checkpoint) but before the commit restarts from that
+  checkpoint; the step's `running` row is marked failed (`recover_interrupted`) and its samples
+  are trained again, onto weights that never saw them.
 - Staleness is checked when a batch is formed: a sample more than `max_off_policy_steps` versions
   behind the serving version is dropped (`dropped_reason='stale'`, counted in the next step's
   metrics) under `stale_policy='drop'`, or kept under `importance_weight` (the recorded sampler
@@ -38,6 +41,7 @@ from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
+from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
 
 if TYPE_CHECKING:
@@ -118,10 +122,18 @@ class StepReport:
 class TrainerLoop:
     """Turns ended, rewarded sessions into training steps on a `TrainingBackend`."""
 
-    def __init__(self, store: Store, backend: TrainingBackend, config: TrainerConfig | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: TrainingBackend,
+        config: TrainerConfig | None = None,
+        keeper: CheckpointKeeper | None = None,
+    ) -> None:
         self.store = store
         self.backend = backend
         self.config = config or TrainerConfig()
+        self.keeper = keeper or CheckpointKeeper(store, backend)
+        """Checkpoints and policy versions (`resume()` it at start-up, before serving)."""
         self.tstore = TrainingStore(store, wait_for_judge=self.config.wait_for_judge)
         self.running_means = RunningMeans()
         """Running-mean baselines, advanced only when a step commits."""
@@ -137,8 +149,10 @@ class TrainerLoop:
         self._wake = asyncio.Event()
 
     @classmethod
-    def from_settings(cls, settings: Settings, store: Store, backend: TrainingBackend) -> TrainerLoop:
-        return cls(store, backend, TrainerConfig.from_settings(settings))
+    def from_settings(
+        cls, settings: Settings, store: Store, backend: TrainingBackend, keeper: CheckpointKeeper | None = None
+    ) -> TrainerLoop:
+        return cls(store, backend, TrainerConfig.from_settings(settings), keeper)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -199,6 +213,8 @@ class TrainerLoop:
         """Ingest ended sessions, drop what must be dropped, and run one step if a batch is ready.
         Returns None when no batch was ready, else the step's report (ok or failed)."""
         async with self._lock:
+            if self.keeper.dirty:  # a failed step or undo: never train on top of an uncommitted update
+                await self.keeper.undo()
             batch = await asyncio.to_thread(self._collect)
             if not batch:
                 return None
@@ -250,16 +266,26 @@ class TrainerLoop:
         step = await asyncio.to_thread(self.tstore.begin_step)
         self._in_step = True
         metrics: dict[str, Any] = {}
+        keeper = self.keeper
+        version: int | None = None
         try:
             prepared = await asyncio.to_thread(self._prepare, batch)
             metrics.update(prepared.metrics)
+            await keeper.ensure_base()
+            keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
             result = await self.backend.train_step(prepared.datums, self.config.loss)
             t1 = time.monotonic()
-            version = await self.backend.publish()
+            version = await asyncio.to_thread(keeper.reserve_step, step)
+            await keeper.publish(version)
             t2 = time.monotonic()
+            checkpoint = await keeper.save(version)
             metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
-            await asyncio.to_thread(self.tstore.commit_step, step, version, metrics, turn_ids)
+            metrics["checkpoint_seconds"] = time.monotonic() - t2
+            await asyncio.to_thread(
+                self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
+            )
+            keeper.committed()
         except asyncio.CancelledError:
             self.tstore.fail_step(step, "cancelled: the trainer stopped during this step", metrics)
             raise
@@ -269,7 +295,14 @@ class TrainerLoop:
                 "training step %d failed (%d samples stay for the next step): %s", step, len(batch), error
             )
             await asyncio.to_thread(self.tstore.fail_step, step, error, metrics)
+            if version is not None:
+                await asyncio.to_thread(keeper.versions.abandon, version)
             self.last_report = StepReport(step, False, None, metrics, error, turn_ids)
+            if keeper.dirty:
+                try:
+                    await keeper.undo()
+                except Exception:
+                    log.exception("could not reload the last committed checkpoint; retrying before the next step")
             return self.last_report
         finally:
             self._in_step = False
@@ -307,6 +340,12 @@ class TrainerLoop:
             }
         )
         return m
+
+    async def rollback(self, version: int) -> int:
+        """Serve committed `version`'s checkpoint under a new version and train on from it (waits
+        for a step in progress); returns the new version."""
+        async with self._lock:
+            return await self.keeper.rollback(version)
 
     # ------------------------------------------------------------------ for the proxy and status
     def backlog_exceeded(self) -> tuple[bool, float]:

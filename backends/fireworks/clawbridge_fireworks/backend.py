@@ -132,13 +132,6 @@ class FireworksBackend:
             retry_budget_s=s.fireworks_retry_budget_s,
             version=self.manifest.version,
         )
-        served = await asyncio.to_thread(self._served_identity)
-        expected = self.manifest.versions.get(self.manifest.version)
-        if self.manifest.version > 0 and served != expected:
-            self.notify(
-                f"deployment serves {served!r}, not version {self.manifest.version}; publishing again"
-            )
-            await self.publish()
         self.notify(f"ready: policy version {self.manifest.version}, step {self.manifest.step}")
 
     def _start_blocking(self, api_key: str) -> None:
@@ -193,11 +186,6 @@ class FireworksBackend:
         if s.lora_rank > 0:
             kwargs["lora_alpha"] = int(s.lora_alpha)
         self._training = self._service.create_training_client(**kwargs)
-        ckpt = m.latest_checkpoint()
-        if ckpt is not None:
-            self.notify(f"restoring checkpoint {ckpt.name} (step {ckpt.step})")
-            self._training.load_state_with_optimizer(ckpt.path).result(timeout=s.fireworks_step_timeout_s)
-            m.step = ckpt.step
         self._syncer = WeightSyncer(
             policy_client=self._training,
             deploy_mgr=self._deploy_mgr,
@@ -266,9 +254,6 @@ class FireworksBackend:
                 raise StepFailed(f"fireworks training step failed: {type(e).__name__}: {e}") from e
             self.manifest.step += 1
             self.manifest.save(self.manifest_path)
-            every = self.settings.checkpoint_every
-            if every and self.manifest.step % every == 0:
-                await self._save_checkpoint_locked(f"step-{self.manifest.step}")
         metrics = step_metrics(batch, fwd, opt)
         metrics["step"] = float(self.manifest.step)
         return StepResult(metrics=metrics)
@@ -290,7 +275,7 @@ class FireworksBackend:
         opt_out = opt.result(timeout=max(0.001, deadline - time.monotonic()))
         return metrics_of(fb_out), metrics_of(opt_out)
 
-    async def publish(self) -> int:
+    async def publish(self, version: int | None = None) -> int:
         assert self._syncer is not None and self._deploy_mgr is not None and self._sampler is not None
         sampler = self._sampler
         loop = asyncio.get_running_loop()
@@ -299,10 +284,10 @@ class FireworksBackend:
             asyncio.run_coroutine_threadsafe(sampler.close_gate(), loop).result(timeout=30)
 
         async with self._lock:
-            version = self.manifest.version + 1
+            target = self.manifest.version + 1 if version is None else version
             self._deploy_mgr.before_hotload = close_gate
             try:
-                identity = await asyncio.to_thread(self._syncer.save_and_hotload, f"clawbridge-v{version}")
+                identity = await asyncio.to_thread(self._syncer.save_and_hotload, f"clawbridge-v{target}")
             except Exception as e:
                 await sampler.open_gate(self.manifest.version)
                 raise PublishFailed(f"fireworks publish failed: {type(e).__name__}: {e}") from e
@@ -311,12 +296,12 @@ class FireworksBackend:
             if not identity:
                 await sampler.open_gate(self.manifest.version)
                 raise PublishFailed("save_and_hotload returned no snapshot identity")
-            self.manifest.versions[version] = identity
-            self.manifest.version = version
+            self.manifest.versions[target] = identity
+            self.manifest.version = target
             self.manifest.save(self.manifest_path)
-            await sampler.open_gate(version)
-            self.notify(f"published version {version} (snapshot {identity})")
-            return version
+            await sampler.open_gate(target)
+            self.notify(f"published version {target} (snapshot {identity})")
+            return target
 
     async def save_checkpoint(self, name: str) -> str:
         async with self._lock:
@@ -334,19 +319,27 @@ class FireworksBackend:
         self.manifest.save(self.manifest_path)
         return path
 
-    async def restore_checkpoint(self, path: str) -> int:
-        assert self._training is not None
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        """Load weights + optimizer state and serve them as `version` (default: the version recorded
+        with the checkpoint): hot-loaded again unless the deployment already serves that version's
+        snapshot."""
+        assert self._training is not None and self._sampler is not None
         timeout = self.settings.fireworks_step_timeout_s
         training = self._training
         async with self._lock:
             await asyncio.to_thread(lambda: training.load_state_with_optimizer(path).result(timeout=timeout))
-            version = self.manifest.version
+            target = self.manifest.version if version is None else version
             for rec in reversed(self.manifest.checkpoints):
                 if rec.path == path:
-                    self.manifest.step, version = rec.step, rec.version
+                    self.manifest.step = rec.step
+                    target = rec.version if version is None else version
                     break
             self.manifest.save(self.manifest_path)
-            return version
+        served = await asyncio.to_thread(self._served_identity)
+        if target == self.manifest.version and served is not None and served == self.manifest.versions.get(target):
+            return target
+        self.notify(f"serving checkpoint {path} as version {target}")
+        return await self.publish(target)
 
     # -- rewards: the base model as OPD teacher (clawbridge.backend.LogprobScorer) -------------
 

@@ -11,8 +11,8 @@ Invariants:
 - Training (`train_step`, `publish`, checkpoints) goes through `LocalTrainer`, started lazily; a
   publish swaps the engine's weights under a new version, so serving never pauses (SGLang: LoRA
   adapters load under versioned names; full weights load from disk while in-flight requests drain,
-  see `sglang_engine`). `start()` restores the newest checkpoint in the state dir and serves its
-  weights under its version.
+  see `sglang_engine`). Checkpoints are saved and restored only when the trainer loop says so
+  (`clawbridge.trainer.checkpoints`); `start()` serves the base model at version 0.
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ class LocalBackend:
         self._server: SGLangServer | None = None
         self._engine: TorchEngine | SGLangEngine | None = None
         self._trainer: LocalTrainer | None = None
-        self._publishes = 0
 
     async def start(self) -> None:
         """Load the model (with a progress bar) in a thread and start the engine's worker."""
@@ -115,18 +114,9 @@ class LocalBackend:
             max_queued=s.max_queued_requests,
             progress=self._progress,
         )
-        trainer = self._training()
-        latest = trainer.latest()
-        if latest is not None:
-            version = await asyncio.to_thread(trainer.restore_checkpoint, latest)
-            if version > 0:
-                update = await asyncio.to_thread(trainer.weight_update)
-                await self._engine.swap_weights(update, version)
-            log.info("restored %s: serving policy v%d", latest, version)
 
     async def _start_sglang(self) -> None:
-        """Connect to `sglang_url`, or launch SGLang and wait until healthy; then serve the latest
-        checkpoint by publishing it to the server."""
+        """Connect to `sglang_url`, or launch SGLang and wait until healthy."""
         s = self.settings
         url = s.sglang_url
         if not url:
@@ -143,13 +133,6 @@ class LocalBackend:
                 url, lora=lora, max_in_flight=s.max_running_requests + s.max_queued_requests,
                 read_timeout_s=s.request_timeout_s,
             )
-            trainer = self._training()
-            latest = trainer.latest()
-            if latest is not None:
-                version = await asyncio.to_thread(trainer.restore_checkpoint, latest)
-                if version > 0:
-                    await self._publish_sglang(self._engine, trainer, version)
-                log.info("restored %s: serving policy v%d", latest, version)
         except BaseException:
             await self.close()
             raise
@@ -208,40 +191,40 @@ class LocalBackend:
         """One FSDP (or in-process) optimizer step; serving goes on meanwhile."""
         return await asyncio.to_thread(self._training().train_step, batch, loss)
 
-    async def publish(self) -> int:
-        """Swap the trained weights into the engine as the next policy version; checkpoint every
-        `checkpoint_every` publishes."""
+    async def publish(self, version: int | None = None) -> int:
+        """Swap the trained weights into the engine as `version` (default: the served one + 1)."""
         engine = self._require()
         trainer = self._training()
+        target = engine.policy_version + 1 if version is None else version
         if isinstance(engine, SGLangEngine):
-            version = await self._publish_sglang(engine, trainer, engine.policy_version + 1)
+            served = await self._publish_sglang(engine, trainer, target)
         else:
             update = await asyncio.to_thread(trainer.weight_update)
-            version = await engine.swap_weights(update, engine.policy_version + 1)
-        trainer.client.policy_version = version
-        self._publishes += 1
-        every = self.settings.checkpoint_every
-        if every > 0 and self._publishes % every == 0:
-            await self.save_checkpoint(f"step-{trainer.client.step:08d}")
-        return version
+            served = await engine.swap_weights(update, target)
+        trainer.client.policy_version = served
+        return served
 
     async def save_checkpoint(self, name: str) -> str:
+        """Weights (or adapter) + optimizer state to `<state_dir>/checkpoints/local/<name>`."""
         trainer = self._training()
         path = await asyncio.to_thread(trainer.save_checkpoint, name, self._require().policy_version)
         return str(path)
 
-    async def restore_checkpoint(self, path: str) -> int:
-        """Load a checkpoint into the trainer and serve its weights under its version."""
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        """Load a checkpoint into the trainer and serve its weights as `version` (default: its own);
+        when `version` is the one served, only the trainer state is loaded."""
         trainer = self._training()
-        version = await asyncio.to_thread(trainer.restore_checkpoint, Path(path))
+        recorded = await asyncio.to_thread(trainer.restore_checkpoint, Path(path))
         engine = self._require()
-        if version > engine.policy_version:
+        target = recorded if version is None else version
+        if target != engine.policy_version:
             if isinstance(engine, SGLangEngine):
-                await self._publish_sglang(engine, trainer, version)
+                await self._publish_sglang(engine, trainer, target)
             else:
                 update = await asyncio.to_thread(trainer.weight_update)
-                await engine.swap_weights(update, version)
-        return version
+                await engine.swap_weights(update, target)
+        trainer.client.policy_version = target
+        return target
 
     async def close(self) -> None:
         """Stop the trainer and the engine's worker thread. Idempotent."""

@@ -7,8 +7,8 @@ Invariants:
   in float32 from the base weights kept at start), and swaps it into the engine under a new,
   strictly greater policy version. Streams already running finish on the weights they started on.
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
-  `<state_dir>/checkpoints/local/step-XXXXXXXX`, written atomically by the trainer; `latest()`
-  finds the newest complete one, which `LocalBackend.start()` restores.
+  `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
+  trainer; the store records which one each committed version is.
 - Only the newest export is kept on disk.
 """
 
@@ -24,8 +24,6 @@ from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
 from clawbridge_local.trainer.client import FsdpTrainerClient
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
-
-CHECKPOINT_STATE = "trainer_state.json"
 
 
 def trainer_config(settings: Settings, model_path: str) -> TrainerConfig:
@@ -125,18 +123,12 @@ class LocalTrainer:
         return export
 
     def save_checkpoint(self, name: str, policy_version: int) -> Path:
+        self.ensure_started()  # the base checkpoint is saved before the first step
         return self.client.save_checkpoint(self.checkpoint_dir / name, policy_version)
 
     def restore_checkpoint(self, path: Path) -> int:
         self.ensure_started()
         return self.client.restore_checkpoint(path).policy_version
-
-    def latest(self) -> Path | None:
-        """The newest complete checkpoint, if any."""
-        if not self.checkpoint_dir.is_dir():
-            return None
-        done = sorted(p for p in self.checkpoint_dir.iterdir() if (p / CHECKPOINT_STATE).is_file())
-        return done[-1] if done else None
 
     def close(self) -> None:
         self.client.close()

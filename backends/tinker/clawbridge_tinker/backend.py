@@ -10,8 +10,8 @@ Invariants:
 - `publish` saves the weights for sampling and swaps the sampler's client in one assignment,
   tagged with `policy_version + 1`; streams in flight finish on the old client.
 - `save_checkpoint` records the `tinker://` path, step and version in the manifest
-  (`<state_dir>/tinker/manifest.json`, replaced atomically); `start` resumes from its latest
-  entry with `create_training_client_from_state_with_optimizer`.
+  (`<state_dir>/tinker/manifest.json`, replaced atomically); `restore_checkpoint` (called by the
+  trainer loop, never by `start`) loads one with `create_training_client_from_state_with_optimizer`.
 - The tokenizer is the user's (`settings.tokenizer_source`); `TrainingClient.get_tokenizer()`
   is never called (it downloads from a hub).
 """
@@ -87,17 +87,7 @@ class TinkerBackend:
         base_url = s.tinker_base_url or None
         self._service = await asyncio.to_thread(ServiceClient, base_url=base_url, api_key=api_key)
         self._context_window = await self._fetch_context_window(base_url, api_key)
-        manifest = load_manifest(self.manifest_file)
-        if manifest is not None and manifest.latest is not None:
-            log.info("tinker: resuming from %s (step %d)", manifest.latest.path, manifest.latest.step)
-            await self.restore_checkpoint(manifest.latest.path)
-            return
         service = self._service
-        self._training = await self._retry(
-            "create LoRA training client",
-            lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
-            s.tinker_publish_timeout_s,
-        )
         client = await self._retry(
             "create sampling client",
             lambda: service.create_sampling_client(
@@ -131,7 +121,7 @@ class TinkerBackend:
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         if not batch:
             raise ValueError("train_step needs at least one datum")
-        tc = self._require_training()
+        tc = await self._ensure_training()
         loss_fn, loss_cfg = loss_fn_and_config(loss)
         data = [to_tinker_datum(d) for d in batch]
         adam = AdamParams(learning_rate=self.settings.learning_rate)
@@ -164,8 +154,8 @@ class TinkerBackend:
         self.last_metrics = metrics
         return StepResult(metrics=metrics)
 
-    async def publish(self) -> int:
-        tc = self._require_training()
+    async def publish(self, version: int | None = None) -> int:
+        tc = await self._ensure_training()
         sampler = self._sampler
         if sampler is None:
             raise RuntimeError("TinkerBackend.start() has not run")
@@ -177,15 +167,15 @@ class TinkerBackend:
                 ).result_async(),
                 self.settings.tinker_publish_timeout_s,
             )
-            version = self.policy_version + 1
-            sampler.swap(client, version)
-            self.policy_version = version
-        return version
+            target = self.policy_version + 1 if version is None else version
+            sampler.swap(client, target)
+            self.policy_version = target
+        return target
 
     # ---- checkpoints
 
     async def save_checkpoint(self, name: str) -> str:
-        tc = self._require_training()
+        tc = await self._ensure_training()
         async with self._lock:
             saved = await self._retry(
                 f"save_state {name!r}",
@@ -199,7 +189,9 @@ class TinkerBackend:
             write_manifest(self.manifest_file, manifest)
         return saved.path
 
-    async def restore_checkpoint(self, path: str) -> int:
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        """Load weights + optimizer state into a training client and serve them as `version`
+        (default: the version recorded with the checkpoint); the served version: trainer only."""
         service = self._service
         if service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
@@ -209,6 +201,7 @@ class TinkerBackend:
             raise ValueError(
                 f"{path} is not in {self.manifest_file}; only checkpoints saved here can be resumed"
             )
+        target = entry.policy_version if version is None else version
         timeout = self.settings.tinker_publish_timeout_s
         async with self._lock:
             self._training = await self._retry(
@@ -217,28 +210,38 @@ class TinkerBackend:
                 timeout,
             )
             tc = self._training
-            client = await self._retry(
-                "sampling client for restored weights",
-                lambda: tc.save_weights_and_get_sampling_client(
-                    retry_config=self._retry_config()
-                ).result_async(),
-                timeout,
-            )
             self.step = entry.step
-            if self._sampler is None:
-                self._sampler = TinkerSampler(client, entry.policy_version, self._limits())
-            elif entry.policy_version > self._sampler.policy_version:
-                self._sampler.swap(client, entry.policy_version)
-            else:  # going back: keep versions increasing
-                self._sampler.swap(client, self._sampler.policy_version + 1)
+            if self._sampler is None or target != self._sampler.policy_version:
+                client = await self._retry(
+                    "sampling client for restored weights",
+                    lambda: tc.save_weights_and_get_sampling_client(
+                        retry_config=self._retry_config()
+                    ).result_async(),
+                    timeout,
+                )
+                if self._sampler is None:
+                    self._sampler = TinkerSampler(client, target, self._limits())
+                else:
+                    self._sampler.swap(client, target)
             self.policy_version = self._sampler.policy_version
         return self.policy_version
 
     # ---- helpers
 
-    def _require_training(self) -> TrainingClient:
-        if self._training is None:
+    async def _ensure_training(self) -> TrainingClient:
+        """The training client: restored by `restore_checkpoint`, else a fresh LoRA created on
+        first use (a serving-only or resumed start never creates one it does not need)."""
+        if self._training is not None:
+            return self._training
+        service = self._service
+        if service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
+        s = self.settings
+        self._training = await self._retry(
+            "create LoRA training client",
+            lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
+            s.tinker_publish_timeout_s,
+        )
         return self._training
 
     def _limits(self) -> SamplerLimits:

@@ -1,0 +1,150 @@
+"""Checkpoints and policy versions, owned by the trainer loop the same way for every backend.
+
+Invariants (with `clawbridge.store.versions`, which keeps the numbering):
+- Every committed training step has a checkpoint: the step reserves a version in the store,
+  publishes it, saves the trainer's weights + optimizer state, and only then commits step,
+  samples and version in one transaction. So nothing is left to save at a graceful shutdown, and
+  a restart (after a clean stop or `kill -9` at any moment) restores exactly the newest committed
+  version, with its optimizer state, and serves it under its own number.
+- Before the first step ever, the untrained trainer state is saved as version 0 (the base).
+- A failed step never applies its update twice: after any failure (train_step, publish,
+  checkpoint or commit) the trainer state may hold an update that was not committed, so it is
+  reloaded from the newest committed checkpoint before another step runs (`undo`). If a publish
+  was attempted, the reloaded weights are served under a NEW version (kind `restore`), since the
+  served number may already have named the uncommitted weights.
+- A checkpoint names what it belongs to (`identity`: backend, base model and its content hash,
+  LoRA config); resuming onto anything else refuses with what differs (`CheckpointMismatch`).
+- Rollback to an earlier committed version serves its checkpoint under a new version (kind
+  `rollback`); training continues from it. Numbers are never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from clawbridge.backend import TrainingBackend
+from clawbridge.store import Store, StoreError
+from clawbridge.store.versions import VersionRow, VersionStore
+from clawbridge.trainer.identity import CheckpointMismatch, describe_mismatch
+
+log = logging.getLogger("clawbridge.trainer")
+
+
+class NoCheckpoint(StoreError):
+    """The requested version has no committed checkpoint to go back to."""
+
+
+def check_identity(store: Store, identity: dict[str, Any] | None) -> VersionRow | None:
+    """The store's newest committed version; `CheckpointMismatch` when it belongs to another
+    identity than `identity` (None: not checked)."""
+    last = VersionStore(store).last_committed()
+    if last is not None and identity is not None and last.identity is not None:
+        diff = describe_mismatch(last.identity, identity)
+        if diff:
+            raise CheckpointMismatch(diff)
+    return last
+
+
+def checkpoint_name(version: int, kind: str = "step") -> str:
+    """The name a version's checkpoint is saved under (sorts by version)."""
+    return f"v{version:08d}-{kind}"
+
+
+class CheckpointKeeper:
+    """The loop's checkpoint and version bookkeeping over one `TrainingBackend` (not thread-safe:
+    the trainer loop calls it under its own lock)."""
+
+    def __init__(self, store: Store, backend: TrainingBackend, identity: dict[str, Any] | None = None) -> None:
+        self.versions = VersionStore(store)
+        self.backend = backend
+        self.identity = identity
+        """What checkpoints written here belong to (None: not checked, e.g. fakes)."""
+        self.dirty = False
+        """The trainer state may hold an uncommitted update: `undo` before the next step."""
+        self.publish_attempted = False
+        """Since the last commit, a publish was attempted (served weights may be uncommitted)."""
+
+    # ------------------------------------------------------------------ start-up
+    def check_identity(self) -> VersionRow | None:
+        """The newest committed version, after checking it belongs to `identity`."""
+        return check_identity(self.versions.store, self.identity)
+
+    async def resume(self) -> int:
+        """Abandon reservations of an earlier process and serve the newest committed version;
+        return the served version."""
+        abandoned = await _to_thread(self.versions.abandon_reserved)
+        if abandoned:
+            log.warning("%d policy version(s) reserved by an earlier run never committed; not reused", abandoned)
+        last = await _to_thread(self.check_identity)
+        serving = self.backend.sampler().policy_version
+        if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
+            return serving
+        version = await self.backend.restore_checkpoint(last.checkpoint, last.version)
+        log.info("restored checkpoint %s: serving policy v%d", last.checkpoint, version)
+        return version
+
+    # ------------------------------------------------------------------ steps
+    async def ensure_base(self) -> None:
+        """Save the untrained state as version 0 once, before the first step ever."""
+        if await _to_thread(self.versions.last_committed) is not None:
+            return
+        path = await self.backend.save_checkpoint(checkpoint_name(0, "base"))
+        await _to_thread(self.versions.commit_base, path, self.identity)
+
+    def reserve_step(self, step: int) -> int:
+        return self.versions.reserve("step", step=step)
+
+    async def publish(self, version: int) -> None:
+        self.publish_attempted = True
+        served = await self.backend.publish(version)
+        if served != version:
+            raise RuntimeError(f"backend {self.backend.name} published v{served}, not the reserved v{version}")
+
+    async def save(self, version: int) -> str:
+        return await self.backend.save_checkpoint(checkpoint_name(version))
+
+    def committed(self) -> None:
+        """The step committed: the trainer state and the served weights are the committed ones."""
+        self.dirty = False
+        self.publish_attempted = False
+
+    async def undo(self) -> None:
+        """Reload the newest committed checkpoint into the trainer (see the module invariants).
+        Raises when that fails; `dirty` stays set and the loop tries again before any step."""
+        self.dirty = True
+        last = await _to_thread(self.versions.last_committed)
+        if last is None or last.checkpoint is None:
+            self.dirty = False  # nothing was ever committed: the failure happened before the base save
+            return
+        if self.publish_attempted:
+            version = await _to_thread(self.versions.reserve, "restore", None, last.version)
+            await self.backend.restore_checkpoint(last.checkpoint, version)
+            await _to_thread(self.versions.commit, version, last.checkpoint, last.identity)
+            log.warning("served weights reset to the committed v%d's, now as v%d", last.version, version)
+        else:
+            await self.backend.restore_checkpoint(last.checkpoint, self.backend.sampler().policy_version)
+            log.warning("trainer state reset to the committed v%d's checkpoint", last.version)
+        self.committed()
+
+    # ------------------------------------------------------------------ rollback
+    async def rollback(self, target: int) -> int:
+        """Serve committed version `target`'s checkpoint under a new version and continue training
+        from it; return the new version."""
+        row = await _to_thread(self.versions.get, target)
+        if row is None or row.status != "committed" or row.checkpoint is None:
+            raise NoCheckpoint(f"policy version {target} has no committed checkpoint; see `clawbridge checkpoints list`")
+        version = await _to_thread(self.versions.reserve, "rollback", None, target)
+        try:
+            await self.backend.restore_checkpoint(row.checkpoint, version)
+        except BaseException:
+            self.dirty = self.publish_attempted = True
+            raise
+        await _to_thread(self.versions.commit, version, row.checkpoint, row.identity)
+        self.committed()
+        return version
+
+
+async def _to_thread(fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)
