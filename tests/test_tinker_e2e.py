@@ -51,9 +51,9 @@ def test_proxy_serves_records_and_swaps_version(tiny_model_dir: Path, tmp_path: 
         assert isinstance(backend, TinkerBackend)
         app = build_app(state)
         transport = httpx.ASGITransport(app=app)
-        http = httpx.AsyncClient(transport=transport, base_url="http://proxy")
+        http = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
         # openai 3.x annotates its own httpx fork; a plain httpx.AsyncClient (ASGI transport) works at runtime
-        client = openai.AsyncOpenAI(base_url="http://proxy/v1", api_key="cb-client-key", http_client=http)  # type: ignore[arg-type]
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1/v1", api_key="cb-client-key", http_client=http)  # type: ignore[arg-type]
         headers = {"X-Session-Id": "sess-1"}
         messages: list[Any] = [{"role": "user", "content": "Hello there"}]
         try:
