@@ -169,3 +169,90 @@ def test_mismatched_model_refuses_before_the_backend_starts(tiny_model_dir: Path
             asyncio.run(build_state(settings, backend))
         assert differs in str(info.value) and "--state-dir" in str(info.value)
         assert not backend.started
+
+
+# ----------------------------------------------------------------- the local backend, real torch
+
+
+async def _local_loop(model: Path, state: Path) -> tuple[Any, Store, TrainerLoop]:
+    from clawbridge_local.backend import LocalBackend
+
+    from tests.test_local_training import settings_for
+
+    settings = settings_for(model, state, 8)
+    backend = LocalBackend(settings, progress=False)
+    await backend.start()
+    store = Store.open(state)
+    keeper = CheckpointKeeper(store, backend, checkpoint_identity(settings, backend.name))
+    await keeper.resume()
+    cfg = TrainerConfig(batch_size=1, baseline="none", stale_policy="importance_weight")
+    return backend, store, TrainerLoop(store, backend, cfg, keeper)
+
+
+def _crash_local(backend: Any, where: str) -> None:
+    """Make the backend 'die' at `where`: after the real work of that call, before the commit."""
+    name = {"train": "train_step", "publish": "publish", "checkpoint": "save_checkpoint"}[where]
+    real = getattr(backend, name)
+
+    async def then_die(*args: Any) -> Any:
+        await real(*args)
+        raise SimulatedCrash(f"simulated kill after {name}")
+
+    setattr(backend, name, then_die)
+
+
+@pytest.mark.parametrize("where", ["train", "publish", "checkpoint"])
+def test_local_kill_restores_weights_and_optimizer_state(tiny_model_dir: Path, tmp_path: Path, where: str) -> None:
+    """After a kill during step 2, the retried step 2 and the next step 3 have exactly the losses of
+    a run that was never interrupted: weights AND optimizer moments came back from v1's checkpoint."""
+
+    async def uninterrupted() -> list[float]:
+        backend, store, loop = await _local_loop(tiny_model_dir, tmp_path / "a")
+        losses = []
+        try:
+            for i in range(3):
+                rewarded_session(store, f"s{i}")
+                report = await loop.run_once()
+                assert report is not None and report.ok
+                losses.append(float(report.metrics["loss"]))
+        finally:
+            await backend.close()
+            store.close()
+        return losses
+
+    async def interrupted() -> tuple[list[float], int, int]:
+        state = tmp_path / "b"
+        backend, store, loop = await _local_loop(tiny_model_dir, state)
+        losses = []
+        try:
+            rewarded_session(store, "s0")
+            report = await loop.run_once()
+            assert report is not None and report.ok
+            losses.append(float(report.metrics["loss"]))
+            rewarded_session(store, "s1")
+            _crash_local(backend, where)
+            with pytest.raises(SimulatedCrash):
+                await loop.run_once()
+            killed_served = backend.sampler().policy_version
+        finally:
+            await backend.close()  # stands in for the dead process: nothing is saved on close
+            store.close()
+        backend, store, loop = await _local_loop(tiny_model_dir, state)
+        try:
+            restored = backend.sampler().policy_version
+            rewarded_session(store, "s2")
+            for _ in range(2):
+                report = await loop.run_once()
+                assert report is not None and report.ok and report.policy_version is not None
+                assert report.policy_version > killed_served  # never a number the dead process served
+                losses.append(float(report.metrics["loss"]))
+        finally:
+            await backend.close()
+            store.close()
+        return losses, restored, killed_served
+
+    want = asyncio.run(uninterrupted())
+    got, restored, _ = asyncio.run(interrupted())
+    assert restored == 1  # the last committed version, not the base and not the killed one
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert len({round(x, 6) for x in want}) == 3  # the steps differ, so equal losses mean equal state

@@ -32,6 +32,25 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
 
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"clawbridge {version('clawbridge')}")
+        except PackageNotFoundError:
+            print("clawbridge (not installed as a package: version unknown)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
+                                          callback=_version_callback, is_eager=True)] = False,
+) -> None:
+    """clawbridge: a recording proxy and training bridge that lets your agent learn while you use it."""
+
 console = Console()
 err = Console(stderr=True)
 
@@ -72,11 +91,20 @@ def up(
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
     report_to: Annotated[str | None, typer.Option(
         help="Also send step metrics to tensorboard, wandb or both ('tensorboard,wandb'); off by default.")] = None,
+    train: Annotated[bool | None, typer.Option("--train/--no-train",
+                                               help="Train from rewarded turns (default) or only serve and record.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Datums (main turns) per training step (default 8).")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Optimizer learning rate (default 1e-4).")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="LoRA rank; 0 trains all weights (default 32).")] = None,
+    method: Annotated[str | None, typer.Option(help="Advantage: rl, opd or combine (default combine).")] = None,
 ) -> None:
-    """Start the proxy: serve the model, record every call, print where to point your agent."""
+    """Start the proxy: serve the model, record every call, train from rewards, print where to point your agent.
+
+    One server per state dir: a second `up` on the same one exits at once, naming the first."""
     settings = _settings(config, backend=backend, model=model, served_model_name=served_model_name,
                          engine=engine, tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
-                         log_level=log_level, fireworks_yes=True if yes else None, report_to=report_to)
+                         log_level=log_level, fireworks_yes=True if yes else None, report_to=report_to, train=train,
+                         batch_size=batch_size, learning_rate=learning_rate, lora_rank=lora_rank, method=method)
     if not settings.model:
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)
@@ -144,6 +172,24 @@ def sessions_list(
         table.add_row(r.session_id, r.status, r.source, str(r.turn_count), reward,
                       dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.end_reason or "")
     console.print(table)
+
+
+@sessions_app.command("end")
+def sessions_end(
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """End a session now (its rewarded turns become trainable), as /rl/end_session does; works while
+    the server runs (the trainer picks it up at its next poll) and while it is down."""
+    store = _store(_settings(config, state_dir=state_dir))
+    if store.get_session(session_id) is None:
+        err.print(f"no session {session_id!r}")
+        raise typer.Exit(1)
+    if store.end_session(session_id, "end_session"):
+        console.print(f"ended session {session_id}")
+    else:
+        console.print(f"session {session_id} had already ended")
 
 
 @sessions_app.command("show")
@@ -513,6 +559,10 @@ def _mount_optional() -> None:
         app.add_typer(openclaw_app, name="openclaw", help="Install the OpenClaw extension and provider.")
     except ImportError:
         pass
+    from clawbridge.cli.training_cmd import checkpoints_app, rollback
+
+    app.add_typer(checkpoints_app, name="checkpoints")
+    app.command()(rollback)
 
 
 _mount_optional()

@@ -55,7 +55,9 @@ def gather_status(settings: Settings) -> dict[str, Any]:
             store = Store(path)
             try:
                 info["store"] = store.stats()
-                info["trainer"] = TrainingStore(store).training_stats()
+                ts = TrainingStore(store, wait_for_judge=settings.judge != "off")
+                info["trainer"] = {**ts.training_stats(),
+                                   "waiting": ts.waiting(settings.reward_wait_s, settings.batch_size)}
             finally:
                 store.close()
     size = (info.get("store") or {}).get("size_bytes")
@@ -108,8 +110,29 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
     dropped = ", ".join(f"{k} {v}" for k, v in s["dropped"].items()) or "none"
     console.print(f"trainer: samples {s['pending']} pending, {s['consumed']} trained, dropped: {dropped}; "
                   f"steps {t['steps']['ok']} ok, {t['steps']['failed']} failed")
+    w = t.get("waiting")
+    if w:
+        console.print("  " + waiting_line(w), highlight=False)
     for step in t.get("recent_steps", [])[:5]:
         console.print(f"  step {step['step']} {step['status']} -> policy v{step['policy_version']}: "
                       f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
     if t.get("last_error"):
         console.print(f"  last error (step {t['last_error']['step']}): {t['last_error']['error']}", highlight=False)
+
+
+def waiting_line(w: dict[str, Any]) -> str:
+    """One line saying what the next training step waits for."""
+    parts = []
+    if w["active_sessions"]:
+        parts.append(f"{w['active_sessions']} active session(s) to end ({w['active_session_turns']} turn(s); "
+                     "`clawbridge sessions end ID`, X-Session-Done or the idle timeout ends them)")
+    if w["unrewarded_turns"]:
+        when = dt.datetime.fromtimestamp(w["first_unrewarded_drop_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        parts.append(f"rewards for {w['unrewarded_turns']} turn(s) of ended sessions (`clawbridge reward`; "
+                     f"unrewarded ones are dropped from {when})")
+    if w.get("sessions_waiting_for_judge"):
+        parts.append(f"the judge on {w['sessions_waiting_for_judge']} session(s)")
+    need = w["datums_until_next_step"]
+    head = (f"next step: {need} more ready datum(s) needed ({w['ready_datums']} ready)" if need
+            else f"next step: ready ({w['ready_datums']} datum(s))")
+    return head + ("; waiting for " + ", ".join(parts) if parts else "")

@@ -250,6 +250,41 @@ class TrainingStore:
             ).fetchone()[0]
         return int(pending) + int(not_ingested) + int(active)
 
+    def waiting(self, reward_wait_s: float, batch_size: int) -> dict[str, Any]:
+        """What training waits for (`clawbridge status`): turns of sessions still active (they
+        become trainable when the session ends), turns of ended sessions without any reward yet and
+        when the first of them will be dropped, sessions the judge has not finished, and how many
+        more ready datums the next step needs."""
+        with self.store._lock:
+            c = self.store._conn
+            active = c.execute(
+                "SELECT COUNT(DISTINCT s.session_id), COUNT(t.turn_id) FROM sessions s LEFT JOIN turns t "
+                "ON t.session_id = s.session_id AND t.turn_type='main' AND t.status='ok' WHERE s.status='active'"
+            ).fetchone()
+            unrewarded = c.execute(
+                "SELECT COUNT(*), MIN(s.ended_at) FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "LEFT JOIN samples sa ON sa.turn_id = t.turn_id WHERE s.status='ended' AND t.turn_type='main' "
+                "AND t.status='ok' AND (sa.turn_id IS NULL OR (sa.consumed_step IS NULL AND sa.dropped_reason IS NULL)) "
+                "AND NOT EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = s.session_id)"
+            ).fetchone()
+            judge = 0
+            if self.wait_for_judge:
+                judge = c.execute(
+                    "SELECT COUNT(DISTINCT sa.session_id) FROM samples sa WHERE sa.consumed_step IS NULL "
+                    "AND sa.dropped_reason IS NULL AND NOT EXISTS (SELECT 1 FROM reward_sessions rs "
+                    "WHERE rs.session_id = sa.session_id)"
+                ).fetchone()[0]
+        ready = len(self.ready_samples())
+        return {
+            "active_sessions": int(active[0]),
+            "active_session_turns": int(active[1]),
+            "unrewarded_turns": int(unrewarded[0]),
+            "first_unrewarded_drop_at": None if unrewarded[1] is None else float(unrewarded[1]) + reward_wait_s,
+            "sessions_waiting_for_judge": int(judge),
+            "ready_datums": ready,
+            "datums_until_next_step": max(0, batch_size - ready),
+        }
+
     # ------------------------------------------------------------------ steps
     def recover_interrupted(self) -> int:
         """Mark steps left `running` by a killed process as failed; their samples stay unconsumed."""

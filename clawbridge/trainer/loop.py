@@ -367,6 +367,8 @@ class TrainerLoop:
             "in_step": self._in_step,
             "serving_policy_version": self.backend.sampler().policy_version,
             "backlog": self.tstore.backlog(self._watermark),
+            "waiting": self.tstore.waiting(cfg.reward_wait_s, cfg.batch_size),
+            "needs_restore": self.keeper.dirty,
             "capacity": {"mode": cfg.capacity_mode, "bound": cfg.backlog_bound},
             "config": {
                 "batch_size": cfg.batch_size,

@@ -1,0 +1,105 @@
+"""`clawbridge checkpoints list` and `clawbridge rollback VERSION`: the trainer's checkpoints and
+policy versions as the store records them (`clawbridge.store.versions`).
+
+Invariant: a rollback never reuses a number. It commits a NEW version (kind `rollback`) that
+names the older version's checkpoint; the next `clawbridge up` serves it and trains on from it.
+It runs only while no server holds the state dir (the state dir lock), so a running trainer never
+has its versions changed underneath it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clawbridge.config import load_settings
+
+checkpoints_app = typer.Typer(help="The trainer's checkpoints (one per committed policy version).",
+                              no_args_is_help=True)
+console = Console()
+err = Console(stderr=True)
+
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
+
+
+def _store(state_dir: Path | None, config: Path | None):  # type: ignore[no-untyped-def]
+    from clawbridge.store import DB_FILENAME, Store
+
+    try:
+        settings = load_settings(config, state_dir=state_dir)
+    except Exception as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    path = settings.state_path / DB_FILENAME
+    if not path.exists():
+        err.print(f"no store at {path}; run `clawbridge up` first or pass --state-dir")
+        raise typer.Exit(1)
+    return settings, Store(path)
+
+
+@checkpoints_app.command("list")
+def checkpoints_list(
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Committed policy versions, newest first: what produced each one and where its checkpoint is.
+    The newest is what `clawbridge up` serves; any of them is a `clawbridge rollback` target."""
+    from clawbridge.store.versions import VersionStore
+
+    _, store = _store(state_dir, config)
+    rows = VersionStore(store).listing(limit)
+    if as_json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    if not rows:
+        console.print("no checkpoints yet: the first one is written before the first training step")
+        return
+    table = Table("version", "kind", "from", "step", "committed", "checkpoint", "model")
+    for r in rows:
+        src = f"v{r.source_version}" if r.source_version is not None else ""
+        when = dt.datetime.fromtimestamp(r.committed_at).strftime("%Y-%m-%d %H:%M:%S") if r.committed_at else ""
+        model = (r.identity or {}).get("model") or ""
+        table.add_row(f"v{r.version}", r.kind, src, "" if r.step is None else str(r.step), when,
+                      r.checkpoint or "", str(model))
+    console.print(table)
+
+
+def rollback(
+    version: Annotated[int, typer.Argument(help="The committed policy version to go back to.")],
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve an earlier version's checkpoint again under a new version number (at the next `up`,
+    which trains on from it). Run it while the server is stopped."""
+    from clawbridge.instance import StateDirBusy, StateDirLock
+    from clawbridge.store.versions import VersionStore
+
+    settings, store = _store(state_dir, config)
+    lock = StateDirLock(settings.state_path)
+    try:
+        lock.acquire()
+    except StateDirBusy as exc:
+        err.print(f"[red]cannot roll back now:[/red] {exc}")
+        raise typer.Exit(1) from None
+    try:
+        versions = VersionStore(store)
+        row = versions.get(version)
+        if row is None or row.status != "committed" or row.checkpoint is None:
+            err.print(f"policy version {version} has no committed checkpoint; see `clawbridge checkpoints list`")
+            raise typer.Exit(1)
+        new = versions.reserve("rollback", None, version)
+        versions.commit(new, row.checkpoint, row.identity)
+    finally:
+        lock.release()
+        store.close()
+    console.print(f"rolled back: v{new} serves v{version}'s checkpoint ({row.checkpoint}); "
+                  "the next `clawbridge up` serves it and trains on from it")
