@@ -214,6 +214,8 @@ async def serve(settings: Settings, announce: Any = print) -> None:
     Before anything loads: the state dir lock (`clawbridge.instance`: a second server on it exits
     at once, naming the first) and the listening socket (a port in use is reported at once)."""
     check_bind(settings)
+    for note in prepare_state_dir(settings.state_path):  # an unusable state dir is reported as such
+        log.warning("%s", note)
     lock = StateDirLock(settings.state_path)
     lock.acquire()
     try:
