@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 from clawbridge.backend import Datum, LossConfig
 from clawbridge.cli.main import app
 from clawbridge.config import Settings
+from clawbridge.store import Store
+from clawbridge.store.versions import VersionStore
 from clawbridge.tinymodel import TinyModelSpec, build_tiny_model
 
 TINY = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
@@ -57,10 +59,14 @@ def test_lora_checkpoint_exports_merged_and_as_adapter(tmp_path: Path) -> None:
     client.start(1)
     try:
         client.train_step(batch(1), LossConfig("importance_sampling"))
-        client.save_checkpoint(state / "checkpoints" / "local" / "step-00000001", policy_version=1)
+        path = client.save_checkpoint(state / "checkpoints" / "local" / "v00000001-step", policy_version=1)
         reference = client.export_weights(tmp_path / "ref")
     finally:
         client.close()
+    store = Store.open(state)  # as the trainer loop commits it: export takes the newest committed one
+    versions = VersionStore(store)
+    versions.commit(versions.reserve("step"), str(path), None)
+    store.close()
     base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     before = logits(base)
     want = logits(PeftModel.from_pretrained(base, reference).eval())

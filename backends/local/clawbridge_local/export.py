@@ -1,8 +1,8 @@
 """`clawbridge export-weights DIR` for the local backend: the policy of a checkpoint as a folder
 other servers load.
 
-The checkpoint (default: the newest complete one under `<state_dir>/checkpoints/local`, the one
-`clawbridge up` restores) is loaded into the trainer in this process and written by the trainer's
+The checkpoint (default: the newest committed version's, the one `clawbridge up` restores, as the
+store records it; see `clawbridge checkpoints list`) is loaded into the trainer in this process and written by the trainer's
 own export (`FsdpTrainerClient.export_weights`), so the files are the ones publishing makes:
 - full fine-tuning: a transformers folder (config, safetensors, tokenizer files);
 - LoRA, `adapter=True`: a peft adapter folder (`PeftModel.from_pretrained(base, DIR)`);
@@ -47,19 +47,26 @@ class Exported:
 
 
 def latest_checkpoint(settings: Settings) -> Path | None:
-    folder = settings.state_path / "checkpoints" / "local"
-    if not folder.is_dir():
+    """The newest committed version's checkpoint (`clawbridge.store.versions`), if any."""
+    from clawbridge.store import DB_FILENAME, Store
+    from clawbridge.store.versions import VersionStore
+
+    if not (settings.state_path / DB_FILENAME).is_file():
         return None
-    done = sorted(p for p in folder.iterdir() if (p / CHECKPOINT_STATE).is_file())
-    return done[-1] if done else None
+    store = Store.open(settings.state_path)
+    try:
+        last = VersionStore(store).last_committed()
+    finally:
+        store.close()
+    return Path(last.checkpoint) if last is not None and last.checkpoint else None
 
 
 def export_weights(settings: Settings, out: Path, checkpoint: Path | None = None, adapter: bool = False) -> Exported:
     """Write the checkpoint's policy to `out` (see the module docstring)."""
     ckpt = checkpoint or latest_checkpoint(settings)
     if ckpt is None:
-        raise ExportError(f"no checkpoint under {settings.state_path / 'checkpoints' / 'local'}; the server "
-                          f"saves one every checkpoint_every={settings.checkpoint_every} steps")
+        raise ExportError(f"no checkpoint committed in {settings.state_path}; the server saves one with "
+                          "every training step (see `clawbridge checkpoints list`)")
     if not (ckpt / CHECKPOINT_STATE).is_file():
         raise ExportError(f"{ckpt} is not a checkpoint (no {CHECKPOINT_STATE})")
     state = json.loads((ckpt / CHECKPOINT_STATE).read_text())

@@ -25,6 +25,9 @@ from clawbridge.config import Settings
 from clawbridge_local.trainer.client import FsdpTrainerClient
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
+CHECKPOINT_STATE = "trainer_state.json"
+"""The file every complete checkpoint folder holds (written last, atomically)."""
+
 
 def trainer_config(settings: Settings, model_path: str) -> TrainerConfig:
     """The FSDP trainer's configuration from clawbridge settings."""
