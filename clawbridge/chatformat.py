@@ -180,7 +180,8 @@ def select_tools(tools: Any, tool_choice: Any) -> ToolSelection:
     """Validate `tools` and `tool_choice` and decide what the model sees and must do.
 
     "auto"/None: all tools; "none": no tools; a function object: only that tool, forced;
-    "required": its one tool, forced (several tools: `ToolChoiceError`, it cannot be forced).
+    "required": its one tool, forced (several tools: `ToolChoiceError`, it cannot be forced);
+    allowed_tools: only the listed tools, with its mode ("auto" or "required") applied to them.
     """
     if tools == []:
         tools = None
@@ -206,8 +207,10 @@ def select_tools(tools: Any, tool_choice: Any) -> ToolSelection:
         return ToolSelection(shown, ForcedCall(str(tool_name(shown[0]))))
     if isinstance(tool_choice, Mapping):
         kind = tool_choice.get("type", "function")
+        if kind == "allowed_tools":
+            return _allowed_tools(shown, tool_choice.get("allowed_tools"))
         if kind != "function":
-            raise ToolChoiceError(f"tool_choice type {kind!r} is not supported (use 'function')")
+            raise ToolChoiceError(f"tool_choice type {kind!r} is not supported (use 'function' or 'allowed_tools')")
         name = tool_name(tool_choice)
         if not isinstance(name, str) or not name:
             raise ToolChoiceError("tool_choice object must name a function: {\"type\": \"function\", "
@@ -219,6 +222,22 @@ def select_tools(tools: Any, tool_choice: Any) -> ToolSelection:
     raise ToolChoiceError(
         f"tool_choice must be 'none', 'auto', 'required' or {{\"type\": \"function\", \"function\": "
         f"{{\"name\": ...}}}}; got {json.dumps(tool_choice)[:80]}")
+
+
+def _allowed_tools(shown: list[dict[str, Any]] | None, spec: Any) -> ToolSelection:
+    """`{"type": "allowed_tools", "allowed_tools": {"mode": "auto"|"required", "tools": [...]}}`:
+    only the listed tools are shown, then `mode` applies to them as a `tool_choice` would."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("tools"), list):
+        raise ToolChoiceError("tool_choice allowed_tools needs {\"mode\": \"auto\"|\"required\", \"tools\": [...]}")
+    mode = spec.get("mode", "auto")
+    if mode not in ("auto", "required"):
+        raise ToolChoiceError(f"tool_choice allowed_tools mode must be 'auto' or 'required'; got {mode!r}")
+    names = [tool_name(t) if isinstance(t, Mapping) else None for t in spec["tools"]]
+    known = {tool_name(t) for t in shown or []}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ToolChoiceError(f"tool_choice allowed_tools names {unknown or 'no tool'}, not in 'tools'")
+    return select_tools([t for t in shown or [] if tool_name(t) in names], mode)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -129,8 +129,22 @@ def test_tool_choice(renderer: Renderer) -> None:
         renderer.render(msgs, None, "required")
     with pytest.raises(ToolChoiceError, match="not in 'tools'"):
         renderer.render(msgs, [], {"type": "function", "function": {"name": "exec"}})
-    with pytest.raises(ToolChoiceError, match="'allowed_tools' is not supported"):
-        renderer.render(msgs, tools, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}})
+    # allowed_tools: only the listed tools are shown; "required" over one of them forces it.
+    def allowed(mode: str, *names: str) -> dict[str, Any]:
+        return {"type": "allowed_tools",
+                "allowed_tools": {"mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
+
+    assert renderer.render_text(msgs, tools, allowed("auto", "exec", "read_file")) == renderer.render_text(
+        msgs, [tools[0], tools[1]])
+    assert renderer.render_text(msgs, tools, allowed("required", "exec")) == named.text
+    with pytest.raises(ToolChoiceError, match="cannot be enforced with 2 tools"):
+        renderer.render(msgs, tools, allowed("required", "exec", "read_file"))
+    with pytest.raises(ToolChoiceError, match=r"names \['nope'\], not in 'tools'"):
+        renderer.render(msgs, tools, allowed("auto", "nope"))
+    with pytest.raises(ToolChoiceError, match="mode must be"):
+        renderer.render(msgs, tools, allowed("sometimes", "exec"))
+    with pytest.raises(ToolChoiceError, match="'custom' is not supported"):
+        renderer.render(msgs, tools, {"type": "custom", "custom": {"name": "exec"}})
 
 
 def test_assistant_reasoning_and_tool_calls(renderer: Renderer) -> None:
