@@ -122,32 +122,60 @@ ACCEPT = "Great, thanks!"
 CORRECT = "No, that's wrong. Use more words with the letter e."
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_proxy(model_dir: Path, state_dir: Path, port: int, settings_env: dict[str, str],
+                 served_name: str) -> subprocess.Popen[bytes]:
+    """`clawbridge up --backend local` as a subprocess with `settings_env` (CLAWBRIDGE_* values),
+    logging into `state_dir/proxy.log`; keys are generated into the state dir."""
+    env = dict(os.environ)
+    env.update(settings_env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("CLAWBRIDGE_API_KEY", None)
+    env.pop("CLAWBRIDGE_ADMIN_KEY", None)
+    log = (state_dir / "proxy.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(model_dir),
+         "--served-model-name", served_name, "--port", str(port), "--state-dir", str(state_dir),
+         "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def stop_proxy(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+
+
 def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig,
                  judge_url: str | None = None) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.update({
+    env = {
         "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
         "CLAWBRIDGE_LORA_RANK": str(cfg.lora_rank), "CLAWBRIDGE_LEARNING_RATE": str(cfg.lr),
         "CLAWBRIDGE_BASELINE": "group_mean", "CLAWBRIDGE_CHECKPOINT_EVERY": "0",
         "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4",
-        "CLAWBRIDGE_DEFAULT_MAX_TOKENS": str(cfg.max_tokens), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-    })
+        "CLAWBRIDGE_DEFAULT_MAX_TOKENS": str(cfg.max_tokens),
+    }
     if judge_url:
         env.update({
             "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge_url,
             "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.2",
             "CLAWBRIDGE_METHOD": "rl",  # the tiny base model is no teacher: OPD would add noise only
         })
-    env.pop("CLAWBRIDGE_API_KEY", None)
-    env.pop("CLAWBRIDGE_ADMIN_KEY", None)
-    log = (state_dir / "proxy.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(model_dir),
-         "--served-model-name", "tiny", "--port", str(port), "--state-dir", str(state_dir), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+    return launch_proxy(model_dir, state_dir, port, env, served_name="tiny")
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -239,12 +267,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
     model_dir = build_tiny_model(out_dir / "tiny-model", seed=cfg.seed)
     state_dir = out_dir / "state"
     state_dir.mkdir(exist_ok=True)
-    if not port:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+    port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     judge = None
     if cfg.reward == "judge":
@@ -257,7 +280,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
     t0 = time.monotonic()
     lock = threading.Lock()
     try:
-        _wait_healthy(base, proc)
+        wait_healthy(base, proc)
         admin = (state_dir / "admin_key").read_text().strip()
 
         def one(i: int) -> None:
@@ -271,12 +294,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
             for fut in [pool.submit(one, i) for i in range(cfg.sessions)]:
                 fut.result()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop_proxy(proc)
         if judge is not None:
             result.judge_calls = len(judge.requests)
             judge.stop()

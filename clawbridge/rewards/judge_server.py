@@ -6,7 +6,8 @@ the prompt `clawbridge.rewards.judge.judge_messages` builds; it is NOT a languag
 labels it as such, and `bench/judge_agreement.py` measures how far it agrees with the labeled set.
 
 Rule-based judge rules (on the "What happened next" section):
-- a user message with a correction marker ("no", "wrong", "instead", "redo", "try again", ...)
+- a user message with a correction marker ("no", "wrong", "instead", "redo", "try again", "too
+  long", "keep it short", ...)
   -> -1, hint = the user's message;
 - else a user message with an acceptance marker ("thanks", "great", "works", "perfect", ...) -> +1;
 - else, when tool results came back: any error marker ("error", "traceback", "not found",
@@ -27,7 +28,8 @@ from typing import Any
 CORRECTION = re.compile(
     r"\b(no|nope|wrong|incorrect|not what|isn'?t what|not quite|instead|redo|try again|again|actually|"
     r"fix (it|this|that)|didn'?t|doesn'?t work|does not work|broke|broken|not right|should have|should be|"
-    r"don'?t|stop|undo|revert|missed|forgot|still (fails|failing|broken|wrong))\b",
+    r"don'?t|stop|undo|revert|missed|forgot|still (fails|failing|broken|wrong)|"
+    r"too (long|verbose|wordy|much)|(keep it|be|make it) (short|shorter|brief)|shorter|tl;?dr)\b",
     re.IGNORECASE,
 )
 ACCEPTANCE = re.compile(

@@ -1,0 +1,375 @@
+"""`clawbridge demo --model smollm2`: a real instruct model learns a user's preference from conversation.
+
+SmolLM2-135M-Instruct (`clawbridge model get`, cached) is served by `clawbridge up` (local
+backend, LoRA, training on). A scripted user asks everyday questions; each answer is answered in
+the same session by the user: "Thanks, that helps." when it is short (finished within
+`short_tokens` tokens), else "Too long. Keep it short."; the agent answers that too and the session
+ends. No reward is set by hand: the proxy's judge worker reads each turn's next state (the user's
+reply) and asks the RULE-BASED judge endpoint (`clawbridge.rewards.judge_server`: keyword rules,
+not a language model), whose +1 / -1 verdicts are the only rewards. The trainer trains LoRA and
+publishes in the background.
+
+Measured on prompts never trained on, greedy, before and after training, through the same proxy:
+- preference rate: share of HELD_OUT answers the scripted user would accept (short);
+- capability: share of FACTS questions whose answer names the right entity (a bound on how much
+  it may fall is the caller's: the CLI prints it, the test asserts it).
+
+Invariants: the demo only talks to the proxy over HTTP, as any agent would; the evaluation turns
+are single-turn sessions with no next state and no reward, so they are never trained on; the
+training, held-out and fact prompts are disjoint (checked at import).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TRAIN_PROMPTS: tuple[str, ...] = (
+    "Give me a word that rhymes with cat.",
+    "What is a synonym for happy?",
+    "What is 5 plus 7?",
+    "How are you today?",
+    "Give me a word that rhymes with tree.",
+    "What is a synonym for fast?",
+    "What is 9 minus 4?",
+    "What is the opposite of hot?",
+    "Name a color.",
+    "What day comes after Monday?",
+    "Give me a girl's name that starts with A.",
+    "What is a good name for a cat?",
+    "Is water wet?",
+    "What is a synonym for smart?",
+    "What is 3 times 3?",
+    "Name a fruit that is yellow.",
+)
+"""Quick everyday questions the scripted user asks while training (the base model answers some
+of them briefly and most at length: the spread the reward needs)."""
+
+HELD_OUT: tuple[str, ...] = (
+    "Give me a word that rhymes with dog.",
+    "What is a synonym for big?",
+    "What is 6 plus 8?",
+    "What is the opposite of up?",
+    "Name an animal that can fly.",
+    "What month comes after June?",
+    "Give me a boy's name that starts with J.",
+    "What is a good name for a dog?",
+    "What is a synonym for sad?",
+    "What is 10 minus 3?",
+    "Name a vegetable that is green.",
+    "Is ice cold?",
+)
+"""Quick questions never trained on: the preference rate is measured on these."""
+
+FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("What is the capital of France?", ("paris",)),
+    ("What is the capital of Japan?", ("tokyo",)),
+    ("What is the capital of Italy?", ("rome",)),
+    ("What is the capital of Germany?", ("berlin",)),
+    ("What is the capital of Spain?", ("madrid",)),
+    ("What is the largest planet in our solar system?", ("jupiter",)),
+    ("Which planet is known as the Red Planet?", ("mars",)),
+    ("Who wrote Romeo and Juliet?", ("shakespeare",)),
+    ("What is the largest ocean on Earth?", ("pacific",)),
+    ("What is the tallest mountain in the world?", ("everest",)),
+    ("Who painted the Mona Lisa?", ("leonardo", "da vinci")),
+    ("What language is mainly spoken in Brazil?", ("portuguese",)),
+)
+"""Factual questions with the names an answer must contain (any of them, case-insensitive)."""
+
+assert not (set(TRAIN_PROMPTS) & set(HELD_OUT)) and not (set(TRAIN_PROMPTS) & {q for q, _ in FACTS})
+
+THANKS = "Thanks, that helps."
+COMPLAINT = "Too long. Keep it short."
+
+
+@dataclass(frozen=True)
+class RealDemoConfig:
+    """Knobs of one real-model demo run (defaults: measured on 2 CPU cores, see README)."""
+
+    group_size: int = 4
+    """Sessions per training question (one task id: the group baseline compares them)."""
+    rounds: int = 1
+    """Passes over TRAIN_PROMPTS."""
+    concurrency: int = 8
+    short_tokens: int = 32
+    """An answer is short (the user says thanks) if it stops within this many tokens."""
+    max_tokens: int = 32
+    """Cap on a training answer (an answer cut here is long)."""
+    reply_max_tokens: int = 4
+    """Cap on the agent's answer to the user's reply (it is not trained: no next state)."""
+    eval_max_tokens: int = 32
+    batch_size: int = 8
+    learning_rate: float = 1e-3
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    seed: int = 0
+
+    @property
+    def sessions(self) -> int:
+        return len(TRAIN_PROMPTS) * self.group_size * self.rounds
+
+
+@dataclass
+class Answer:
+    """One evaluation answer."""
+
+    prompt: str
+    text: str
+    tokens: int
+    finish_reason: str
+
+
+@dataclass
+class Evaluation:
+    """Greedy answers to the held-out and fact prompts under one policy version."""
+
+    policy_version: int
+    held_out: list[Answer]
+    facts: list[Answer]
+    short_tokens: int
+
+    def is_short(self, a: Answer) -> bool:
+        return a.finish_reason == "stop" and a.tokens <= self.short_tokens
+
+    @property
+    def preference_rate(self) -> float:
+        return sum(self.is_short(a) for a in self.held_out) / len(self.held_out)
+
+    @property
+    def capability(self) -> float:
+        names = dict(FACTS)
+        return sum(any(n in a.text.lower() for n in names[a.prompt]) for a in self.facts) / len(self.facts)
+
+    @property
+    def mean_tokens(self) -> float:
+        return sum(a.tokens for a in self.held_out) / len(self.held_out)
+
+
+@dataclass
+class TrainEpisode:
+    index: int
+    policy_version: int
+    tokens: int
+    short: bool
+
+
+@dataclass
+class RealDemoResult:
+    before: Evaluation | None = None
+    after: Evaluation | None = None
+    episodes: list[TrainEpisode] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    plot: Path | None = None
+    judge_calls: int = 0
+
+
+def _client(base: str, key: str) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=3, timeout=600)
+
+
+def _ask(client: Any, prompt: str, max_tokens: int) -> Answer:
+    resp = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=max_tokens, temperature=0)
+    c = resp.choices[0]
+    return Answer(prompt, c.message.content or "", resp.usage.completion_tokens if resp.usage else 0,
+                  c.finish_reason or "")
+
+
+def evaluate(base: str, key: str, cfg: RealDemoConfig, version: int) -> Evaluation:
+    """Greedy answers to HELD_OUT and FACTS (each its own one-turn session: never trained)."""
+    client = _client(base, key)
+    prompts = [*HELD_OUT, *(q for q, _ in FACTS)]
+    with ThreadPoolExecutor(cfg.concurrency) as pool:
+        answers = list(pool.map(lambda p: _ask(client, p, cfg.eval_max_tokens), prompts))
+    return Evaluation(version, answers[:len(HELD_OUT)], answers[len(HELD_OUT):], cfg.short_tokens)
+
+
+def _episode(base: str, admin: str, index: int, cfg: RealDemoConfig) -> TrainEpisode:
+    task = index // cfg.group_size
+    prompt = TRAIN_PROMPTS[task % len(TRAIN_PROMPTS)]
+    h = {"Authorization": f"Bearer {admin}"}
+    r = httpx.post(f"{base}/rl/start_session", json={"task_id": f"q-{task}"}, headers=h, timeout=60)
+    r.raise_for_status()
+    key = r.json()["api_key"]
+    client = _client(base, key)
+    resp = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": prompt}], max_tokens=cfg.max_tokens,
+        temperature=1.0, seed=cfg.seed * 100_003 + index)
+    c = resp.choices[0]
+    n = resp.usage.completion_tokens if resp.usage else 0
+    short = c.finish_reason == "stop" and n <= cfg.short_tokens
+    history: list[Any] = [{"role": "user", "content": prompt},
+                          {"role": "assistant", "content": c.message.content or ""},
+                          {"role": "user", "content": THANKS if short else COMPLAINT}]
+    client.chat.completions.create(model="default", messages=history, max_tokens=cfg.reply_max_tokens,
+                                   temperature=1.0, seed=cfg.seed * 100_003 + index + 7)
+    httpx.post(f"{base}/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"},
+               timeout=60).raise_for_status()
+    version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
+    return TrainEpisode(index, version, n, short)
+
+
+def _status(base: str, admin: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {admin}"}, timeout=60)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+def wait_trained(base: str, admin: str, expected_datums: int, timeout_s: float,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """Poll /rl/status until the judge is idle and the trainer has no full batch left waiting."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        st = _status(base, admin)
+        trainer = st.get("trainer") or {}
+        judge = st.get("judge") or {}
+        line = (f"policy v{st.get('policy_version')}: {trainer.get('steps')} steps, backlog {trainer.get('backlog')}, "
+                f"judgements {judge.get('judgements')}, scores {judge.get('scores')}")
+        if line != last:
+            say(line)
+            last = line
+        if _settled(trainer, judge, expected_datums):
+            return st
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"training did not settle within {timeout_s:.0f}s: {line}")
+        time.sleep(1.0)
+
+
+def _settled(trainer: dict[str, Any], judge: dict[str, Any], expected_datums: int) -> bool:
+    """Every training session judged, no step running, and less than a batch left waiting."""
+    judged = sum(int(v) for k, v in (judge.get("judgements") or {}).items() if k in ("done", "failed"))
+    batch = int((trainer.get("config") or {}).get("batch_size", 1))
+    return judged >= expected_datums and not trainer.get("in_step") and int(trainer.get("backlog", 0)) < batch
+
+
+def plot(result: RealDemoResult, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    b, a = result.before, result.after
+    if b is None or a is None:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    labels = ["preference rate\n(held-out, short)", "capability\n(facts named)"]
+    xs = range(len(labels))
+    ax1.bar([x - 0.2 for x in xs], [b.preference_rate, b.capability], width=0.4, label=f"before (v{b.policy_version})")
+    ax1.bar([x + 0.2 for x in xs], [a.preference_rate, a.capability], width=0.4, label=f"after (v{a.policy_version})")
+    ax1.set_xticks(list(xs), labels)
+    ax1.set_ylim(0, 1.05)
+    ax1.legend(loc="upper left")
+    ax1.set_title("held-out prompts, greedy")
+    eps = sorted(result.episodes, key=lambda e: e.index)
+    ax2.scatter([e.index for e in eps], [e.tokens for e in eps], s=10, alpha=0.5,
+                c=["C2" if e.short else "C3" for e in eps])
+    ax2.axhline(b.short_tokens, color="grey", lw=1, ls="--", label=f"short = stops within {b.short_tokens} tokens")
+    ax2.set_xlabel("training session")
+    ax2.set_ylabel("answer tokens (green: user thanked)")
+    ax2.legend(loc="upper right")
+    ax2.set_title("training sessions")
+    fig.suptitle(f"SmolLM2-135M-Instruct learns 'keep it short': preference {b.preference_rate:.2f} -> "
+                 f"{a.preference_rate:.2f}, capability {b.capability:.2f} -> {a.capability:.2f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None] = print,
+                  on_episode: Callable[[TrainEpisode], None] | None = None,
+                  model_dir: Path | None = None, settle_timeout_s: float = 900.0) -> RealDemoResult:
+    """Run the real-model demo end to end; `out_dir` gets the state, log, results and plot."""
+    from clawbridge.demo import free_port, launch_proxy, stop_proxy, wait_healthy
+    from clawbridge.models import cached_model
+    from clawbridge.rewards.judge_server import JudgeServer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    model = model_dir or cached_model("smollm2-135m-instruct", progress=say)
+    state_dir = out_dir / "state"
+    state_dir.mkdir(exist_ok=True)
+    judge = JudgeServer(model="rule-based").start()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
+        "CLAWBRIDGE_LORA_RANK": str(cfg.lora_rank), "CLAWBRIDGE_LORA_ALPHA": str(cfg.lora_alpha),
+        "CLAWBRIDGE_LEARNING_RATE": str(cfg.learning_rate), "CLAWBRIDGE_BASELINE": "group_mean",
+        "CLAWBRIDGE_GAMMA": "0", "CLAWBRIDGE_CHECKPOINT_EVERY": "0", "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.5",
+        "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4", "CLAWBRIDGE_MAX_RUNNING_REQUESTS": str(cfg.concurrency),
+        "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge.base_url,
+        "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5",
+        "CLAWBRIDGE_METHOD": "rl",
+    }
+    result = RealDemoResult()
+    lock = threading.Lock()
+    proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")
+    try:
+        say(f"loading the model into clawbridge up ({base}) ...")
+        wait_healthy(base, proc, timeout_s=600)
+        admin = (state_dir / "admin_key").read_text().strip()
+        client_key = (state_dir / "client_key").read_text().strip()
+        say(f"evaluating the base model on {len(HELD_OUT)} held-out questions and {len(FACTS)} facts ...")
+        result.before = evaluate(base, client_key, cfg, _status(base, admin)["policy_version"])
+        say(f"before: preference rate {result.before.preference_rate:.2f}, capability {result.before.capability:.2f}, "
+            f"mean answer {result.before.mean_tokens:.1f} tokens")
+        say(f"training: {cfg.sessions} sessions ({len(TRAIN_PROMPTS)} questions x {cfg.group_size} x {cfg.rounds}) ...")
+
+        def one(i: int) -> None:
+            ep = _episode(base, admin, i, cfg)
+            with lock:
+                result.episodes.append(ep)
+            if on_episode:
+                on_episode(ep)
+
+        with ThreadPoolExecutor(cfg.concurrency) as pool:
+            for fut in [pool.submit(one, i) for i in range(cfg.sessions)]:
+                fut.result()
+        say("waiting for the judge and the trainer to finish the last batch ...")
+        st = wait_trained(base, admin, cfg.sessions, settle_timeout_s, say)
+        result.steps = int((st.get("trainer") or {}).get("steps", 0) or 0)
+        result.after = evaluate(base, client_key, cfg, st["policy_version"])
+        say(f"after:  preference rate {result.after.preference_rate:.2f}, capability {result.after.capability:.2f}, "
+            f"mean answer {result.after.mean_tokens:.1f} tokens")
+    finally:
+        stop_proxy(proc)
+        result.judge_calls = len(judge.requests)
+        judge.stop()
+    result.seconds = time.monotonic() - t0
+    (out_dir / "result.json").write_text(json.dumps(
+        {"config": asdict(cfg), "seconds": result.seconds, "steps": result.steps,
+         "before": asdict(result.before) if result.before else None,
+         "after": asdict(result.after) if result.after else None,
+         "episodes": [asdict(e) for e in sorted(result.episodes, key=lambda e: e.index)]}, indent=1))
+    result.plot = plot(result, out_dir / "preference.png")
+    return result
+
+
+def samples(result: RealDemoResult, n: int = 3) -> Sequence[tuple[str, str, str]]:
+    """(question, answer before, answer after) for the first `n` held-out questions."""
+    if result.before is None or result.after is None:
+        return []
+    return [(b.prompt, b.text, a.text) for b, a in zip(result.before.held_out[:n], result.after.held_out[:n], strict=True)]
+
+
+def default_out_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="clawbridge-demo-smollm2-"))
+
+

@@ -1,0 +1,73 @@
+"""The real-model demo: SmolLM2-135M-Instruct learns "keep it short" from a user's replies, with LoRA.
+
+The slow test runs `clawbridge.realdemo.run_real_demo` end to end (the real proxy, the real
+`openai` SDK, the rule-based judge endpoint, LoRA training and publishing) and checks the held-out
+preference rate rises by MARGIN while the capability check holds; the fast ones check the
+pieces it is measured with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clawbridge.cli.demo_real import CAPABILITY_BOUND
+from clawbridge.realdemo import (
+    COMPLAINT,
+    FACTS,
+    HELD_OUT,
+    THANKS,
+    TRAIN_PROMPTS,
+    Answer,
+    Evaluation,
+    RealDemoConfig,
+    _settled,
+    run_real_demo,
+)
+from clawbridge.rewards.judge import judge_messages
+from clawbridge.rewards.judge_server import rule_based_verdict
+
+MARGIN = 0.25
+"""Held-out preference-rate rise the slow test asserts (the smallest rise seen over the runs
+stated in README's "A real model learns a preference" section was larger)."""
+
+
+def test_the_users_replies_are_the_judges_signal() -> None:
+    answer = {"role": "assistant", "content": "A word that rhymes with cat is hat. Other words are bat, mat..."}
+    for reply, score in ((COMPLAINT, -1), (THANKS, 1)):
+        prompt = judge_messages(TRAIN_PROMPTS[0], answer, [{"role": "user", "content": reply}])[1]["content"]
+        assert rule_based_verdict(prompt)[0] == score
+
+
+def test_prompt_sets_are_disjoint_and_measures_count_what_they_say() -> None:
+    facts = {q for q, _ in FACTS}
+    assert not set(TRAIN_PROMPTS) & set(HELD_OUT) and not set(TRAIN_PROMPTS) & facts and not set(HELD_OUT) & facts
+    held = [Answer(q, "x", 5, "stop") for q in HELD_OUT[:3]] + [Answer(q, "x", 32, "length") for q in HELD_OUT[3:4]]
+    held.append(Answer(HELD_OUT[4], "x", 40, "stop"))  # stopped, but past the threshold: long
+    fact_answers = [Answer(FACTS[0][0], "The capital of France is Paris.", 8, "stop"),
+                    Answer(FACTS[1][0], "It is Kyoto.", 4, "stop")]
+    ev = Evaluation(0, held, fact_answers, short_tokens=32)
+    assert ev.preference_rate == pytest.approx(3 / 5)
+    assert ev.capability == pytest.approx(1 / 2)
+
+
+def test_settled_waits_for_every_judgement_and_the_last_full_batch() -> None:
+    trainer = {"config": {"batch_size": 8}, "in_step": False, "backlog": 3}
+    assert _settled(trainer, {"judgements": {"done": 63, "failed": 1}}, 64)
+    assert not _settled(trainer, {"judgements": {"done": 60, "running": 4}}, 64)
+    assert not _settled({**trainer, "in_step": True}, {"judgements": {"done": 64}}, 64)
+    assert not _settled({**trainer, "backlog": 8}, {"judgements": {"done": 64}}, 64)
+
+
+@pytest.mark.slow
+def test_smollm2_learns_short_answers_with_lora_and_keeps_its_facts(smollm2_dir: Path, tmp_path: Path) -> None:
+    cfg = RealDemoConfig()
+    assert cfg.lora_rank > 0
+    result = run_real_demo(cfg, tmp_path / "demo", say=print, model_dir=smollm2_dir)
+    before, after = result.before, result.after
+    assert before is not None and after is not None
+    assert result.steps >= cfg.sessions // cfg.batch_size - 1 and after.policy_version > before.policy_version
+    assert after.preference_rate >= before.preference_rate + MARGIN, (before.preference_rate, after.preference_rate)
+    assert after.capability >= before.capability - CAPABILITY_BOUND, (before.capability, after.capability)
+    assert result.plot is not None and result.plot.stat().st_size > 0
