@@ -71,3 +71,12 @@ def test_smollm2_learns_short_answers_with_lora_and_keeps_its_facts(smollm2_dir:
     assert after.preference_rate >= before.preference_rate + MARGIN, (before.preference_rate, after.preference_rate)
     assert after.capability >= before.capability - CAPABILITY_BOUND, (before.capability, after.capability)
     assert result.plot is not None and result.plot.stat().st_size > 0
+
+
+def test_demo_rejects_an_unknown_model() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "clawbridge.cli.main", "demo", "--model", "gpt-17"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--model must be tiny or smollm2" in out.stderr
