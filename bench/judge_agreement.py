@@ -2,6 +2,12 @@
 
     python bench/judge_agreement.py --base-url http://127.0.0.1:8000/v1 --model NAME [--api-key KEY]
     python bench/judge_agreement.py --rule-based      # the keyword judge (not a language model)
+    python bench/judge_agreement.py --hf-model DIR    # a local model folder, greedy, batched in-process
+
+`--hf-model` runs the model with transformers' batched `generate` (greedy, one vote per case) in
+this process: on a busy CPU the proxy's one-request-at-a-time engine needs minutes per judge
+prompt, a batch needs seconds per case. Each case's answer is the model's greedy output for
+exactly the judge messages the worker would send, parsed the same way.
 
 The labeled set (`clawbridge/rewards/labeled_set.json`, >= 60 cases) covers acceptance,
 correction, tool error, tool success, silence and mixed signals; each case is (task, assistant
@@ -78,12 +84,36 @@ async def evaluate(judge: JudgeModel, cases: list[dict[str, Any]], cfg: VoteConf
     }
 
 
+def hf_answers(model_dir: str, prompts: list[list[dict[str, Any]]], max_tokens: int,
+               batch: int = 16) -> list[str]:
+    """Greedy answers of a local causal LM to chat `prompts`, batched (left padding)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    texts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in prompts]
+    out: list[str] = []
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        out += tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        print(f"  judged {len(out)}/{len(texts)}", file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base-url", help="OpenAI-compatible base URL (…/v1)")
     ap.add_argument("--model", default="", help="model name at that endpoint")
     ap.add_argument("--api-key", default=os.environ.get("JUDGE_API_KEY"), help="key (default $JUDGE_API_KEY)")
     ap.add_argument("--rule-based", action="store_true", help="start and use the built-in rule-based judge")
+    ap.add_argument("--hf-model", help="a local model folder run in-process (greedy, batched, one vote)")
     ap.add_argument("--votes", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--max-tokens", type=int, default=512)
@@ -99,6 +129,21 @@ def main(argv: list[str] | None = None) -> int:
 
         server = JudgeServer().start()
         base_url, model, label = server.base_url, "rule-based", "rule-based judge (keyword rules, not a model)"
+    elif args.hf_model:
+        import time
+
+        from clawbridge.rewards.judge import ScriptedJudge
+
+        t0 = time.monotonic()
+        prompts = [case_messages(c) for c in cases]
+        answers = dict(zip([json.dumps(p) for p in prompts], hf_answers(args.hf_model, prompts, args.max_tokens),
+                           strict=True))
+        label = f"{args.hf_model} (transformers, greedy, {time.monotonic() - t0:.0f}s)"
+        cfg = VoteConfig(votes=1, temperature=0.0, max_tokens=args.max_tokens)
+        args.votes = 1
+        report = asyncio.run(evaluate(ScriptedJudge(lambda m: answers[json.dumps(m)], name=label), cases, cfg,
+                                      args.concurrency))
+        return _print(report, label, args)
     elif args.base_url:
         base_url, model, label = args.base_url, args.model, f"{args.model} at {args.base_url}"
     else:
@@ -116,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+    return _print(report, label, args)
+
+
+def _print(report: dict[str, Any], label: str, args: argparse.Namespace) -> int:
     report["judge"] = label
     if args.json:
         print(json.dumps(report, indent=1))

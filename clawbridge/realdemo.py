@@ -9,9 +9,10 @@ reply) and asks the RULE-BASED judge endpoint (`clawbridge.rewards.judge_server`
 not a language model), whose +1 / -1 verdicts are the only rewards. The trainer trains LoRA and
 publishes in the background.
 
-Measured on prompts never trained on, greedy, before and after training, through the same proxy:
-- preference rate: share of HELD_OUT answers the scripted user would accept (short);
-- capability: share of FACTS questions whose answer names the right entity (a bound on how much
+Measured on prompts never trained on, before and after training, through the same proxy:
+- preference rate: share of sampled answers (temperature 1, the same seeds before and after) to
+  HELD_OUT questions that the scripted user would accept (short);
+- capability: share of FACTS questions whose greedy answer names the right entity (a bound on how much
   it may fall is the caller's: the CLI prints it, the test asserts it).
 
 Invariants: the demo only talks to the proxy over HTTP, as any agent would; the evaluation turns
@@ -99,7 +100,11 @@ class RealDemoConfig:
     group_size: int = 4
     """Sessions per training question (one task id: the group baseline compares them)."""
     rounds: int = 1
-    """Passes over TRAIN_PROMPTS."""
+    """Passes over the training questions."""
+    train_prompts: int = len(TRAIN_PROMPTS)
+    """How many of TRAIN_PROMPTS to use (the first ones)."""
+    eval_samples: int = 2
+    """Sampled answers (temperature 1, fixed seeds) per held-out question for the preference rate."""
     concurrency: int = 8
     short_tokens: int = 32
     """An answer is short (the user says thanks) if it stops within this many tokens."""
@@ -116,7 +121,7 @@ class RealDemoConfig:
 
     @property
     def sessions(self) -> int:
-        return len(TRAIN_PROMPTS) * self.group_size * self.rounds
+        return self.train_prompts * self.group_size * self.rounds
 
 
 @dataclass
@@ -131,7 +136,7 @@ class Answer:
 
 @dataclass
 class Evaluation:
-    """Greedy answers to the held-out and fact prompts under one policy version."""
+    """Answers to the held-out (sampled) and fact (greedy) prompts under one policy version."""
 
     policy_version: int
     held_out: list[Answer]
@@ -180,26 +185,32 @@ def _client(base: str, key: str) -> Any:
     return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=3, timeout=600)
 
 
-def _ask(client: Any, prompt: str, max_tokens: int) -> Answer:
+def _ask(client: Any, prompt: str, max_tokens: int, seed: int | None = None) -> Answer:
+    """Greedy (`seed` None) or sampled at temperature 1 with `seed`."""
     resp = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
-                                          max_tokens=max_tokens, temperature=0)
+                                          max_tokens=max_tokens, temperature=0 if seed is None else 1.0,
+                                          seed=seed)
     c = resp.choices[0]
     return Answer(prompt, c.message.content or "", resp.usage.completion_tokens if resp.usage else 0,
                   c.finish_reason or "")
 
 
 def evaluate(base: str, key: str, cfg: RealDemoConfig, version: int) -> Evaluation:
-    """Greedy answers to HELD_OUT and FACTS (each its own one-turn session: never trained)."""
+    """`eval_samples` sampled answers (fixed seeds: the same before and after) to each HELD_OUT
+    question and greedy answers to FACTS; each call is its own one-turn session, never trained."""
     client = _client(base, key)
-    prompts = [*HELD_OUT, *(q for q, _ in FACTS)]
+    jobs: list[tuple[str, int | None]] = [(q, 1_000_003 * cfg.seed + 7919 * k + i)
+                                          for k in range(cfg.eval_samples) for i, q in enumerate(HELD_OUT)]
+    jobs += [(q, None) for q, _ in FACTS]
     with ThreadPoolExecutor(cfg.concurrency) as pool:
-        answers = list(pool.map(lambda p: _ask(client, p, cfg.eval_max_tokens), prompts))
-    return Evaluation(version, answers[:len(HELD_OUT)], answers[len(HELD_OUT):], cfg.short_tokens)
+        answers = list(pool.map(lambda j: _ask(client, j[0], cfg.eval_max_tokens, j[1]), jobs))
+    n = len(HELD_OUT) * cfg.eval_samples
+    return Evaluation(version, answers[:n], answers[n:], cfg.short_tokens)
 
 
 def _episode(base: str, admin: str, index: int, cfg: RealDemoConfig) -> TrainEpisode:
     task = index // cfg.group_size
-    prompt = TRAIN_PROMPTS[task % len(TRAIN_PROMPTS)]
+    prompt = TRAIN_PROMPTS[task % cfg.train_prompts]
     h = {"Authorization": f"Bearer {admin}"}
     r = httpx.post(f"{base}/rl/start_session", json={"task_id": f"q-{task}"}, headers=h, timeout=60)
     r.raise_for_status()
@@ -275,7 +286,7 @@ def plot(result: RealDemoResult, path: Path) -> Path | None:
     ax1.set_xticks(list(xs), labels)
     ax1.set_ylim(0, 1.05)
     ax1.legend(loc="upper left")
-    ax1.set_title("held-out prompts, greedy")
+    ax1.set_title("held-out prompts")
     eps = sorted(result.episodes, key=lambda e: e.index)
     ax2.scatter([e.index for e in eps], [e.tokens for e in eps], s=10, alpha=0.5,
                 c=["C2" if e.short else "C3" for e in eps])
@@ -330,7 +341,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         result.before = evaluate(base, client_key, cfg, _status(base, admin)["policy_version"])
         say(f"before: preference rate {result.before.preference_rate:.2f}, capability {result.before.capability:.2f}, "
             f"mean answer {result.before.mean_tokens:.1f} tokens")
-        say(f"training: {cfg.sessions} sessions ({len(TRAIN_PROMPTS)} questions x {cfg.group_size} x {cfg.rounds}) ...")
+        say(f"training: {cfg.sessions} sessions ({cfg.train_prompts} questions x {cfg.group_size} x {cfg.rounds}) ...")
 
         def one(i: int) -> None:
             ep = _episode(base, admin, i, cfg)
@@ -363,7 +374,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
 
 
 def samples(result: RealDemoResult, n: int = 3) -> Sequence[tuple[str, str, str]]:
-    """(question, answer before, answer after) for the first `n` held-out questions."""
+    """(question, answer before, answer after) for the first `n` held-out questions (first seed)."""
     if result.before is None or result.after is None:
         return []
     return [(b.prompt, b.text, a.text) for b, a in zip(result.before.held_out[:n], result.after.held_out[:n], strict=True)]
