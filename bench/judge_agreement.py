@@ -85,7 +85,7 @@ async def evaluate(judge: JudgeModel, cases: list[dict[str, Any]], cfg: VoteConf
 
 
 def hf_answers(model_dir: str, prompts: list[list[dict[str, Any]]], max_tokens: int,
-               batch: int = 16) -> list[str]:
+               batch: int = 8) -> list[str]:
     """Greedy answers of a local causal LM to chat `prompts`, batched (left padding)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -95,7 +95,8 @@ COMPLAINT = "Too long. Keep it short."
 
 @dataclass(frozen=True)
 class RealDemoConfig:
-    """Knobs of one real-model demo run (defaults: measured on 2 CPU cores, see README)."""
+    """Knobs of one real-model demo run. The learning rate and sizes are first choices, not yet
+    tuned by finished runs (README: "The real demo")."""
 
     group_size: int = 4
     """Sessions per training question (one task id: the group baseline compares them)."""

@@ -4,6 +4,7 @@ demo's `--reward judge` mode, shortened."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -56,3 +57,17 @@ def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
     first, last = result.head_tail()
     print(f"demo --reward judge: first 20% {first:.3f} -> last 20% {last:.3f} in {result.seconds:.0f}s")
     assert last - first > 0.15, f"reward did not rise: {first:.3f} -> {last:.3f}"
+
+
+def test_agreement_script_runs_a_local_model_in_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cases = json.loads(LABELED.read_text())[:6]
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps(cases))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "judge_agreement.py"), "--hf-model", str(tiny_model_dir),
+         "--max-tokens", "4", "--labeled-set", str(subset), "--json"],
+        capture_output=True, text=True, timeout=300, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    report = json.loads(out.stdout)
+    # The random tiny model never writes a SCORE line: every case is an unparsed vote, counted as 0.
+    assert report["cases"] == 6 and str(tiny_model_dir) in report["judge"]
+    assert report["agreement"] == sum(c["expected"] == 0 for c in cases) / 6
