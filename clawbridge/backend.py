@@ -168,6 +168,42 @@ class StepResult:
     """At least `loss` and `tokens` where the backend can compute them."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a training backend can do, declared as a class attribute `capabilities` so the core
+    checks the settings against it at start-up, before anything loads (`check_capabilities`),
+    instead of failing every step. A backend without the attribute is assumed to do all of it."""
+
+    kl: bool = True
+    """Accepts `kl_coef > 0`."""
+    full_finetune: bool = True
+    """Trains all weights (`lora_rank = 0`); False: LoRA only."""
+    checkpoints: bool = True
+    """Saves and restores weights + optimizer state (the trainer loop needs it to train)."""
+
+
+def check_capabilities(settings: Settings, backend: object) -> list[str]:
+    """What in `settings` the backend cannot do, each with how to fix it (empty: all fine).
+    Only training settings are checked, and only when training is on."""
+    caps = getattr(backend, "capabilities", None)
+    if not settings.train or not isinstance(caps, Capabilities):
+        return []
+    name = getattr(backend, "name", "this backend")
+    problems = []
+    if settings.kl_coef > 0 and not caps.kl:
+        problems.append(f"backend {name} has no KL penalty: set kl_coef = 0 (CLAWBRIDGE_KL_COEF)")
+    if settings.lora_rank == 0 and not caps.full_finetune:
+        problems.append(f"backend {name} trains LoRA only: set lora_rank > 0 (--lora-rank)")
+    if not caps.checkpoints:
+        problems.append(f"backend {name} cannot checkpoint, so its training cannot be trusted across restarts: "
+                        "pass --no-train to only serve and record")
+    return problems
+
+
+class UnsupportedSettings(ValueError):
+    """The settings ask a backend for something it cannot do (see `check_capabilities`)."""
+
+
 @runtime_checkable
 class ServingBackend(Protocol):
     """A backend that can serve: every backend is at least this."""

@@ -26,7 +26,13 @@ from typing import Any
 import uvicorn
 
 from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
-from clawbridge.backend import ServingBackend, TrainingBackend, load_backend
+from clawbridge.backend import (
+    ServingBackend,
+    TrainingBackend,
+    UnsupportedSettings,
+    check_capabilities,
+    load_backend,
+)
 from clawbridge.config import Settings
 from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
@@ -118,6 +124,9 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
         check_identity(store, identity)
         if backend is None:
             backend = load_backend(settings.backend, settings)
+        problems = check_capabilities(settings, backend)
+        if problems:
+            raise UnsupportedSettings("; ".join(problems))
         await backend.start()
         info = backend.model_info()
         renderer = await asyncio.to_thread(Renderer.from_pretrained, info.tokenizer_path)

@@ -256,3 +256,27 @@ def test_local_kill_restores_weights_and_optimizer_state(tiny_model_dir: Path, t
     assert restored == 1  # the last committed version, not the base and not the killed one
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert len({round(x, 6) for x in want}) == 3  # the steps differ, so equal losses mean equal state
+
+
+# ----------------------------------------------------------------- capabilities, checked at start-up
+
+
+def test_unsupported_training_settings_refuse_before_anything_loads(tmp_path: Path) -> None:
+    from clawbridge_fireworks.backend import FireworksBackend
+    from clawbridge_tinker.backend import TinkerBackend
+
+    from clawbridge.backend import UnsupportedSettings, check_capabilities
+    from clawbridge.server import build_state
+
+    cases = [
+        (TinkerBackend, {"kl_coef": 0.1}, "kl_coef = 0"),
+        (TinkerBackend, {"lora_rank": 0}, "LoRA only"),
+        (FireworksBackend, {"kl_coef": 0.05}, "kl_coef = 0"),
+    ]
+    for cls, extra, says in cases:
+        settings = Settings(model="Qwen/Qwen3-8B", tokenizer=str(tmp_path), state_dir=tmp_path / "s", **extra)
+        backend = cls(settings)
+        with pytest.raises(UnsupportedSettings, match=says):
+            asyncio.run(build_state(settings, backend))
+        # --no-train only serves and records: nothing to refuse
+        assert not check_capabilities(settings.model_copy(update={"train": False}), backend)

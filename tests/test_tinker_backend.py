@@ -416,3 +416,18 @@ def test_live_tinker(tmp_path: Path) -> None:
             await backend.close()
 
     asyncio.run(main())
+
+
+def test_close_never_raises_when_the_server_is_gone(tmp_path: Path) -> None:
+    srv = TinkerProtocolServer(models=(MODEL,))
+    srv.start()
+
+    async def main() -> None:
+        backend = TinkerBackend(make_settings(srv, tmp_path, tinker_max_retries=0))
+        await backend.start()
+        await backend.save_checkpoint("v00000000-base")  # a training session exists to finish
+        srv.stop()
+        await backend.close()  # the session cannot be finished: logged, not raised
+        await backend.close()  # and closing twice is fine
+
+    asyncio.run(main())

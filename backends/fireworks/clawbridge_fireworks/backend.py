@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge.sampler import Sampler
 from clawbridge_fireworks import provision as prov
@@ -83,6 +83,8 @@ class FireworksBackend:
     """TrainingBackend over the Fireworks training SDK (see module invariants)."""
 
     name = "fireworks"
+    capabilities = Capabilities(kl=False)
+    """Fireworks' built-in losses take no KL term."""
 
     def __init__(self, settings: Settings, notify: Callable[[str], None] = _stderr) -> None:
         self.settings = settings
@@ -217,9 +219,13 @@ class FireworksBackend:
         return self._sampler
 
     async def close(self) -> None:
-        if self._sampler is not None:
-            await self._sampler.aclose()
-        await asyncio.to_thread(self._close_blocking)
+        """Best effort; never raises (failures are reported through `notify`)."""
+        try:
+            if self._sampler is not None:
+                await self._sampler.aclose()
+            await asyncio.to_thread(self._close_blocking)
+        except Exception as e:  # nothing recorded depends on closing
+            self.notify(f"close: {type(e).__name__}: {e}")
 
     def _close_blocking(self) -> None:
         if self.settings.fireworks_delete_on_shutdown and self._trainer_mgr and self._deploy_mgr:

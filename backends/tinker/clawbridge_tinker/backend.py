@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge.sampler import Sampler
 
@@ -58,6 +58,8 @@ class TinkerBackend:
     """TrainingBackend over Tinker's hosted LoRA training and sampling."""
 
     name = "tinker"
+    capabilities = Capabilities(kl=False, full_finetune=False)
+    """Tinker trains LoRA adapters with built-in losses that take no KL term."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -98,9 +100,16 @@ class TinkerBackend:
         self._sampler = TinkerSampler(client, self.policy_version, self._limits())
 
     async def close(self) -> None:
+        """Finish the session; never raises (a server that is gone or does not know the session
+        is logged: nothing recorded depends on it)."""
         service, self._service = self._service, None
+        self._training = None
         if service is not None:
-            await service.close("success")
+            try:
+                await asyncio.wait_for(service.close("success"), 10.0)
+            except Exception as e:  # closing is best effort
+                log.warning("tinker: closing the session failed (%s: %s); nothing recorded is lost",
+                            type(e).__name__, e)
 
     def model_info(self) -> ModelInfo:
         s = self.settings
