@@ -243,7 +243,7 @@ class FireworksBackend:
     def _adam(self) -> AdamParams:
         s = self.settings
         return AdamParams(
-            learning_rate=s.learning_rate,
+            learning_rate=s.effective_learning_rate,
             weight_decay=s.fireworks_weight_decay,
             grad_clip_norm=s.fireworks_grad_clip_norm,
         )

@@ -242,7 +242,7 @@ def provision(
             TrainerJobConfig(
                 base_model=settings.model,
                 lora_rank=settings.lora_rank,
-                learning_rate=settings.learning_rate,
+                learning_rate=settings.effective_learning_rate,
                 training_shape_ref=plan.profile.training_shape,
                 display_name=f"clawbridge {plan.trainer_job_id}"[:63],
                 region=settings.fireworks_region or None,

@@ -22,6 +22,8 @@ Invariants:
   * if no accepted request holds the current weights, they are updated in place;
   * otherwise the model is copied, the copy is updated and becomes current, and the old copy is
     freed when its last stream ends (peak memory: two copies while old streams finish).
+  A state dict that names `lm_head.weight` unties a tied-embedding model first, so the input
+  embedding keeps its own values (LoRA on the unembedding changes the output layer only).
 - Logprobs follow `clawbridge_local.sampling` (float32, tempered, untruncated).
 """
 
@@ -401,8 +403,23 @@ def _check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
         raise ValueError(f"shape mismatch for: {bad[:5]}")
 
 
+def untie_output_embeddings(model: torch.nn.Module) -> bool:
+    """Give a tied-embedding model its own output matrix (a copy of the shared one), so a new
+    `lm_head.weight` (e.g. a merged LoRA of the unembedding) leaves the input embedding as it is.
+    Returns whether anything was untied."""
+    lm: Any = model
+    out, inp = lm.get_output_embeddings(), lm.get_input_embeddings()
+    if out is None or inp is None or out.weight is not inp.weight:
+        return False
+    out.weight = torch.nn.Parameter(inp.weight.detach().clone(), requires_grad=False)
+    lm.config.tie_word_embeddings = False
+    return True
+
+
 def _apply_update(model: torch.nn.Module, update: WeightUpdate) -> None:
     if isinstance(update, Mapping):
+        if any(k.endswith("lm_head.weight") for k in update):
+            untie_output_embeddings(model)
         model.load_state_dict(dict(update), strict=False)
     else:
         update(model)

@@ -33,9 +33,9 @@ def trainer_config(settings: Settings, model_path: str) -> TrainerConfig:
     """The FSDP trainer's configuration from clawbridge settings."""
     lora = None
     if settings.lora_rank > 0:
-        lora = LoraSettings(rank=settings.lora_rank, alpha=int(settings.lora_alpha),
+        lora = LoraSettings(rank=settings.lora_rank, alpha=float(settings.lora_alpha),
                             target_modules=tuple(settings.lora_target_modules))
-    return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.learning_rate,
+    return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.effective_learning_rate,
                          max_grad_norm=settings.max_grad_norm, micro_batch_size=settings.micro_batch_size)
 
 
@@ -59,10 +59,25 @@ def load_safetensors_dir(folder: Path) -> dict[str, Any]:
     return out
 
 
+def _base_weight(base: dict[str, Any], module: str) -> Any:
+    """The base weight of `module`; `lm_head` of a tied-embedding model is the input embedding."""
+    name = f"{module}.weight"
+    if name in base:
+        return base[name]
+    if module.rsplit(".", 1)[-1] == "lm_head":
+        tied = [k for k in base if k.endswith("embed_tokens.weight")]
+        if len(tied) == 1:
+            return base[tied[0]]
+    raise KeyError(f"adapter module {module!r} has no base weight {name!r}")
+
+
 def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
-    """Merged weights for every module the adapter touches: W + (alpha / r) * B @ A (float32)."""
+    """Merged weights for every module the adapter touches: W + (alpha / r) * B @ A (float32;
+    alpha / sqrt(r) with rslora). A merged `lm_head.weight` of a tied-embedding model is its own
+    tensor: the engine unties it (`engine.untie_output_embeddings`) before loading it."""
     cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
-    scale = float(cfg["lora_alpha"]) / float(cfg["r"])
+    r = float(cfg["r"])
+    scale = float(cfg["lora_alpha"]) / (r**0.5 if cfg.get("use_rslora") else r)
     tensors = load_safetensors_dir(adapter_dir)
     merged: dict[str, Any] = {}
     for key, a in tensors.items():
@@ -70,11 +85,8 @@ def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
             continue
         module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
         b = tensors[key.replace(".lora_A.", ".lora_B.")]
-        name = f"{module}.weight"
-        if name not in base:
-            raise KeyError(f"adapter module {module!r} has no base weight {name!r}")
-        w = base[name].float()
-        merged[name] = (w + scale * (b.float() @ a.float())).to(base[name].dtype)
+        w0 = _base_weight(base, module)
+        merged[f"{module}.weight"] = (w0.float() + scale * (b.float() @ a.float())).to(w0.dtype)
     if not merged:
         raise ValueError(f"{adapter_dir} has no LoRA weights")
     return merged

@@ -133,7 +133,7 @@ class TinkerBackend:
         tc = await self._ensure_training()
         loss_fn, loss_cfg = loss_fn_and_config(loss)
         data = [to_tinker_datum(d) for d in batch]
-        adam = AdamParams(learning_rate=self.settings.learning_rate)
+        adam = AdamParams(learning_rate=self.settings.effective_learning_rate)
         timeout = self.settings.tinker_step_timeout_s
         async with self._lock:
             fb_future = tc.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]

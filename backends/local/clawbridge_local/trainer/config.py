@@ -23,8 +23,8 @@ class LoraSettings:
 
     rank: int = 16
     """LoRA rank r."""
-    alpha: int = 32
-    """LoRA alpha (scaling = alpha / rank)."""
+    alpha: float = 32.0
+    """LoRA alpha (scaling = alpha / rank); a float, never rounded (16.5 stays 16.5)."""
     dropout: float = 0.0
     """LoRA dropout; keep 0 for exact trainer/sampler logprob agreement."""
     target_modules: tuple[str, ...] = (
@@ -35,8 +35,9 @@ class LoraSettings:
         "gate_proj",
         "up_proj",
         "down_proj",
+        "lm_head",
     )
-    """Module names LoRA wraps (peft `target_modules`)."""
+    """Module names LoRA wraps (peft `target_modules`); as Tinker: attention, MLP, unembedding."""
 
 
 @dataclass(frozen=True)

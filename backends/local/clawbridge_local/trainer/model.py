@@ -140,12 +140,14 @@ def write_full_export(
 
 
 def write_lora_export(model: nn.Module, sd: dict[str, torch.Tensor], out: Path) -> None:
-    """A peft adapter folder (`PeftModel.from_pretrained(base, out)` loads it)."""
+    """A peft adapter folder (`PeftModel.from_pretrained(base, out)` loads it): the LoRA matrices
+    only. With `lm_head` targeted peft would also copy the whole (frozen, unresized) embedding
+    matrices into the adapter; `save_embedding_layers=False` keeps them out."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     peft_model: Any = model
-    adapter = get_peft_model_state_dict(peft_model, state_dict=sd)
+    adapter = get_peft_model_state_dict(peft_model, state_dict=sd, save_embedding_layers=False)
     save_file(
         {k: v.contiguous() for k, v in adapter.items()},
         str(out / "adapter_model.safetensors"),
