@@ -124,7 +124,8 @@ class Settings(BaseSettings):
     train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
     batch_size: int = Field(8, ge=1, description="Datums (main turns) per training step; a step runs once this many are ready.")
     loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
-        "importance_sampling", description="Policy-gradient loss (Tinker / Fireworks semantics)."
+        "ppo", description="Policy-gradient loss (Tinker / Fireworks semantics). ppo: the importance ratio of "
+        "off-policy (stale) tokens is clipped to [1 - clip_low, 1 + clip_high]; on-policy it equals importance_sampling.",
     )
     clip_low: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio floor is 1 - clip_low.")
     clip_high: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio ceiling is 1 + clip_high.")
@@ -139,7 +140,16 @@ class Settings(BaseSettings):
     )
     max_off_policy_steps: int = Field(2, ge=0, description="Datums sampled more policy versions ago than this are stale.")
     stale_policy: Literal["drop", "importance_weight"] = Field(
-        "drop", description="Stale datums: drop (counted) or keep (the sampler logprobs act as importance weights)."
+        "importance_weight",
+        description="Datums sampled by an older policy: importance_weight trains them (the recorded sampler logprobs "
+        "weight them, clipped by the loss), drop drops those more than max_off_policy_steps behind (counted).",
+    )
+    drop_stale_after: int = Field(
+        0, ge=0, description="importance_weight: still drop datums more than this many versions behind (0: never drop)."
+    )
+    max_batch_tokens: int = Field(
+        4096, ge=0, description="A trainer behind its backlog trains larger steps, up to this many sampled tokens "
+        "(never fewer than batch_size datums; 0: always batch_size).",
     )
     capacity_mode: bool = Field(False, description="Answer /rl/start_session 429 while the training backlog is full.")
     max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")

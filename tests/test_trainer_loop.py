@@ -413,3 +413,32 @@ def test_round_trip_through_the_proxy_trains_publishes_and_limits_new_sessions(
         assert status["steps"]["ok"] == 1 and status["backlog"] >= 3
     finally:
         proxy.stop()
+
+
+def test_a_backlog_trains_in_larger_steps_up_to_the_token_budget() -> None:
+    def s(tid: str, tokens: int) -> PendingSample:
+        return PendingSample(tid, tid, 0, 0, None, "header", tokens, 0.0)
+
+    ready = [s("a", 5), s("b", 5), s("c", 5), s("d", 5), s("e", 5)]
+    # Not behind: exactly batch_size. Behind: as many as fit in the budget of sampled tokens.
+    assert [x.turn_id for x in select_batch(ready[:2], 2, False, max_tokens=100)] == ["a", "b"]
+    assert [x.turn_id for x in select_batch(ready, 2, False, max_tokens=16)] == ["a", "b", "c"]
+    assert len(select_batch(ready, 2, False, max_tokens=100)) == 5
+    assert [x.turn_id for x in select_batch(ready, 2, False, max_tokens=0)] == ["a", "b"]
+    # The budget never shrinks a batch below batch_size.
+    assert [x.turn_id for x in select_batch(ready, 2, False, max_tokens=3)] == ["a", "b"]
+
+
+def test_importance_weight_keeps_stale_samples_and_drops_only_past_the_user_bound(store: Store) -> None:
+    ancient = rewarded_session(store, "ancient", version=0)
+    old = rewarded_session(store, "old", version=3)
+    fresh = rewarded_session(store, "new", version=9) + rewarded_session(store, "new2", version=10)
+    loop = loop_for(store, backend(version=10), batch_size=2, max_off_policy_steps=2,
+                    stale_policy="importance_weight", drop_stale_after=8, max_batch_tokens=1000)
+    report = run(loop.run_once())
+    assert report is not None and report.ok
+    # 7 versions behind is far past max_off_policy_steps but within drop_stale_after: trained.
+    assert list(report.turn_ids) == [*old, *fresh] and report.metrics["dropped_stale"] == 1.0
+    assert report.metrics["staleness_max"] == 7.0
+    assert consumed(store)[ancient[0]] is None
+    assert TrainingStore(store).training_stats()["samples"]["dropped"] == {"stale": 1}

@@ -402,7 +402,7 @@ def demo(
         float | None, typer.Option(help="Learning rate (default: 0.03 with --reward api, 0.02 with judge).")
     ] = None,
     lora_rank: Annotated[int | None, typer.Option(
-        help="LoRA rank (0: full fine-tuning; default 0 for the tiny model, 8 for smollm2).")] = None,
+        help="LoRA rank (0: full fine-tuning; default 8, LoRA, for both models).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the model and the sampling.")] = 0,
     reward: Annotated[str, typer.Option(help="api: set through /rl/set_reward; judge: a scripted user answers "
                                              "and a rule-based judge turns that into rewards.")] = "api",
@@ -430,10 +430,13 @@ def demo(
         err.print("--reward must be api or judge")
         raise typer.Exit(2)
     cfg = DemoConfig(sessions=sessions, concurrency=concurrency, batch_size=batch_size,
-                     learning_rate=learning_rate, lora_rank=lora_rank or 0, seed=seed,
+                     learning_rate=learning_rate, lora_rank=DemoConfig.lora_rank if lora_rank is None else lora_rank,
+                     seed=seed,
                      reward="judge" if reward == "judge" else "api")
     out_dir = out or default_out_dir()
-    console.print(f"demo: tiny model, local backend, {sessions} sessions, learning rate {cfg.lr:g}; output in {out_dir}")
+    mode = f"LoRA rank {cfg.lora_rank}" if cfg.lora_rank > 0 else "full fine-tuning"
+    console.print(f"demo: tiny model, local backend, {mode}, {sessions} sessions, learning rate {cfg.lr:g}; "
+                  f"output in {out_dir}")
     if cfg.reward == "judge":
         console.print("task: answer with as many tokens containing the letter 'e' as possible; a scripted user "
                       f"accepts answers with a share >= {cfg.accept_threshold} and corrects the others. No reward is "

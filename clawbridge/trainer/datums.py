@@ -8,8 +8,9 @@ Invariants:
   have mask 0, advantage 0 and logprob 0. Every completion token of a datum carries the same
   advantage (the turn's), times the batch's normalization factor (`advantages.token_scales`).
 - Batches never split a session, and with a group baseline never split a group that is ready:
-  a batch is the first `batch_size` ready samples, extended by the other ready samples of the
-  same sessions (and groups), so it can hold more than `batch_size` datums.
+  a batch is the first `batch_size` ready samples (more when a backlog waits: as many as fit in
+  the `max_tokens` budget of sampled tokens), extended by the other ready samples of the same
+  sessions (and groups), so it can hold more than `batch_size` datums.
 - Staleness = (the policy version serving now) - (the version that sampled the turn), i.e. how
   many publishes behind the datum is.
 - With a `RewardMix` (the loop always passes one), rewards are `advantages.combined_rewards`
@@ -56,7 +57,8 @@ class Screened:
 def screen(
     ready: Sequence[PendingSample], current_version: int, max_off_policy_steps: int, drop_stale: bool
 ) -> Screened:
-    """Separate stale (when `drop_stale`) and empty samples from the usable ones."""
+    """Separate stale and empty samples from the usable ones. A sample is stale when
+    `drop_stale` and it is more than `max_off_policy_steps` versions behind `current_version`."""
     usable: list[PendingSample] = []
     stale: list[PendingSample] = []
     empty: list[PendingSample] = []
@@ -70,12 +72,24 @@ def screen(
     return Screened(usable, stale, empty)
 
 
-def select_batch(ready: Sequence[PendingSample], batch_size: int, whole_groups: bool) -> list[PendingSample]:
+def select_batch(
+    ready: Sequence[PendingSample], batch_size: int, whole_groups: bool, max_tokens: int = 0
+) -> list[PendingSample]:
     """The first `batch_size` samples plus the rest of their sessions (and task groups when
-    `whole_groups`); empty when fewer than `batch_size` are ready."""
+    `whole_groups`); empty when fewer than `batch_size` are ready.
+
+    Catching up: with `max_tokens` > 0 and more than `batch_size` samples ready (the trainer fell
+    behind), the head grows past `batch_size` while its sampled (loss) tokens stay within
+    `max_tokens`, so a backlog is trained in fewer, larger steps instead of going stale."""
     if len(ready) < batch_size:
         return []
-    head = ready[:batch_size]
+    n = batch_size
+    if max_tokens > 0:
+        tokens = sum(s.completion_tokens for s in ready[:n])
+        while n < len(ready) and tokens + ready[n].completion_tokens <= max_tokens:
+            tokens += ready[n].completion_tokens
+            n += 1
+    head = ready[:n]
     sessions = {s.session_id for s in head}
     groups = {s.task_id for s in head if s.task_id} if whole_groups else set()
     return [s for s in ready if s.session_id in sessions or (s.task_id is not None and s.task_id in groups)]

@@ -19,10 +19,15 @@ Invariants:
   `train_step` (or `publish`, or the checkpoint) but before the commit restarts from that
   checkpoint; the step's `running` row is marked failed (`recover_interrupted`) and its samples
   are trained again, onto weights that never saw them.
-- Staleness is checked when a batch is formed: a sample more than `max_off_policy_steps` versions
-  behind the serving version is dropped (`dropped_reason='stale'`, counted in the next step's
-  metrics) under `stale_policy='drop'`, or kept under `importance_weight` (the recorded sampler
-  logprobs make the loss ratio an importance weight).
+- Staleness is checked when a batch is formed. Under `stale_policy='importance_weight'` (the
+  default in `Settings`) every sample is trained: the recorded sampler logprobs make the loss
+  ratio an importance weight (`cispo`/`ppo` clip it; the grad-norm clip bounds a step); only a
+  sample more than `drop_stale_after` versions behind is dropped, when the user sets that bound
+  (> 0). Under
+  `'drop'` a sample more than `max_off_policy_steps` behind is dropped. Dropped samples get
+  `dropped_reason='stale'` and are counted in the next step's metrics.
+- A trainer that falls behind trains larger steps: when more than `batch_size` samples are
+  ready, a batch takes as many as fit in `max_batch_tokens` sampled tokens (`select_batch`).
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -69,6 +74,10 @@ class TrainerConfig:
     max_off_policy_steps: int = 2
     """Datums sampled more than this many versions before the serving one are stale."""
     stale_policy: StalePolicy = "drop"
+    drop_stale_after: int = 0
+    """importance_weight: still drop samples more than this many versions behind (0: never)."""
+    max_batch_tokens: int = 0
+    """A backlog trains in steps of up to this many sampled tokens (0: exactly batch_size)."""
     capacity_mode: bool = False
     """Refuse new sessions (429) while the backlog is at its bound."""
     max_backlog: int = 0
@@ -92,6 +101,8 @@ class TrainerConfig:
             normalization=s.advantage_normalization,
             max_off_policy_steps=s.max_off_policy_steps,
             stale_policy=s.stale_policy,
+            drop_stale_after=s.drop_stale_after,
+            max_batch_tokens=s.max_batch_tokens,
             capacity_mode=s.capacity_mode,
             max_backlog=s.max_backlog,
             reward_wait_s=s.reward_wait_s,
@@ -232,21 +243,23 @@ class TrainerLoop:
         _, self._watermark = self.tstore.ingest_ended(self._watermark)
         self._dropped["no_reward"] += self.tstore.drop_unrewarded(cfg.reward_wait_s)
         current = self.backend.sampler().policy_version
-        screened = screen(
-            self.tstore.ready_samples(), current, cfg.max_off_policy_steps, cfg.stale_policy == "drop"
-        )
+        if cfg.stale_policy == "drop":
+            screened = screen(self.tstore.ready_samples(), current, cfg.max_off_policy_steps, True)
+        else:
+            bound = cfg.drop_stale_after
+            screened = screen(self.tstore.ready_samples(), current, bound, bound > 0)
         if screened.stale:
             self._dropped["stale"] += self.tstore.drop_samples((s.turn_id for s in screened.stale), "stale")
             log.info(
                 "dropped %d stale sample(s) (policy v%d, max %d behind)",
                 len(screened.stale),
                 current,
-                cfg.max_off_policy_steps,
+                cfg.max_off_policy_steps if cfg.stale_policy == "drop" else cfg.drop_stale_after,
             )
         if screened.empty:
             self._dropped["empty"] += self.tstore.drop_samples((s.turn_id for s in screened.empty), "empty")
         whole_groups = cfg.baseline in ("group_mean", "group_mean_std")
-        return select_batch(screened.usable, cfg.batch_size, whole_groups)
+        return select_batch(screened.usable, cfg.batch_size, whole_groups, cfg.max_batch_tokens)
 
     def _prepare(self, batch: list[PendingSample]) -> PreparedBatch:
         cfg = self.config
@@ -378,6 +391,8 @@ class TrainerLoop:
                 "normalization": cfg.normalization,
                 "max_off_policy_steps": cfg.max_off_policy_steps,
                 "stale_policy": cfg.stale_policy,
+                "drop_stale_after": cfg.drop_stale_after,
+                "max_batch_tokens": cfg.max_batch_tokens,
                 "method": cfg.mix.method,
                 "explicit_reward_rule": cfg.mix.explicit_rule,
             },

@@ -1,0 +1,164 @@
+"""How many rewarded turns the trainer actually trains when agents outpace it (issue 10, item 4).
+
+Runs `clawbridge up` (local backend, tiny model, LoRA at the default settings) twice in one
+invocation and drives it with N concurrent agents for T seconds each time, every agent looping
+over one-call sessions: `/rl/start_session`, one chat call through the openai SDK, `/rl/set_reward`,
+`/rl/end_session`. After the agents stop, the trainer gets up to `--drain` seconds to finish what
+is ready. Printed per run: rewarded turns, trained, dropped as stale, left pending, steps.
+
+- `old`: the behaviour before: stale samples (more than max_off_policy_steps=2 behind) dropped,
+  fixed batch_size steps, unclipped importance-sampling loss.
+- `new`: the defaults now: stale samples kept as importance-weighted (clipped) data, a backlog
+  trained in larger steps (max_batch_tokens), nothing dropped unless drop_stale_after is set.
+
+Usage: python bench/waste.py [--agents 32] [--seconds 45] [--drain 90] [--only new]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import set_threads_from_argv
+
+set_threads_from_argv(1)
+
+MODES: dict[str, dict[str, str]] = {
+    "old": {"CLAWBRIDGE_STALE_POLICY": "drop", "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
+            "CLAWBRIDGE_LOSS": "importance_sampling"},
+    "new": {},
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"clawbridge up exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{base} not healthy after {timeout_s:.0f}s")
+
+
+def _agent(base: str, admin: str, stop: threading.Event, rewarded: list[int], lock: threading.Lock) -> None:
+    import openai
+
+    h = {"Authorization": f"Bearer {admin}"}
+    i = 0
+    while not stop.is_set():
+        r = httpx.post(f"{base}/rl/start_session", json={}, headers=h, timeout=60)
+        if r.status_code == 429:
+            time.sleep(float(r.headers.get("Retry-After", "1")))
+            continue
+        r.raise_for_status()
+        key = r.json()["api_key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=5, timeout=120)
+        resp = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Say something about the sea ({i})."}],
+            max_tokens=12, temperature=1.0)
+        text = resp.choices[0].message.content or ""
+        reward = sum(c == "e" for c in text) / max(1, len(text))
+        kh = {"Authorization": f"Bearer {key}"}
+        httpx.post(f"{base}/rl/set_reward", json={"reward": reward}, headers=kh, timeout=60).raise_for_status()
+        httpx.post(f"{base}/rl/end_session", json={}, headers=kh, timeout=60).raise_for_status()
+        with lock:
+            rewarded[0] += 1
+        i += 1
+
+
+def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drain: float) -> dict[str, Any]:
+    state = out / f"state-{mode}"
+    state.mkdir(parents=True)
+    port = _port()
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    env.pop("CLAWBRIDGE_API_KEY", None)
+    env.pop("CLAWBRIDGE_ADMIN_KEY", None)
+    env.update({"CLAWBRIDGE_DEFAULT_MAX_TOKENS": "12", "CLAWBRIDGE_CHECKPOINT_EVERY": "0",
+                "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_BASELINE": "running_mean"})
+    env.update(MODES[mode])
+    log = (state / "proxy.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(model_dir),
+         "--served-model-name", "tiny", "--port", str(port), "--state-dir", str(state), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait(base, proc)
+        admin = (state / "admin_key").read_text().strip()
+        h = {"Authorization": f"Bearer {admin}"}
+        stop, lock, rewarded = threading.Event(), threading.Lock(), [0]
+        with ThreadPoolExecutor(agents) as pool:
+            futs = [pool.submit(_agent, base, admin, stop, rewarded, lock) for _ in range(agents)]
+            time.sleep(seconds)  # the measured window itself, not a wait for a condition
+            stop.set()
+            errors = [f.exception() for f in futs if f.exception() is not None]
+        deadline = time.monotonic() + drain
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{base}/rl/status", headers=h, timeout=30).json()["trainer"]
+            samples = status["samples"]
+            if samples["pending"] == 0 or (samples["pending"] < 8 and not status["in_step"]):
+                break
+            time.sleep(1.0)
+        samples = status["samples"]
+        return {"mode": mode, "rewarded": rewarded[0], "trained": samples["consumed"],
+                "dropped": int(samples["dropped"].get("stale", 0)), "pending": samples["pending"],
+                "steps": status["steps"]["ok"], "agent_errors": len(errors)}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=45.0)
+    ap.add_argument("--drain", type=float, default=90.0, help="Seconds the trainer gets after the agents stop.")
+    ap.add_argument("--only", choices=sorted(MODES), default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    from clawbridge.tinymodel import build_tiny_model
+
+    out = Path(tempfile.mkdtemp(prefix="clawbridge-waste-"))
+    model_dir = build_tiny_model(out / "tiny", seed=0)
+    rows = [run(m, model_dir, out, args.agents, args.seconds, args.drain)
+            for m in ([args.only] if args.only else ["old", "new"])]
+    print(f"{args.agents} agents x {args.seconds:.0f}s, tiny model, LoRA defaults; state in {out}")
+    print(f"{'mode':<5} {'rewarded':>8} {'trained':>8} {'dropped':>8} {'pending':>8} {'steps':>6} {'trained %':>10}")
+    for r in rows:
+        share = 100.0 * r["trained"] / r["rewarded"] if r["rewarded"] else 0.0
+        print(f"{r['mode']:<5} {r['rewarded']:>8} {r['trained']:>8} {r['dropped']:>8} {r['pending']:>8} "
+              f"{r['steps']:>6} {share:>9.1f}%")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
