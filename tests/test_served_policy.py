@@ -147,3 +147,38 @@ def test_fsdp_two_ranks_serve_what_one_trainer_computes(tiny_model_dir: Path, tm
             await one.close()
 
     asyncio.run(scenario())
+
+
+def test_lm_head_lora_of_a_tied_embedding_model_changes_only_the_output_layer(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A model with tied embeddings has no `lm_head.weight` of its own: the merge starts from the
+    input embedding, and the engine unties before loading, so the input embedding keeps its values."""
+    import json
+
+    from clawbridge_local.engine import untie_output_embeddings
+    from clawbridge_local.training import merge_lora
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    cfg.tie_word_embeddings = True
+    model: Any = AutoModelForCausalLM.from_config(cfg)
+    embed = model.get_input_embeddings().weight
+    assert model.get_output_embeddings().weight is embed
+    vocab, hidden = embed.shape
+    a, b = torch.randn(4, hidden), torch.randn(vocab, 4)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"base_model.model.lm_head.lora_A.weight": a, "base_model.model.lm_head.lora_B.weight": b},
+              str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 6.0}))
+    base = {"model.embed_tokens.weight": embed.detach().clone()}  # what a tied checkpoint holds
+    merged = merge_lora(adapter, base)
+    want = base["model.embed_tokens.weight"] + 1.5 * (b @ a)
+    torch.testing.assert_close(merged["lm_head.weight"], want)
+
+    assert untie_output_embeddings(model) and not untie_output_embeddings(model)
+    model.load_state_dict(merged, strict=False)
+    torch.testing.assert_close(model.get_output_embeddings().weight.detach(), want)
+    torch.testing.assert_close(model.get_input_embeddings().weight.detach(), base["model.embed_tokens.weight"])
