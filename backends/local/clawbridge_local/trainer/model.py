@@ -56,7 +56,7 @@ def build_model(config: TrainerConfig, device: torch.device) -> nn.Module:
 
         lcfg = LoraConfig(
             r=config.lora.rank,
-            lora_alpha=config.lora.alpha,
+            lora_alpha=config.lora.alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r
             lora_dropout=config.lora.dropout,
             target_modules=list(config.lora.target_modules),
             task_type="CAUSAL_LM",
