@@ -124,9 +124,9 @@ class Settings(BaseSettings):
     train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
     batch_size: int = Field(8, ge=1, description="Datums (main turns) per training step; a step runs once this many are ready.")
     loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
-        "cispo", description="Policy-gradient loss (Tinker / Fireworks semantics). cispo (default): truncated "
-        "importance sampling, the weight of an off-policy (stale) token clipped to [1 - clip_low, 1 + clip_high], every "
-        "token keeps its gradient; ppo zeroes the gradient of clipped tokens; importance_sampling does not clip.",
+        "importance_sampling", description="Policy-gradient loss (Tinker / Fireworks semantics). importance_sampling: "
+        "the ratio to the recorded sampler logprob weights each token, unclipped (the global grad-norm clip bounds a "
+        "step); cispo clips that weight to [1 - clip_low, 1 + clip_high]; ppo zeroes the gradient of clipped tokens.",
     )
     clip_low: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio floor is 1 - clip_low.")
     clip_high: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio ceiling is 1 + clip_high.")

@@ -2,8 +2,8 @@
 
 The demo trains LoRA (r8, alpha 32, lm_head among the targets) through `clawbridge up`: issue 15's
 "LoRA must learn". Measured with 240 sessions at lr 3e-2 on a loaded 2-core machine: first 20% ->
-last 20% 0.370 -> 1.000, 0.405 -> 1.000, 0.410 -> 1.000, 0.370 -> 1.000 (seeds 0-3, concurrency 8)
-and 0.382 -> 1.000 (seed 0, concurrency 16, cispo); the 0.25 margin asserted here is well inside.
+last 20% 0.370 -> 1.000, 0.405 -> 1.000, 0.410 -> 1.000, 0.370 -> 1.000 (seeds 0-3, concurrency 8,
+importance_sampling loss); the 0.25 margin asserted here is well inside.
 Before lm_head was a target the same run went 0.396 -> 0.366."""
 
 from __future__ import annotations
