@@ -176,7 +176,8 @@ def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig,
     return launch_proxy(model_dir, state_dir, port, env, served_name="tiny")
 
 
-def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 600.0) -> None:
+    """Until `/health` answers (bounded; model loading took over 3 minutes at load average 24)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
