@@ -98,7 +98,7 @@ def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drai
     env = dict(os.environ)
     env.pop("CLAWBRIDGE_API_KEY", None)
     env.pop("CLAWBRIDGE_ADMIN_KEY", None)
-    env.update({"CLAWBRIDGE_DEFAULT_MAX_TOKENS": "12", "CLAWBRIDGE_CHECKPOINT_EVERY": "0",
+    env.update({"CLAWBRIDGE_DEFAULT_MAX_TOKENS": "12",
                 "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_BASELINE": "running_mean"})
     env.update(MODES[mode])
     log = (state / "proxy.log").open("ab")
