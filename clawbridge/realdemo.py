@@ -329,6 +329,10 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge.base_url,
         "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5",
         "CLAWBRIDGE_METHOD": "rl",
+        # The settings this demo was measured with (before lm_head joined the LoRA targets and stale
+        # samples were kept by default): re-measure before dropping these three.
+        "CLAWBRIDGE_LORA_TARGET_MODULES": '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]',
+        "CLAWBRIDGE_STALE_POLICY": "drop", "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     }
     result = RealDemoResult()
     lock = threading.Lock()
