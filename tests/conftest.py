@@ -10,8 +10,8 @@ package index cannot be reached or torch/gguf are missing. Treat it as read-only
 
 Every test runs with HOME pointing at a fresh temporary folder and without any `CLAWBRIDGE_*`
 variable from the developer's environment (`_isolated_home`), so nothing reads or writes
-~/.clawbridge and the defaults under test are the real defaults (`CLAWBRIDGE_MODEL_CACHE`, a test
-knob, stays).
+~/.clawbridge and the defaults under test are the real defaults (`CLAWBRIDGE_MODEL_CACHE` and
+`CLAWBRIDGE_CACHE`, where converted models and the Node/openclaw toolchain are cached, stay).
 """
 
 from __future__ import annotations
@@ -81,8 +81,11 @@ def tiny_chatml_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """HOME is an empty temporary folder and no CLAWBRIDGE_* variable leaks in (subprocesses too)."""
+    keep = {"CLAWBRIDGE_MODEL_CACHE", "CLAWBRIDGE_CACHE"}
+    # The downloaded toolchain (Node, openclaw) is a cache, not state: it stays where it was found.
+    monkeypatch.setenv("CLAWBRIDGE_CACHE", os.environ.get("CLAWBRIDGE_CACHE") or str(Path.home() / ".cache"))
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
-    for name in [k for k in os.environ if k.startswith("CLAWBRIDGE_") and k != "CLAWBRIDGE_MODEL_CACHE"]:
+    for name in [k for k in os.environ if k.startswith("CLAWBRIDGE_") and k not in keep]:
         monkeypatch.delenv(name)
     yield home
