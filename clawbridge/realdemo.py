@@ -360,7 +360,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
                 fut.result()
         say("waiting for the judge and the trainer to finish the last batch ...")
         st = wait_trained(base, admin, cfg.sessions, settle_timeout_s, say)
-        result.steps = int((st.get("trainer") or {}).get("steps", 0) or 0)
+        result.steps = int(((st.get("trainer") or {}).get("steps") or {}).get("ok", 0))  # {"ok": n, "failed": ...}
         result.after = evaluate(base, client_key, cfg, st["policy_version"])
         say(f"after:  preference rate {result.after.preference_rate:.2f}, capability {result.after.capability:.2f}, "
             f"mean answer {result.after.mean_tokens:.1f} tokens")
