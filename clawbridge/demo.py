@@ -163,7 +163,7 @@ def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig,
     env = {
         "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
         "CLAWBRIDGE_LORA_RANK": str(cfg.lora_rank), "CLAWBRIDGE_LEARNING_RATE": str(cfg.lr),
-        "CLAWBRIDGE_BASELINE": "group_mean", "CLAWBRIDGE_CHECKPOINT_EVERY": "0",
+        "CLAWBRIDGE_BASELINE": "group_mean",
         "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2", "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4",
         "CLAWBRIDGE_DEFAULT_MAX_TOKENS": str(cfg.max_tokens),
     }

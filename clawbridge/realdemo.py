@@ -324,15 +324,11 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         "CLAWBRIDGE_TRAIN": "true", "CLAWBRIDGE_BATCH_SIZE": str(cfg.batch_size),
         "CLAWBRIDGE_LORA_RANK": str(cfg.lora_rank), "CLAWBRIDGE_LORA_ALPHA": str(cfg.lora_alpha),
         "CLAWBRIDGE_LEARNING_RATE": str(cfg.learning_rate), "CLAWBRIDGE_BASELINE": "group_mean",
-        "CLAWBRIDGE_GAMMA": "0", "CLAWBRIDGE_CHECKPOINT_EVERY": "0", "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.5",
+        "CLAWBRIDGE_GAMMA": "0", "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.5",
         "CLAWBRIDGE_MAX_OFF_POLICY_STEPS": "4", "CLAWBRIDGE_MAX_RUNNING_REQUESTS": str(cfg.concurrency),
         "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge.base_url,
         "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5",
         "CLAWBRIDGE_METHOD": "rl",
-        # The settings this demo was measured with (before lm_head joined the LoRA targets and stale
-        # samples were kept by default): re-measure before dropping these three.
-        "CLAWBRIDGE_LORA_TARGET_MODULES": '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]',
-        "CLAWBRIDGE_STALE_POLICY": "drop", "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     }
     result = RealDemoResult()
     lock = threading.Lock()
