@@ -94,6 +94,9 @@ def test_login_cookie_is_httponly_strict_and_gives_the_data(trained: TrainedProx
     assert doc["training"]["samples"] == {"pending": 0, "trained": 4, "dropped": {}}
     assert any("samples ready" in w for w in doc["training"]["waiting_for"])
     assert [v["policy_version"] for v in doc["versions"]] == [0, 1, 2]
+    ck = doc["checkpoints"]  # one committed checkpoint per version, newest first; rollback is offline
+    assert [(r["version"], r["kind"]) for r in ck["rows"]] == [(2, "step"), (1, "step"), (0, "base")]
+    assert all(r["checkpoint"] for r in ck["rows"]) and "clawbridge rollback" in ck["note"]
     assert doc["config"]["metrics_key"] == "***" and doc["config"]["admin_key"] is None  # from a file, unset here
     assert trained.admin not in c.get("/dashboard/api/overview").text
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from clawbridge.rewards.next_state import text_of, turn_view
 from clawbridge.store.observe import ObserveStore
 from clawbridge.store.rewards import RewardStore
+from clawbridge.store.versions import VersionStore
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
@@ -105,10 +106,22 @@ def overview(state: ProxyState, started_at: float) -> dict[str, Any]:
             "config": None if trainer is None else trainer.get("config"),
         },
         "versions": versions,
-        "checkpoints": {"rollback": False,
-                        "note": "versions come from the store's steps table; this backend's rollback is not "
-                                "exposed through the dashboard"},
+        "checkpoints": checkpoints(state),
         "config": masked_config(state.settings),
+    }
+
+
+def checkpoints(state: ProxyState, limit: int = 20) -> dict[str, Any]:
+    """The committed policy versions, newest first, each with the checkpoint it is restored from.
+    Rollback is offline (`clawbridge rollback VERSION` needs the state dir unlocked), so the page
+    says how instead of offering a button."""
+    rows = VersionStore(state.store).listing(limit)
+    return {
+        "rows": [{"version": r.version, "kind": r.kind, "step": r.step, "source_version": r.source_version,
+                  "checkpoint": r.checkpoint, "committed_at": r.committed_at} for r in rows],
+        "rollback": False,
+        "note": "To serve an earlier version: stop the server, run `clawbridge rollback VERSION` (it commits a "
+                "new version serving that checkpoint; numbers are never reused), then start it again.",
     }
 
 

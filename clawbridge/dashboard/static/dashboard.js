@@ -116,7 +116,13 @@ function renderHealth(doc) {
     doc.versions.map((v) => [`v${v.policy_version}`, num(v.step),
       v.published_at ? new Date(v.published_at * 1000).toLocaleString() : (v.policy_version === 0 ? "base" : "–"),
       String(v.turns)])));
-  fill("checkpoints", el("p", {class: "muted"}, doc.checkpoints.note));
+  const ck = doc.checkpoints;
+  fill("checkpoints", el("div", {},
+    table(["version", "kind", "step", "serves weights of", "committed", "checkpoint"],
+      ck.rows.map((r) => [`v${r.version}`, r.kind, num(r.step),
+        r.source_version === null ? "–" : `v${r.source_version}`,
+        r.committed_at ? new Date(r.committed_at * 1000).toLocaleString() : "–", r.checkpoint || "–"])),
+    el("p", {class: "muted"}, ck.note)));
   fill("config", table(["option", "value"], Object.entries(doc.config).map(([k, v]) => [k, JSON.stringify(v)])));
 }
 async function overviewPage() {
