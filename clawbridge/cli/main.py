@@ -407,9 +407,10 @@ def demo(
     reward: Annotated[str, typer.Option(help="api: set through /rl/set_reward; judge: a scripted user answers "
                                              "and a rule-based judge turns that into rewards.")] = "api",
     model: Annotated[str, typer.Option(
-        help="tiny: the one-minute smoke demo (a random tiny model learns a toy reward); smollm2: the real "
-             "SmolLM2-135M-Instruct learns a user's preference for short answers from conversation, with "
-             "LoRA, measured on held-out questions (about 10-15 minutes on 2 CPU cores).")] = "tiny",
+        help="tiny: the smoke demo (a random tiny model learns a toy reward); smollm2: the real "
+             "SmolLM2-135M-Instruct is trained, with LoRA, on a user's preference for short answers from "
+             "conversation, measured on held-out questions (experimental: long on 2 CPU cores, no run has "
+             "a measured time yet; see the README).")] = "tiny",
     rounds: Annotated[int, typer.Option(help="smollm2: passes over the training questions.")] = 1,
 ) -> None:
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""
