@@ -35,6 +35,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import set_threads_from_argv
 
+from clawbridge.demo import wait_healthy
+
 set_threads_from_argv(1)
 
 MODES: dict[str, dict[str, str]] = {
@@ -48,20 +50,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait(base: str, proc: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"clawbridge up exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"{base} not healthy after {timeout_s:.0f}s")
 
 
 def _agent(base: str, admin: str, stop: threading.Event, rewarded: list[int], lock: threading.Lock) -> None:
@@ -107,7 +95,7 @@ def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drai
          "--served-model-name", "tiny", "--port", str(port), "--state-dir", str(state), "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        _wait(base, proc)
+        wait_healthy(base, proc, timeout_s=300.0)
         admin = (state / "admin_key").read_text().strip()
         h = {"Authorization": f"Bearer {admin}"}
         stop, lock, rewarded = threading.Event(), threading.Lock(), [0]
