@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import set_threads_from_argv
 
-from clawbridge.demo import wait_healthy
+from clawbridge.demo import free_port, stop_proxy, wait_healthy
 
 set_threads_from_argv(1)
 
@@ -44,12 +42,6 @@ MODES: dict[str, dict[str, str]] = {
             "CLAWBRIDGE_LOSS": "importance_sampling"},
     "new": {},
 }
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _agent(base: str, admin: str, stop: threading.Event, rewarded: list[int], lock: threading.Lock) -> None:
@@ -81,7 +73,7 @@ def _agent(base: str, admin: str, stop: threading.Event, rewarded: list[int], lo
 def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drain: float) -> dict[str, Any]:
     state = out / f"state-{mode}"
     state.mkdir(parents=True)
-    port = _port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ)
     env.pop("CLAWBRIDGE_API_KEY", None)
@@ -117,12 +109,7 @@ def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drai
                 "dropped": int(samples["dropped"].get("stale", 0)), "pending": samples["pending"],
                 "steps": status["steps"]["ok"], "agent_errors": len(errors)}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop_proxy(proc)
 
 
 def main() -> None:

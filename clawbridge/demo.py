@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -146,6 +146,28 @@ def launch_proxy(model_dir: Path, state_dir: Path, port: int, settings_env: dict
          "--served-model-name", served_name, "--port", str(port), "--state-dir", str(state_dir),
          "--log-level", "warning"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+E = TypeVar("E")
+"""An episode result."""
+
+
+def run_episodes(episode: Callable[[int], E], n: int, concurrency: int, into: list[E],
+                 on_episode: Callable[[E], None] | None = None) -> None:
+    """Run `episode(0..n-1)` on `concurrency` threads, appending each result to `into` as it finishes
+    (then calling `on_episode`); the first failure is raised once all have been waited for."""
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        ep = episode(i)
+        with lock:
+            into.append(ep)
+        if on_episode:
+            on_episode(ep)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        for fut in [pool.submit(one, i) for i in range(n)]:
+            fut.result()
 
 
 def stop_proxy(proc: subprocess.Popen[bytes]) -> None:
@@ -280,21 +302,12 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
     proc = _start_proxy(model_dir, state_dir, port, cfg, judge.base_url if judge else None)
     result = DemoResult()
     t0 = time.monotonic()
-    lock = threading.Lock()
     try:
         wait_healthy(base, proc)
         admin = (state_dir / "admin_key").read_text().strip()
 
-        def one(i: int) -> None:
-            ep = _episode(base, admin, i, cfg)
-            with lock:
-                result.episodes.append(ep)
-            if on_episode:
-                on_episode(ep)
-
-        with ThreadPoolExecutor(cfg.concurrency) as pool:
-            for fut in [pool.submit(one, i) for i in range(cfg.sessions)]:
-                fut.result()
+        run_episodes(lambda i: _episode(base, admin, i, cfg), cfg.sessions, cfg.concurrency,
+                     result.episodes, on_episode)
     finally:
         stop_proxy(proc)
         if judge is not None:

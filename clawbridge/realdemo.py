@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -308,7 +307,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
                   on_episode: Callable[[TrainEpisode], None] | None = None,
                   model_dir: Path | None = None, settle_timeout_s: float = 900.0) -> RealDemoResult:
     """Run the real-model demo end to end; `out_dir` gets the state, log, results and plot."""
-    from clawbridge.demo import free_port, launch_proxy, stop_proxy, wait_healthy
+    from clawbridge.demo import free_port, launch_proxy, run_episodes, stop_proxy, wait_healthy
     from clawbridge.models import cached_model
     from clawbridge.rewards.judge_server import JudgeServer
 
@@ -331,7 +330,6 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         "CLAWBRIDGE_METHOD": "rl",
     }
     result = RealDemoResult()
-    lock = threading.Lock()
     proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")
     try:
         say(f"loading the model into clawbridge up ({base}) ...")
@@ -344,16 +342,8 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
             f"mean answer {result.before.mean_tokens:.1f} tokens")
         say(f"training: {cfg.sessions} sessions ({cfg.train_prompts} questions x {cfg.group_size} x {cfg.rounds}) ...")
 
-        def one(i: int) -> None:
-            ep = _episode(base, admin, i, cfg)
-            with lock:
-                result.episodes.append(ep)
-            if on_episode:
-                on_episode(ep)
-
-        with ThreadPoolExecutor(cfg.concurrency) as pool:
-            for fut in [pool.submit(one, i) for i in range(cfg.sessions)]:
-                fut.result()
+        run_episodes(lambda i: _episode(base, admin, i, cfg), cfg.sessions, cfg.concurrency,
+                     result.episodes, on_episode)
         say("waiting for the judge and the trainer to finish the last batch ...")
         st = wait_trained(base, admin, cfg.sessions, settle_timeout_s, say)
         result.steps = int(((st.get("trainer") or {}).get("steps") or {}).get("ok", 0))  # {"ok": n, "failed": ...}
