@@ -197,11 +197,8 @@ def copy_model(src: Path, dest: Path) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def import_gguf(gguf_file: Path, out_dir: Path, progress: Progress | None = None,

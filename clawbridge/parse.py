@@ -411,10 +411,6 @@ class IncrementalDecoder:
             return ""
         return self._advance(text)
 
-    def push_many(self, token_ids: Sequence[int]) -> str:
-        """`push` each id; the concatenated new text."""
-        return "".join(self.push(t) for t in token_ids)
-
     def flush(self) -> str:
         """Everything still held back (incomplete characters come out as U+FFFD); resets the state."""
         out = ""

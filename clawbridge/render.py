@@ -36,6 +36,7 @@ from clawbridge.chatformat import (
     stop_markers_for,
     tool_style_for,
 )
+from clawbridge.content import ContentError, content_text
 from clawbridge.parse import ParsedMessage, StreamParser, parse_completion
 from clawbridge.sources import resolve_source
 
@@ -43,10 +44,6 @@ __all__ = ["ROLES", "RenderError", "Renderer", "SegmentCache", "ToolChoiceError"
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 """Message roles `render` accepts."""
-
-_HUGE_MAX_LENGTH = 1_000_000_000
-"""transformers' `model_max_length` when a tokenizer does not know its context (VERY_LARGE_INTEGER)."""
-
 
 _BATCH_MIN_CHARS = 64 * 1024
 """Below this much uncached text, segments are tokenized one by one instead of in a batch."""
@@ -99,28 +96,11 @@ class SegmentCache:
 
 
 def _text_of(content: Any, where: str) -> str:
-    """OpenAI content (str, None, or a list of text parts) as one string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-                continue
-            if not isinstance(part, Mapping):
-                raise RenderError(f"{where}: content parts must be objects")
-            ptype = part.get("type")
-            if ptype not in ("text", "input_text", "output_text"):
-                raise RenderError(f"{where}: content part type {ptype!r} is not supported (text only)")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise RenderError(f"{where}: text content part without a string 'text'")
-            texts.append(text)
-        return "\n".join(texts)
-    raise RenderError(f"{where}: content must be a string, null or a list of text parts")
+    """Message content as one string by `clawbridge.content`'s rules, as a `RenderError`."""
+    try:
+        return content_text(content, where)
+    except ContentError as e:
+        raise RenderError(str(e)) from None
 
 
 def _normalize_tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -153,7 +133,8 @@ def _normalize_tool_call(call: Any, where: str) -> dict[str, Any]:
 def normalize_messages(messages: Any, *, developer_as_system: bool) -> list[dict[str, Any]]:
     """Validate OpenAI-shaped messages and rewrite them into what chat templates expect.
 
-    Content becomes a string (text parts joined with "\\n", null -> ""); assistant tool call
+    Content becomes a string (`clawbridge.content.content_text`: text parts joined with "\\n",
+    null -> ""); assistant tool call
     arguments that are JSON objects in a string become dicts (other strings stay as they are);
     `reasoning_content` is kept; `developer` becomes `system` when `developer_as_system`.
     """
@@ -230,11 +211,6 @@ class Renderer:
         """End-of-turn texts in this vocabulary (`<|im_end|>`, `<|endoftext|>`, ..., eos), in that order."""
         self.stop_token_ids: tuple[int, ...] = tuple(vocab[m] for m in self.stop_markers)
         """Ids of `stop_markers`: the sampler stops on them."""
-        max_len = getattr(tokenizer, "model_max_length", None)
-        self.context_window: int | None = (
-            int(max_len) if isinstance(max_len, int) and 0 < max_len < _HUGE_MAX_LENGTH else None
-        )
-        """The tokenizer's `model_max_length` when it knows one (a hint; the backend decides)."""
 
     @classmethod
     def from_pretrained(cls, path_or_id: str) -> Renderer:

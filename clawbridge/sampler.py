@@ -126,17 +126,23 @@ class Sampler(Protocol):
         ...
 
 
-# --------------------------------------------------------------------------------------------
-# Fake, for tests and benchmarks.
-
-
 @dataclass
-class _ScriptedStream:
+class FinishedStream:
+    """A `SampleStream` replaying a sample that is already finished: the one replay that hosted
+    samplers (which get whole samples back) and `FakeSampler` share.
+
+    Yields `tokens` in order, giving the event loop a turn every `chunk_size` tokens and waiting
+    `delay_s` before each token (0: none); its `finish_reason` is `final_reason` once every token
+    is out, or "cancelled" when `aclose` comes first."""
+
     tokens: list[SampledToken]
     policy_version: int
-    delay_s: float
-    stop_token_ids: tuple[int, ...]
-    max_tokens: int
+    final_reason: FinishReason
+    """The finish reason once every token has been yielded."""
+    chunk_size: int = 16
+    """Tokens yielded between event-loop turns."""
+    delay_s: float = 0.0
+    """Wait before each token (a slow fake model); 0 for a real finished sample."""
     finish_reason: FinishReason | None = None
     _closed: bool = False
 
@@ -148,19 +154,21 @@ class _ScriptedStream:
             if self._closed:
                 self.finish_reason = "cancelled"
                 return
-            if i >= self.max_tokens:
-                self.finish_reason = "length"
-                return
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
+            elif i and i % self.chunk_size == 0:
+                await asyncio.sleep(0)
             yield tok
-            if tok.token_id in self.stop_token_ids:
-                self.finish_reason = "stop"
-                return
-        self.finish_reason = "length"
+        self.finish_reason = self.final_reason
 
     async def aclose(self) -> None:
         self._closed = True
+        if self.finish_reason is None:
+            self.finish_reason = "cancelled"
+
+
+# --------------------------------------------------------------------------------------------
+# Fake, for tests and benchmarks.
 
 
 @dataclass
@@ -182,5 +190,11 @@ class FakeSampler:
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
         self.prompts.append(list(prompt_ids))
-        toks = [SampledToken(t, self.logprob) for t in self.script]
-        return _ScriptedStream(toks, self.version, self.delay_s, params.stop_token_ids, params.max_tokens)
+        toks: list[SampledToken] = []
+        reason: FinishReason = "length"
+        for t in self.script[: params.max_tokens]:
+            toks.append(SampledToken(t, self.logprob))
+            if t in params.stop_token_ids:
+                reason = "stop"
+                break
+        return FinishedStream(toks, self.version, reason, delay_s=self.delay_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import math
 import signal
@@ -27,6 +28,7 @@ import uvicorn
 
 from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
 from clawbridge.backend import (
+    ModelInfo,
     ServingBackend,
     TrainingBackend,
     UnsupportedSettings,
@@ -36,6 +38,7 @@ from clawbridge.backend import (
 from clawbridge.config import Settings
 from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
+from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -152,16 +155,12 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
     return state
 
 
-def openclaw_provider_snippet(settings: Settings, base_url: str, key_hint: str, info: Any) -> str:
-    return (
-        '{\n  "models": {\n    "providers": {\n      "clawbridge": {\n'
-        f'        "baseUrl": "{base_url}",\n'
-        f'        "apiKey": "{key_hint}",\n'
-        '        "api": "openai-completions",\n'
-        f'        "models": [{{"id": "{info.name}", "name": "{info.name} (clawbridge)", '
-        f'"contextWindow": {info.context_window}, "maxTokens": {info.max_output_tokens}}}]\n'
-        "      }\n    }\n  }\n}"
-    )
+def openclaw_provider_snippet(base_url: str, key_hint: str, info: ModelInfo) -> str:
+    """The `models.providers.clawbridge` block for openclaw.json, as the installer writes it."""
+    entry = provider_entry(InstallOptions(api_key=key_hint, base_url=base_url, model_id=info.name,
+                                          context_window=info.context_window,
+                                          max_tokens=info.max_output_tokens))
+    return json.dumps({"models": {"providers": {DEFAULT_PROVIDER_ID: entry}}}, indent=2)
 
 
 class ProxyServer(uvicorn.Server):
@@ -265,7 +264,7 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
         announce(f"judge: {state.judge.judge.name} ({settings.judge_votes} votes, at most "
                  f"{settings.judge_concurrency} calls in flight); method {settings.method}")
     announce("OpenClaw provider block (or run `clawbridge openclaw install`):\n"
-             + openclaw_provider_snippet(settings, base, f"<{key_where}>", state.model_info))
+             + openclaw_provider_snippet(base, f"<{key_where}>", state.model_info))
     try:
         await server.serve(sockets=[sock])
     finally:

@@ -275,10 +275,9 @@ def test_template_error_becomes_render_error(tiny_model_dir: Path) -> None:
         Renderer(tok).render([{"role": "user", "content": "x"}])
 
 
-def test_stop_tokens_decode_and_context(renderer: Renderer) -> None:
+def test_stop_tokens_and_decode(renderer: Renderer) -> None:
     vocab = renderer.tokenizer.get_vocab()
     assert renderer.stop_token_ids == (vocab["<|im_end|>"], vocab["<|endoftext|>"])
-    assert renderer.context_window == 32768
     ids = renderer.render([{"role": "user", "content": "héllo 🦀"}])
     assert renderer.decode(ids) == "<|im_start|>user\nhéllo 🦀<|im_end|>\n<|im_start|>assistant\n"
     assert ids[0] == vocab["<|im_start|>"]

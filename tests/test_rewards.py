@@ -228,7 +228,7 @@ def test_restart_judged_once_interrupted_judged_again(tmp_path: Path) -> None:
         await w.start()
         while not started.is_set():
             await asyncio.sleep(0.01)
-        task = w._task
+        task = w.background.task
         assert task is not None
         task.cancel()  # like kill -9: no cleanup code of ours runs after this point in the store
         with pytest.raises(asyncio.CancelledError):

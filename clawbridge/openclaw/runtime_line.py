@@ -16,21 +16,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from clawbridge.content import loose_text
+
 MAX_SESSION_ID_LEN = 256
 TURN_TYPES = ("main", "side")
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,256}$")
 _RUNTIME_RE = re.compile(r"(?m)^Runtime:[^\n]*?(?:^|[\s|])session=([^\s|]+)")
-
-
-def _text(content: Any) -> str | None:
-    """The text of a message's content: a string, or the text parts of a content list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [str(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        return "\n".join(parts)
-    return None
 
 
 def parse_runtime_session(messages: list[dict[str, Any]]) -> str | None:
@@ -39,10 +31,7 @@ def parse_runtime_session(messages: list[dict[str, Any]]) -> str | None:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") != "user":
             continue
-        text = _text(message.get("content"))
-        if text is None:
-            return None
-        match = _RUNTIME_RE.search(text)
+        match = _RUNTIME_RE.search(loose_text(message.get("content")))
         if match is None:
             return None
         key = match.group(1)

@@ -22,6 +22,7 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from clawbridge.content import TEXT_PART_TYPES
 from clawbridge.proxy.errors import ApiError
 
 DEFAULT_MAX_MESSAGES = 4096
@@ -207,5 +208,5 @@ def _refuse_unsupported(req: ChatRequest, data: dict[str, Any]) -> None:
     for i, msg in enumerate(req.messages):
         if isinstance(msg.content, list):
             for part in msg.content:
-                if part.get("type") not in ("text", "input_text"):
+                if part.get("type") not in TEXT_PART_TYPES:
                     raise no(f"messages.{i}.content", f"content part type {part.get('type')!r}; only text is served")

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clawbridge.content import loose_text as text_of
+
 NextKind = Literal["user", "tool", "tool+user"]
 
 
@@ -53,26 +55,6 @@ class NextState:
     """Tool messages (role tool, in order) and/or the next user message."""
     from_turn_id: str
     """The later main turn whose request carried them."""
-
-
-def text_of(content: Any) -> str:
-    """OpenAI or Anthropic content (str, None, list of parts) as plain text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for p in content:
-            if isinstance(p, str):
-                parts.append(p)
-            elif isinstance(p, Mapping):
-                if isinstance(p.get("text"), str):
-                    parts.append(str(p["text"]))
-                elif "content" in p:
-                    parts.append(text_of(p.get("content")))
-        return "\n".join(parts)
-    return json.dumps(content)
 
 
 def tool_call_ids(message: Mapping[str, Any]) -> list[str]:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clawbridge.background import Background
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
     JudgeModel,
@@ -91,41 +92,35 @@ class RewardWorker:
         """The most judge calls ever in flight at once (for the serving-bound check)."""
         self._in_flight = 0
         self._retry_at: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
+        self.background = Background("clawbridge-judge")
+        """The worker's task (start / stop / notify)."""
         self._recovered = False
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Recover interrupted judgements, then start the background task (idempotent)."""
-        if self._task is not None and not self._task.done():
+        if self.background.running:
             return
         await self._recover()
-        self._stop.clear()
-        self._task = asyncio.create_task(self._run(), name="clawbridge-judge")
+        self.background.start(self._run)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Stop; judgements cut short stay `running` and are judged again after a restart."""
-        task, self._task = self._task, None
-        if task is None:
+        if self.background.task is None:
             return
-        self._stop.set()
-        self._wake.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(task, timeout_s)
+        await self.background.stop(timeout_s, cancel_first=True)
         close = getattr(self.judge, "aclose", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 await close()
 
     def notify(self) -> None:
-        self._wake.set()
+        """Look for ended sessions now instead of at the next poll."""
+        self.background.notify()
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self.background.running
 
     async def _recover(self) -> None:
         if not self._recovered:
@@ -135,14 +130,12 @@ class RewardWorker:
             self._recovered = True
 
     async def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self.background.stopping:
             try:
                 await self.run_once()
             except Exception:
                 log.exception("judge pass failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_s)
-            self._wake.clear()
+            await self.background.sleep(self.config.poll_interval_s)
 
     # ------------------------------------------------------------------ work
     async def run_once(self) -> int:

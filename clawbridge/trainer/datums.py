@@ -13,9 +13,12 @@ Invariants:
   sessions (and groups), so it can hold more than `batch_size` datums.
 - Staleness = (the policy version serving now) - (the version that sampled the turn), i.e. how
   many publishes behind the datum is.
-- With a `RewardMix` (the loop always passes one), rewards are `advantages.combined_rewards`
-  (explicit + judge, rules 1b/1c) and per-token advantages follow rule 5 (RL and OPD parts);
-  with no judge verdicts, no teacher scores and the default weights this equals the plain rules.
+- Rewards are `advantages.combined_rewards` under the `RewardMix` (explicit + judge, rules 1b/1c)
+  and per-token advantages follow rule 5 (RL and OPD parts); with no judge verdicts, no teacher
+  scores and the default mix this equals the plain rules (`advantages.session_returns`).
+- The OPD part is `rewards.opd.opd_advantages` of the stored teacher logprobs; teacher logprobs
+  of another length than the completion are a broken invariant (the reward worker stores only
+  matching ones) and raise `ValueError`, failing the step, instead of being skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clawbridge.backend import Datum
+from clawbridge.rewards.opd import opd_advantages
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import (
@@ -37,9 +41,7 @@ from clawbridge.trainer.advantages import (
     baseline_key,
     combined_rewards,
     discounted_returns,
-    immediate_rewards,
     mix_token_advantages,
-    session_returns,
     token_scales,
 )
 
@@ -129,23 +131,18 @@ def prepare_batch(
     normalization: NormalizationRule,
     running: RunningMeans,
     current_version: int,
-    mix: RewardMix | None = None,
+    mix: RewardMix,
 ) -> PreparedBatch:
     """Read the traces and tokens of `batch` and build its datums (see the module invariants)."""
     traces = tstore.session_traces(s.session_id for s in batch)
     returns: dict[str, float] = {}
     session_totals: list[float] = []
-    signals = (
-        RewardStore(tstore.store).turn_signals(t.turn_id for tr in traces.values() for t in tr.turns if t.trainable)
-        if mix is not None else {}
+    signals = RewardStore(tstore.store).turn_signals(
+        t.turn_id for tr in traces.values() for t in tr.turns if t.trainable
     )
+    judge = {k: v.judge_score for k, v in signals.items() if v.judge_score is not None}
+    means = {k: v.mean_vote for k, v in signals.items() if v.mean_vote is not None}
     for trace in traces.values():
-        if mix is None:
-            returns.update(session_returns(trace, gamma))
-            session_totals.append(sum(immediate_rewards(trace).values()))
-            continue
-        judge = {k: v.judge_score for k, v in signals.items() if v.judge_score is not None}
-        means = {k: v.mean_vote for k, v in signals.items() if v.mean_vote is not None}
         rewards = combined_rewards(trace, judge, mix.explicit_rule, means, mix.promote_best)
         ids = [t.turn_id for t in trace.turns if t.trainable]
         returns.update(zip(ids, discounted_returns([rewards[i] for i in ids], gamma), strict=True))
@@ -159,14 +156,12 @@ def prepare_batch(
     opd_values: list[float] = []
     for s, adv, scale, n in zip(batch, advantages, scales, lengths, strict=True):
         t = tokens[s.turn_id]
-        per_token = [adv] * n
-        if mix is not None:
-            teacher = signals[s.turn_id].teacher_logprobs if s.turn_id in signals else None
-            opd = None
-            if teacher is not None and len(teacher) == n:
-                opd = [mix.opd_coef * (a - b) for a, b in zip(teacher, t.completion_logprobs, strict=True)]
-                opd_values.extend(opd)
-            per_token = mix_token_advantages(adv, opd, n, mix.method, mix.w_rl, mix.w_opd)
+        teacher = signals[s.turn_id].teacher_logprobs if s.turn_id in signals else None
+        opd = None
+        if teacher is not None:  # the worker stores only teacher logprobs of the completion's length
+            opd = opd_advantages(teacher, t.completion_logprobs, mix.opd_coef)
+            opd_values.extend(opd)
+        per_token = mix_token_advantages(adv, opd, n, mix.method, mix.w_rl, mix.w_opd)
         datums.append(
             Datum.from_turn(
                 t.prompt_ids,
@@ -190,10 +185,9 @@ def prepare_batch(
         "staleness_mean": sum(staleness) / n_datums,
         "staleness_max": float(max(staleness)),
     }
-    if mix is not None:
-        judged = [v.judge_score for k, v in signals.items() if v.judge_score is not None]
-        metrics["judge_turns"] = float(len(judged))
-        metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
-        metrics["opd_tokens"] = float(len(opd_values))
-        metrics["opd_advantage_mean"] = sum(opd_values) / len(opd_values) if opd_values else 0.0
+    judged = list(judge.values())
+    metrics["judge_turns"] = float(len(judged))
+    metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
+    metrics["opd_tokens"] = float(len(opd_values))
+    metrics["opd_advantage_mean"] = sum(opd_values) / len(opd_values) if opd_values else 0.0
     return PreparedBatch(datums, [s.turn_id for s in batch], new_running, metrics)

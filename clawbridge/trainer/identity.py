@@ -47,11 +47,8 @@ def model_hash(folder: Path) -> str:
 
 
 def _file_digest(path: Path) -> bytes:
-    d = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            d.update(chunk)
-    return d.digest()
+        return hashlib.file_digest(fh, "sha256").digest()
 
 
 def _safetensors_header(path: Path) -> bytes:

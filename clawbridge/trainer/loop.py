@@ -35,7 +35,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from clawbridge.backend import LossConfig, TrainingBackend
+from clawbridge.background import Background
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
@@ -155,9 +155,8 @@ class TrainerLoop:
         self._last_step_s: float | None = None
         self._in_step = False
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
+        self.background = Background("clawbridge-trainer")
+        """The loop's task (start / stop / notify)."""
 
     @classmethod
     def from_settings(
@@ -168,39 +167,24 @@ class TrainerLoop:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Start the background task (idempotent)."""
-        if self._task is not None and not self._task.done():
-            return
-        self._stop.clear()
-        self._task = asyncio.create_task(self._run(), name="clawbridge-trainer")
+        self.background.start(self._run)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Let a step in progress finish for up to `timeout_s`, then cancel it (it is recorded as
         failed and its samples stay). Idempotent."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stop.set()
-        self._wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout_s)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        except Exception:
-            log.exception("trainer loop ended with an error")
+        await self.background.stop(timeout_s, cancel_first=False)
 
     def notify(self) -> None:
         """Look for a ready batch now instead of at the next poll (e.g. after a session ends)."""
-        self._wake.set()
+        self.background.notify()
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self.background.running
 
     async def _run(self) -> None:
         failures = 0
-        while not self._stop.is_set():
+        while not self.background.stopping:
             try:
                 report = await self.run_once()
             except Exception:
@@ -212,12 +196,7 @@ class TrainerLoop:
             if report is not None and report.ok:
                 continue  # another batch may already be ready
             delay = self.config.poll_interval_s * (2 ** min(failures, 6) if failures else 1)
-            await self._sleep(min(delay, max(60.0, self.config.poll_interval_s)))
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        self._wake.clear()
+            await self.background.sleep(min(delay, max(60.0, self.config.poll_interval_s)))
 
     # ------------------------------------------------------------------ one iteration
     async def run_once(self) -> StepReport | None:

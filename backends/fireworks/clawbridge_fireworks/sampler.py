@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from clawbridge.sampler import (
+    FinishedStream,
     FinishReason,
     PromptTooLong,
     SampledToken,
@@ -42,33 +43,6 @@ from clawbridge.sampler import (
 COMPLETIONS_PATH = "/inference/v1/completions"
 _BACKOFF_START_S = 0.25
 _BACKOFF_MAX_S = 4.0
-
-
-@dataclass
-class FinishedStream:
-    """A SampleStream over an already finished completion."""
-
-    tokens: list[SampledToken]
-    policy_version: int
-    final_reason: FinishReason
-    finish_reason: FinishReason | None = None
-    _closed: bool = False
-
-    def __aiter__(self) -> AsyncIterator[SampledToken]:
-        return self._run()
-
-    async def _run(self) -> AsyncIterator[SampledToken]:
-        for tok in self.tokens:
-            if self._closed:
-                self.finish_reason = "cancelled"
-                return
-            yield tok
-        self.finish_reason = self.final_reason
-
-    async def aclose(self) -> None:
-        self._closed = True
-        if self.finish_reason is None:
-            self.finish_reason = "cancelled"
 
 
 @dataclass

@@ -3,11 +3,10 @@
 from .backend import TinkerBackend, configure_telemetry, create
 from .doctor import doctor_checks
 from .errors import TinkerError, TinkerRequestFailed, TinkerTransientError
-from .sampler import FakeSamplingClient, FinishedSampleStream, SamplerLimits, TinkerSampler
+from .sampler import FakeSamplingClient, SamplerLimits, TinkerSampler
 
 __all__ = [
     "FakeSamplingClient",
-    "FinishedSampleStream",
     "SamplerLimits",
     "TinkerBackend",
     "TinkerError",

@@ -16,14 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from clawbridge.sampler import (
+    FinishedStream,
     FinishReason,
     PromptTooLong,
     SampledToken,
@@ -70,35 +70,6 @@ class SamplerLimits:
     """First wait between retries; doubles each time."""
     chunk_size: int = 16
     """Tokens yielded between event-loop yields when replaying the finished sample."""
-
-
-@dataclass
-class FinishedSampleStream:
-    """A SampleStream replaying a finished Tinker sample, `chunk_size` tokens at a time."""
-
-    tokens: list[SampledToken]
-    policy_version: int
-    final_reason: FinishReason
-    """The finish reason once every token has been yielded."""
-    chunk_size: int = 16
-    finish_reason: FinishReason | None = None
-    _closed: bool = False
-
-    def __aiter__(self) -> AsyncIterator[SampledToken]:
-        return self._run()
-
-    async def _run(self) -> AsyncIterator[SampledToken]:
-        for i, tok in enumerate(self.tokens):
-            if self._closed:
-                self.finish_reason = "cancelled"
-                return
-            if i and i % self.chunk_size == 0:
-                await asyncio.sleep(0)
-            yield tok
-        self.finish_reason = self.final_reason
-
-    async def aclose(self) -> None:
-        self._closed = True
 
 
 class TinkerSampler:
@@ -159,7 +130,7 @@ class TinkerSampler:
         except Exception as e:  # the SDK raises ValueError/APIStatusError for protocol trouble
             raise SamplerUnavailable(f"tinker sample failed: {type(e).__name__}: {e}") from e
         tokens, reason = sampled_tokens(response, params)
-        return FinishedSampleStream(tokens, version, reason, limits.chunk_size)
+        return FinishedStream(tokens, version, reason, limits.chunk_size)
 
 
 async def _as_coroutine(awaitable: Any) -> SampleResponse:
