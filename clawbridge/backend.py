@@ -55,17 +55,37 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class Span:
+    """One sampled completion inside a `Datum`: the target positions [start, end) it covers.
+
+    A datum holds one span per turn it trains (several when turns of a session were merged, see
+    `clawbridge.trainer.merge`); each keeps what its own turn recorded."""
+
+    start: int
+    """First target position (index into the per-position lists) of the completion."""
+    end: int
+    """One past its last target position."""
+    policy_version: int
+    """The version that sampled this completion (staleness and importance weights are per span)."""
+    turn_id: str = ""
+    """The recorded turn it came from (for exactly-once bookkeeping)."""
+
+
+@dataclass(frozen=True)
 class Datum:
     """One training sequence, position aligned (see ARCHITECTURE.md, "Training datum").
 
-    `tokens` is prompt + sampled completion. Position i predicts tokens[i + 1] from tokens[:i + 1]:
-    `model_input = tokens[:-1]`, `target_tokens = tokens[1:]`. Per-position lists below have
-    length len(tokens) - 1. Prompt positions carry mask 0, advantage 0 and logprob 0.
+    `tokens` is prompt + sampled completion, or, for a merged session, the last turn's prompt +
+    completion, whose prompt holds every earlier turn's prompt and completion. Position i predicts
+    tokens[i + 1] from tokens[:i + 1]: `model_input = tokens[:-1]`, `target_tokens = tokens[1:]`.
+    Per-position lists below have length len(tokens) - 1. Positions outside every span (prompt,
+    tool results, user messages) carry mask 0, advantage 0 and logprob 0.
     """
 
     tokens: tuple[int, ...]
     prompt_len: int
-    """How many of `tokens` are prompt; the loss starts at target position prompt_len - 1."""
+    """How many of `tokens` precede the first sampled token; the loss starts at target position
+    prompt_len - 1."""
     sampler_logprobs: tuple[float, ...]
     """Per position: logprob of the target token under the sampling policy (0 on prompt)."""
     advantages: tuple[float, ...]
@@ -73,9 +93,12 @@ class Datum:
     mask: tuple[float, ...]
     """Per position: 1.0 where the loss applies (sampled tokens), 0.0 elsewhere."""
     policy_version: int
-    """The version that sampled the completion."""
+    """The version that sampled the completion (merged: the oldest of its spans')."""
     turn_id: str = ""
-    """The recorded turn it came from (for exactly-once bookkeeping)."""
+    """The recorded turn it came from (merged: the first span's turn; see `turn_ids`)."""
+    spans: tuple[Span, ...] = ()
+    """The sampled completions, in order, disjoint; mask is 1 exactly on them. Empty in a datum
+    built by hand: then one span from prompt_len - 1 to the end is meant (`sampled_spans`)."""
 
     @property
     def model_input(self) -> tuple[int, ...]:
@@ -84,6 +107,18 @@ class Datum:
     @property
     def target_tokens(self) -> tuple[int, ...]:
         return self.tokens[1:]
+
+    @property
+    def sampled_spans(self) -> tuple[Span, ...]:
+        """`spans`, or the single span a hand-built datum without them means."""
+        if self.spans:
+            return self.spans
+        return (Span(self.prompt_len - 1, len(self.tokens) - 1, self.policy_version, self.turn_id),)
+
+    @property
+    def turn_ids(self) -> tuple[str, ...]:
+        """Every turn this datum trains, in order."""
+        return tuple(s.turn_id for s in self.sampled_spans)
 
     @staticmethod
     def from_turn(
@@ -108,6 +143,7 @@ class Datum:
             mask=(0.0,) * n_prompt_pos + (1.0,) * len(completion_ids),
             policy_version=policy_version,
             turn_id=turn_id,
+            spans=(Span(n_prompt_pos, n_prompt_pos + len(completion_ids), policy_version, turn_id),),
         )
 
 
@@ -125,16 +161,30 @@ class LossInputs:
     """float32 numpy array: advantages, 0 where masked."""
 
 
-def loss_inputs(datum: Datum) -> LossInputs:
-    """Check a datum's alignment and turn it into `LossInputs` (shared by the hosted backends)."""
-    import numpy as np
-
+def check_datum(datum: Datum) -> None:
+    """Raise ValueError unless the per-position fields have len(tokens) - 1 entries and the spans
+    are non-empty, in order, disjoint and inside them (every backend checks before it sends)."""
     n = len(datum.tokens) - 1
     if n < 1:
-        raise ValueError("a datum needs at least two tokens")
+        raise ValueError(f"datum {datum.turn_id!r}: a datum needs at least two tokens")
     for name in ("sampler_logprobs", "advantages", "mask"):
         if len(getattr(datum, name)) != n:
-            raise ValueError(f"datum.{name} has {len(getattr(datum, name))} entries, expected {n}")
+            raise ValueError(f"datum {datum.turn_id!r}: {name} has {len(getattr(datum, name))} entries, expected {n}")
+    end = 0
+    for span in datum.spans:
+        if not (end <= span.start < span.end <= n):
+            raise ValueError(f"datum {datum.turn_id!r}: span {span.start}..{span.end} of turn {span.turn_id!r} is "
+                             f"empty, overlaps the one before or leaves the {n} positions")
+        end = span.end
+
+
+def loss_inputs(datum: Datum) -> LossInputs:
+    """Check a datum's alignment and turn it into `LossInputs` (shared by the hosted backends).
+    A datum with several spans (a merged session) needs nothing special: mask, advantages and
+    sampler logprobs are per position."""
+    import numpy as np
+
+    check_datum(datum)
     mask = np.asarray(datum.mask, dtype=np.float32)
     return LossInputs(
         model_input=list(datum.model_input),

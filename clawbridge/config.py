@@ -122,7 +122,10 @@ class Settings(BaseSettings):
 
     # --- trainer loop (section owned by clawbridge/trainer)
     train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
-    batch_size: int = Field(8, ge=1, description="Datums (main turns) per training step; a step runs once this many are ready.")
+    batch_size: int = Field(
+        8, ge=1, description="Rewarded main turns per training step; a step runs once this many are ready "
+        "(turns merged into one sequence count one each).",
+    )
     loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
         "importance_sampling", description="Policy-gradient loss (Tinker / Fireworks semantics). importance_sampling: "
         "the ratio to the recorded sampler logprob weights each token, unclipped (the global grad-norm clip bounds a "
@@ -148,9 +151,14 @@ class Settings(BaseSettings):
     drop_stale_after: int = Field(
         0, ge=0, description="importance_weight: still drop datums more than this many versions behind (0: never drop)."
     )
+    merge_session_turns: bool = Field(
+        True, description="Train a session's turns as ONE sequence where each prompt starts with the previous turn's "
+        "prompt + completion (token exact; the loss on every sampled span): the same loss, far fewer tokens sent. "
+        "Where the prefix breaks (a template that strips earlier reasoning, an edited history) turns train separately.",
+    )
     max_batch_tokens: int = Field(
         4096, ge=0, description="A trainer behind its backlog trains larger steps, up to this many sampled tokens "
-        "(never fewer than batch_size datums; 0: always batch_size).",
+        "(never fewer than batch_size turns; 0: always batch_size).",
     )
     capacity_mode: bool = Field(False, description="Answer /rl/start_session 429 while the training backlog is full.")
     max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")

@@ -239,6 +239,36 @@ def test_full_parameter_shape(fake: tuple[FakeFireworks, ServerThread], tmp_path
     assert fw.bodies("trainer.create_model")[0]["lora_config"]["rank"] == 0
 
 
+def test_merged_session_datum_is_sent_as_one_sequence(
+    fake: tuple[FakeFireworks, ServerThread], tmp_path: Path
+) -> None:
+    """A multi-span datum (a merged session) reaches the trainer as one sequence with each span's
+    advantages and sampler logprobs where its completion is, zero between spans."""
+    from clawbridge.trainer.merge import TurnPiece, build_datums
+
+    fw, srv = fake
+    pieces = [TurnPiece("t1", "s", [1, 2, 3], [4, 5], [-0.5, -0.25], [1.0, 1.0], 0),
+              TurnPiece("t2", "s", [1, 2, 3, 4, 5, 6], [7, 8], [-0.75, -1.0], [-0.5, -0.5], 1)]
+    (merged,), stats = build_datums(pieces)
+    assert stats.merged == 1 and merged.turn_ids == ("t1", "t2")
+
+    async def run() -> None:
+        backend = await started(make_settings(srv.url, tmp_path))
+        try:
+            result = await backend.train_step([merged], LossConfig())
+            assert result.metrics["tokens"] == 4 and result.metrics["sequences"] == 1
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+    (d,) = fw.bodies("trainer.forward_backward")[0]["forward_backward_input"]["data"]
+    assert d["model_input"]["chunks"][0]["tokens"] == [1, 2, 3, 4, 5, 6, 7]
+    lfi = d["loss_fn_inputs"]
+    assert lfi["target_tokens"]["data"] == [2, 3, 4, 5, 6, 7, 8]
+    assert lfi["advantages"]["data"] == [0.0, 0.0, 1.0, 1.0, 0.0, -0.5, -0.5]
+    assert lfi["logprobs"]["data"] == [0.0, 0.0, -0.5, -0.25, 0.0, -0.75, -1.0]
+
+
 def test_server_reported_failure_fails_the_step(
     fake: tuple[FakeFireworks, ServerThread], tmp_path: Path
 ) -> None:

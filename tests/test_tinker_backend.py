@@ -192,6 +192,37 @@ def test_importance_sampling_sends_no_config(server: TinkerProtocolServer, tmp_p
     assert result.metrics["loss"] == pytest.approx(-1.0)
 
 
+def test_merged_session_datum_is_sent_as_one_sequence(server: TinkerProtocolServer, tmp_path: Path) -> None:
+    """A multi-span datum (a merged session): one sequence, the advantages and sampler logprobs of
+    each span where its completion is, zero between spans; the loss equals the separate datums'."""
+    from clawbridge.trainer.merge import TurnPiece, build_datums
+
+    c1, c2 = [40, 41], [42, 43, 44]
+    p2 = PROMPT + c1 + [9, 9]
+    lp1, lp2 = [expected_logprob(i, 0) for i in range(2)], [expected_logprob(i, 1) for i in range(3)]
+    pieces = [TurnPiece("t1", "s", PROMPT, c1, lp1, [2.0, 2.0], 0), TurnPiece("t2", "s", p2, c2, lp2, [-1.0] * 3, 1)]
+    (merged,), stats = build_datums(pieces)
+    separate, _ = build_datums(pieces, merge=False)
+    assert stats.merged == 1
+
+    async def body(b: TinkerBackend) -> Any:
+        return [await b.train_step([merged], LossConfig("ppo")), await b.train_step(separate, LossConfig("ppo"))]
+
+    on_merged, on_separate = run(server, tmp_path, body)
+    sent = server.bodies("forward_backward")[0]["data"]
+    assert len(sent) == 1
+    tokens = p2 + c2
+    assert sent[0]["model_input"] == tokens[:-1]
+    inputs = sent[0]["loss_fn_inputs"]
+    assert inputs["target_tokens"]["values"] == tokens[1:]
+    gap = [0.0] * 2  # the tool result's tokens between the spans
+    assert inputs["advantages"]["values"] == [0.0] * (len(PROMPT) - 1) + [2.0, 2.0] + gap + [-1.0] * 3
+    assert inputs["logprobs"]["values"] == pytest.approx([0.0] * (len(PROMPT) - 1) + lp1 + gap + lp2)
+    assert on_merged.metrics["tokens"] == on_separate.metrics["tokens"] == 5
+    # the fake server's ratio is exp(shift) for every loss token: each span is weighted on its own
+    assert on_merged.metrics["loss"] == pytest.approx(-(2.0 * 2 - 1.0 * 3))
+
+
 def test_server_reported_failure_is_permanent(server: TinkerProtocolServer, tmp_path: Path) -> None:
     server.faults.fail["ForwardBackward"] = ("target_tokens out of vocabulary", "user")
 

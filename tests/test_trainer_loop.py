@@ -107,8 +107,9 @@ def test_datums_mask_prompt_exclude_side_turns_and_carry_advantages(store: Store
     store.add_reward("s1", 4.0, "api", None)  # session reward: on the last main turn
     store.end_session("s1", "end_session")
     b = backend()
-    loop = loop_for(
-        store, b, batch_size=2, gamma=0.5, loss=LossConfig(name="ppo", clip_low=0.1, clip_high=0.3)
+    loop = loop_for(  # one datum per turn here; merged sessions: tests/test_session_merge.py
+        store, b, batch_size=2, gamma=0.5, loss=LossConfig(name="ppo", clip_low=0.1, clip_high=0.3),
+        merge_turns=False,
     )
     report = run(loop.run_once())
     assert report is not None and report.ok, report

@@ -113,6 +113,13 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
     w = t.get("waiting")
     if w:
         console.print("  " + waiting_line(w), highlight=False)
+    m = t.get("merging")
+    if m and m.get("turns"):
+        console.print(f"  merging: {m['merged']} of {m['turns']} trained turns joined their session's sequence "
+                      f"({m['datums']} datums), {m['breaks']} prefix breaks; {m['tokens_sent']} tokens sent instead "
+                      f"of {m['tokens_unmerged']} (since start-up)", highlight=False)
+    elif m and not m.get("enabled", True):
+        console.print("  merging: off (merge_session_turns = false): one datum per turn", highlight=False)
     for step in t.get("recent_steps", [])[:5]:
         console.print(f"  step {step['step']} {step['status']} -> policy v{step['policy_version']}: "
                       f"{_fmt_metrics(step.get('metrics'))}", highlight=False)

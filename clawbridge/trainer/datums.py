@@ -1,16 +1,21 @@
 """Ready samples -> a batch of `Datum`s with advantages (pure given the store reads).
 
 Invariants:
-- One datum per trainable turn (an ok main turn of an ended, rewarded session); side turns never
-  become datums (they are not samples), though a reward on one is credited per `advantages`.
-- A datum is `Datum.from_turn(prompt ids, completion ids, sampler logprobs, advantages)` from the
-  turn exactly as recorded: the loss is on completion positions only (mask 1), prompt positions
-  have mask 0, advantage 0 and logprob 0. Every completion token of a datum carries the same
-  advantage (the turn's), times the batch's normalization factor (`advantages.token_scales`).
+- One span per trainable turn (an ok main turn of an ended, rewarded session); side turns never
+  become spans (they are not samples), though a reward on one is credited per `advantages`.
+  A session's turns whose prompts extend each other are ONE datum with one span per turn
+  (`clawbridge.trainer.merge`, which states which turns merge and why the loss is unchanged);
+  with `merge` off, or where the prefix breaks, a turn is its own datum (`Datum.from_turn`).
+- A span is its turn exactly as recorded: the loss is on completion positions only (mask 1),
+  other positions have mask 0, advantage 0 and logprob 0. Every completion token of a turn
+  carries the same RL advantage (the turn's; OPD adds a per-token part), times the batch's
+  normalization factor (`advantages.token_scales`), computed per turn, never per datum.
+- `batch_size` and the token budget count TURNS (samples), not datums: a merged datum trains
+  all its turns, and each of them is consumed by the step.
 - Batches never split a session, and with a group baseline never split a group that is ready:
   a batch is the first `batch_size` ready samples (more when a backlog waits: as many as fit in
   the `max_tokens` budget of sampled tokens), extended by the other ready samples of the same
-  sessions (and groups), so it can hold more than `batch_size` datums.
+  sessions (and groups), so it can hold more than `batch_size` turns.
 - Staleness = (the policy version serving now) - (the version that sampled the turn), i.e. how
   many publishes behind the datum is.
 - Rewards are `advantages.combined_rewards` under the `RewardMix` (explicit + judge, rules 1b/1c)
@@ -44,6 +49,7 @@ from clawbridge.trainer.advantages import (
     mix_token_advantages,
     token_scales,
 )
+from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,12 @@ class PreparedBatch:
     """The running means including this batch (adopted only when the step commits)."""
     metrics: dict[str, float]
     """reward_mean (per session, total of its immediate rewards), return_mean, advantage_mean,
-    advantage_abs_mean, tokens, datums, sessions, staleness_mean, staleness_max."""
+    advantage_abs_mean (per turn), tokens (sampled: the loss tokens), turns, datums (sequences
+    sent), merged_turns, merge_breaks, tokens_sent (all positions of all datums),
+    tokens_unmerged (what one datum per turn would have sent), sessions, staleness_mean,
+    staleness_max (per turn)."""
+    merge: MergeStats = field(default_factory=MergeStats)
+    """What merging did to this batch."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,7 @@ def prepare_batch(
     running: RunningMeans,
     current_version: int,
     mix: RewardMix,
+    merge: bool = True,
 ) -> PreparedBatch:
     """Read the traces and tokens of `batch` and build its datums (see the module invariants)."""
     traces = tstore.session_traces(s.session_id for s in batch)
@@ -152,7 +164,7 @@ def prepare_batch(
     tokens = tstore.turn_tokens([s.turn_id for s in batch])
     lengths = [len(tokens[s.turn_id].completion_ids) for s in batch]
     scales = token_scales(lengths, normalization)
-    datums: list[Datum] = []
+    pieces: dict[str, TurnPiece] = {}
     opd_values: list[float] = []
     for s, adv, scale, n in zip(batch, advantages, scales, lengths, strict=True):
         t = tokens[s.turn_id]
@@ -162,27 +174,31 @@ def prepare_batch(
             opd = opd_advantages(teacher, t.completion_logprobs, mix.opd_coef)
             opd_values.extend(opd)
         per_token = mix_token_advantages(adv, opd, n, mix.method, mix.w_rl, mix.w_opd)
-        datums.append(
-            Datum.from_turn(
-                t.prompt_ids,
-                t.completion_ids,
-                t.completion_logprobs,
-                [a * scale for a in per_token],
-                t.policy_version,
-                turn_id=s.turn_id,
-            )
+        pieces[s.turn_id] = TurnPiece(
+            s.turn_id, s.session_id, t.prompt_ids, t.completion_ids, t.completion_logprobs,
+            [a * scale for a in per_token], t.policy_version,
         )
+    first_of_session: dict[str, int] = {}
+    for i, s in enumerate(batch):
+        first_of_session.setdefault(s.session_id, i)
+    in_order = sorted(batch, key=lambda s: (first_of_session[s.session_id], s.seq))
+    datums, merged = build_datums([pieces[s.turn_id] for s in in_order], merge)
     staleness = [current_version - s.policy_version for s in batch]
-    n_datums = len(batch)
+    n_turns = len(batch)
     metrics = {
         "reward_mean": sum(session_totals) / len(session_totals) if session_totals else 0.0,
-        "return_mean": sum(i.ret for i in items) / n_datums,
-        "advantage_mean": sum(advantages) / n_datums,
-        "advantage_abs_mean": sum(abs(a) for a in advantages) / n_datums,
+        "return_mean": sum(i.ret for i in items) / n_turns,
+        "advantage_mean": sum(advantages) / n_turns,
+        "advantage_abs_mean": sum(abs(a) for a in advantages) / n_turns,
         "tokens": float(sum(lengths)),
-        "datums": float(n_datums),
+        "turns": float(n_turns),
+        "datums": float(merged.datums),
+        "merged_turns": float(merged.merged),
+        "merge_breaks": float(merged.breaks),
+        "tokens_sent": float(merged.tokens_sent),
+        "tokens_unmerged": float(merged.tokens_unmerged),
         "sessions": float(len(traces)),
-        "staleness_mean": sum(staleness) / n_datums,
+        "staleness_mean": sum(staleness) / n_turns,
         "staleness_max": float(max(staleness)),
     }
     judged = list(judge.values())
@@ -190,4 +206,4 @@ def prepare_batch(
     metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
     metrics["opd_tokens"] = float(len(opd_values))
     metrics["opd_advantage_mean"] = sum(opd_values) / len(opd_values) if opd_values else 0.0
-    return PreparedBatch(datums, [s.turn_id for s in batch], new_running, metrics)
+    return PreparedBatch(datums, [s.turn_id for s in batch], new_running, metrics, merged)

@@ -74,7 +74,7 @@ class FakeTrainingBackend(FakeServingBackend):
         if self.fail_train > 0 and not self.fail_after_apply:
             self.fail_train -= 1
             raise FakeStepError("fake train_step failure (asked for)")
-        self.applied.extend(d.turn_id for d in batch)
+        self.applied.extend(t for d in batch for t in d.turn_ids)
         if self.fail_train > 0:
             self.fail_train -= 1
             raise FakeStepError("fake train_step failure after the update applied (asked for)")

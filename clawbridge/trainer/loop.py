@@ -28,6 +28,9 @@ Invariants:
   `dropped_reason='stale'` and are counted in the next step's metrics.
 - A trainer that falls behind trains larger steps: when more than `batch_size` samples are
   ready, a batch takes as many as fit in `max_batch_tokens` sampled tokens (`select_batch`).
+- A session's turns whose prompts extend each other train as one datum (`merge_turns`,
+  `clawbridge.trainer.merge`); batch size, token budget and consumed samples count turns. The
+  merge counts of committed steps are summed since start-up in `status()["merging"]`.
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -48,6 +51,7 @@ from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
+from clawbridge.trainer.merge import MergeStats
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
@@ -62,7 +66,8 @@ class TrainerConfig:
     """The trainer loop's options (`Settings`' "trainer loop" section, see `from_settings`)."""
 
     batch_size: int = 8
-    """Ready datums needed before a step runs (a batch may hold more: whole sessions/groups)."""
+    """Ready turns (samples) needed before a step runs (a batch may hold more: whole
+    sessions/groups); merged turns count one each."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Loss name, clip thresholds and KL coefficient sent with every step."""
     gamma: float = 1.0
@@ -90,6 +95,8 @@ class TrainerConfig:
     """Explicit vs judge rewards, the "at least one" rule and the method (advantages rules 1b-5)."""
     wait_for_judge: bool = False
     """A judge is configured: train a session only after the judge finished it."""
+    merge_turns: bool = True
+    """Train a session's turns as one datum where each prompt extends the previous turn's."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> TrainerConfig:
@@ -110,6 +117,7 @@ class TrainerConfig:
             mix=RewardMix(method=s.method, w_rl=s.w_rl, w_opd=s.w_opd, opd_coef=s.opd_coef,
                           explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best),
             wait_for_judge=s.judge != "off",
+            merge_turns=s.merge_session_turns,
         )
 
     @property
@@ -152,6 +160,8 @@ class TrainerLoop:
         self._watermark = 0.0
         self._recovered = False
         self._dropped = {"stale": 0, "empty": 0, "no_reward": 0}
+        self.merge_totals = MergeStats()
+        """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
         self._in_step = False
         self._lock = asyncio.Lock()
@@ -251,6 +261,7 @@ class TrainerLoop:
             running=self.running_means,
             current_version=self.backend.sampler().policy_version,
             mix=cfg.mix,
+            merge=cfg.merge_turns,
         )
 
     async def _step(self, batch: list[PendingSample]) -> StepReport:
@@ -299,12 +310,20 @@ class TrainerLoop:
         finally:
             self._in_step = False
         self.running_means = prepared.running
+        self.merge_totals += prepared.merge
         self._last_step_s = t2 - t0
         self._dropped = dict.fromkeys(self._dropped, 0)
+        mg = prepared.merge
         log.info(
-            "training step %d ok: %d datums, policy v%d, loss %s, reward mean %.4f",
+            "training step %d ok: %d turns in %d datums (%d merged into an earlier turn's sequence, "
+            "%d prefix breaks; %d tokens sent, %d without merging), policy v%d, loss %s, reward mean %.4f",
             step,
             len(batch),
+            mg.datums,
+            mg.merged,
+            mg.breaks,
+            mg.tokens_sent,
+            mg.tokens_unmerged,
             version,
             metrics.get("loss"),
             metrics["reward_mean"],
@@ -362,6 +381,7 @@ class TrainerLoop:
             "waiting": self.tstore.waiting(cfg.reward_wait_s, cfg.batch_size),
             "needs_restore": self.keeper.dirty,
             "capacity": {"mode": cfg.capacity_mode, "bound": cfg.backlog_bound},
+            "merging": {"enabled": cfg.merge_turns, **self.merge_totals.as_dict()},
             "config": {
                 "batch_size": cfg.batch_size,
                 "loss": cfg.loss.name,
@@ -374,6 +394,7 @@ class TrainerLoop:
                 "max_batch_tokens": cfg.max_batch_tokens,
                 "method": cfg.mix.method,
                 "explicit_reward_rule": cfg.mix.explicit_rule,
+                "merge_session_turns": cfg.merge_turns,
             },
             **self.tstore.training_stats(),
         }

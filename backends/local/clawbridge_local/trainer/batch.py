@@ -1,7 +1,7 @@
 """Batches on disk, their split across ranks and micro-batches, and collation into tensors.
 
 Invariants:
-- The batch file is JSON (no pickle): the exact `Datum` fields, floats round-trip exactly.
+- The batch file is JSON (no pickle): the exact `Datum` fields (spans too), floats round-trip exactly.
 - `shard` is a pure function of (lengths, world_size): every rank computes the same assignment,
   each datum goes to exactly one rank, token counts are balanced greedily (longest first).
 - `micro_batches` gives every rank the SAME number of micro-batches (FSDP needs every rank in
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from clawbridge.backend import Datum
+from clawbridge.backend import Datum, Span, check_datum
 
 
 def write_batch(path: Path, batch: Sequence[Datum]) -> None:
@@ -39,6 +39,10 @@ def read_batch(path: Path) -> list[Datum]:
             mask=tuple(float(x) for x in raw["mask"]),
             policy_version=int(raw["policy_version"]),
             turn_id=str(raw.get("turn_id", "")),
+            spans=tuple(
+                Span(int(sp["start"]), int(sp["end"]), int(sp["policy_version"]), str(sp.get("turn_id", "")))
+                for sp in raw.get("spans", ())
+            ),
         )
         validate_datum(d)
         out.append(d)
@@ -46,15 +50,8 @@ def read_batch(path: Path) -> list[Datum]:
 
 
 def validate_datum(d: Datum) -> None:
-    """Raise ValueError unless the per-position fields have len(tokens) - 1 entries."""
-    n = len(d.tokens) - 1
-    if n < 1:
-        raise ValueError("a datum needs at least two tokens")
-    if not (len(d.sampler_logprobs) == len(d.advantages) == len(d.mask) == n):
-        raise ValueError(
-            f"datum {d.turn_id!r}: per-position fields need {n} entries, got "
-            f"{len(d.sampler_logprobs)}/{len(d.advantages)}/{len(d.mask)}"
-        )
+    """Raise ValueError unless the per-position fields and spans line up (`check_datum`)."""
+    check_datum(d)
 
 
 def shard(lengths: Sequence[int], world_size: int) -> list[list[int]]:
