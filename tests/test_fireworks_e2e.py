@@ -193,7 +193,7 @@ def check_common(out: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, A
     assert report.policy_version == 1 and out["version_after"] == 1
     assert set(report.turn_ids) == {t["turn_id"] for t in turns}
     n_tokens = sum(len(t["completion_token_ids"]) for t in turns)
-    assert report.metrics["datums"] == 2.0 and report.metrics["tokens"] == float(n_tokens)
+    assert report.metrics["turns"] == 2.0 and report.metrics["tokens"] == float(n_tokens)
     assert report.metrics["reward_mean"] == pytest.approx(REWARD_1 + REWARD_2)
     (step_row,) = out["steps"]
     assert step_row.status == "ok" and step_row.policy_version == 1
@@ -270,7 +270,9 @@ def test_fireworks_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tm
     assert [p for p, _ in served] == [t["prompt_token_ids"] for t in [*turns, nxt]]
     assert served[0][1] is None and served[1][1] is None
 
-    # the step the trainer loop ran: ppo with ratio bounds, the two turns as datums
+    # the step the trainer loop ran: ppo with ratio bounds. The completions end in <|im_end|>, so
+    # the second prompt the proxy rendered extends the first turn token for token: the session
+    # is ONE sequence with a span per turn (clawbridge.trainer.merge)
     (fb,) = fw.bodies("trainer.forward_backward")
     inp = fb["forward_backward_input"]
     assert inp["loss_fn"] == "ppo"
@@ -278,19 +280,26 @@ def test_fireworks_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tm
         "clip_low_threshold": pytest.approx(0.8),
         "clip_high_threshold": pytest.approx(1.28),
     }
+    assert out["report"].metrics["datums"] == 1.0 and out["report"].metrics["merged_turns"] == 1.0
     expected = expected_advantages(turns, [REWARD_1, REWARD_2])
-    sent = {tuple(d["model_input"]["chunks"][0]["tokens"]): d["loss_fn_inputs"] for d in inp["data"]}
-    assert len(sent) == 2
+    first, second = turns
+    head = first["prompt_token_ids"] + first["completion_token_ids"]
+    assert second["prompt_token_ids"][: len(head)] == head
+    (d,) = inp["data"]
+    seq = second["prompt_token_ids"] + second["completion_token_ids"]
+    lfi = d["loss_fn_inputs"]
+    assert d["model_input"]["chunks"][0]["tokens"] == seq[:-1]
+    assert set(lfi) == {"target_tokens", "logprobs", "advantages"}
+    assert lfi["target_tokens"]["data"] == seq[1:]
+    # each turn's advantages and logprobs at its own completion's positions, 0 elsewhere
+    adv = [0.0] * (len(seq) - 1)
+    lps = [0.0] * (len(seq) - 1)
     for t in turns:
-        seq = t["prompt_token_ids"] + t["completion_token_ids"]
-        lfi = sent[tuple(seq[:-1])]
-        assert set(lfi) == {"target_tokens", "logprobs", "advantages"}
-        assert lfi["target_tokens"]["data"] == seq[1:]
-        assert lfi["advantages"]["data"] == pytest.approx(expected[t["turn_id"]], rel=1e-6)
-        n_prompt = len(t["prompt_token_ids"])
-        assert lfi["logprobs"]["data"] == pytest.approx(
-            [0.0] * (n_prompt - 1) + t["completion_logprobs"], abs=1e-6
-        )
+        start = len(t["prompt_token_ids"]) - 1
+        for i, (a, lp) in enumerate(zip(expected[t["turn_id"]][start:], t["completion_logprobs"], strict=True)):
+            adv[start + i], lps[start + i] = a, lp
+    assert lfi["advantages"]["data"] == pytest.approx(adv, rel=1e-6)
+    assert lfi["logprobs"]["data"] == pytest.approx(lps, abs=1e-6)
     (opt,) = fw.bodies("trainer.optim_step")
     assert fb["seq_id"] < opt["seq_id"]
     assert opt["adam_params"]["learning_rate"] == pytest.approx(3e-5)
@@ -358,6 +367,9 @@ def test_tinker_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tmp_p
         assert t["completion_token_ids"] == ids and len(ids) == 6
         assert t["completion_logprobs"] == lps
 
+    # cut at max_tokens, a completion has no <|im_end|>, which the next prompt renders after the
+    # reply: the prefix breaks and the turns train as separate datums
+    assert out["report"].metrics["datums"] == 2.0 and out["report"].metrics["merge_breaks"] == 1.0
     (fb,) = server.bodies("forward_backward")
     assert fb["loss_fn"] == "ppo"
     assert fb["loss_fn_config"] == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
