@@ -163,6 +163,10 @@ class Settings(BaseSettings):
     capacity_mode: bool = Field(False, description="Answer /rl/start_session 429 while the training backlog is full.")
     max_backlog: int = Field(0, ge=0, description="Capacity-mode bound in datums (0: batch_size * (max_off_policy_steps + 1)).")
     reward_wait_s: float = Field(600.0, gt=0, description="Ended sessions still without any reward this long are dropped.")
+    batch_wait_s: float = Field(
+        30.0, ge=0, description="Fewer than batch_size ready datums train as a short batch once they have waited "
+        "this long, so the last turns before agents go quiet are trained (0: always wait for a full batch).",
+    )
     default_session_reward: bool = Field(
         True, description="AReaL's rule: a /rl/start_session session refreshed or ended with no reward gets "
         "default_reward_value on its last turn (never when a judge is configured: its verdicts are the reward).")
@@ -196,6 +200,12 @@ class Settings(BaseSettings):
     w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
+
+    # --- hosted backends (tinker, fireworks): the start-up probe (clawbridge.probe)
+    probe_timeout_s: float = Field(
+        10.0, gt=0, description="Hosted backends: each start-up check of the service (reachable, key accepted, model "
+        "offered) gives up after this long, so `up` says what is wrong in seconds.",
+    )
 
     # --- tinker backend (section owned by backends/tinker)
     tinker_base_url: str = Field("", description="Tinker API URL (default: TINKER_BASE_URL, else Tinker's production API).")

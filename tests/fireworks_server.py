@@ -3,7 +3,8 @@
 It speaks the wire protocol of the `fireworks-ai==1.2.28` training SDK (learned from the SDK's
 source, written here from scratch) so tests run the real, unmodified SDK against 127.0.0.1:
 
-- Control plane (`X-Api-Key`): `GET /v1/accounts`; training shapes
+- Control plane (`X-Api-Key`): `GET /v1/accounts`; base models `GET /v1/accounts/{a}/models/{m}`
+  (404 unless offered, see `offered_models`); training shapes
   `GET /v1/accounts/{a}/trainingShapes/{s}/versions?filter=latest_validated=true` and
   `.../versions/{v}`; trainer jobs `POST /v1/accounts/{a}/rlorTrainerJobs?trainingShape=..&rlorTrainerJobId=..`,
   `GET|DELETE .../rlorTrainerJobs/{id}`, `POST .../rlorTrainerJobs/{id}:resume`; deployments
@@ -81,6 +82,8 @@ class FakeFireworks:
     http_fail: dict[str, list[int]] = field(default_factory=dict)
     """op -> HTTP statuses answered (one consumed per request) before serving normally."""
     forward_short_by: int = 0
+    offered_models: set[str] | None = None
+    """Base models `GET .../models/{m}` knows (full names); None: every model is offered."""
     """Drop this many logprobs from the end of every `forward` output (a misbehaving server)."""
     models: dict[str, FakeModel] = field(default_factory=dict)
     completion_ids: list[int] = field(default_factory=lambda: [11, 12, 13, 2])
@@ -154,6 +157,16 @@ def build_app(fw: FakeFireworks) -> FastAPI:
         if not authed(request):
             return JSONResponse({"error": "bad key"}, status_code=401)
         return JSONResponse({"accounts": [{"name": f"accounts/{fw.account}"}]})
+
+    @app.get("/v1/accounts/{a}/models/{m}")
+    async def get_model(a: str, m: str, request: Request) -> Response:
+        await record("model.get", request)
+        if not authed(request):
+            return JSONResponse({"error": "bad key"}, status_code=401)
+        name = f"accounts/{a}/models/{m}"
+        if fw.offered_models is not None and name not in fw.offered_models:
+            return JSONResponse({"error": {"code": 5, "message": f"model {name} not found"}}, status_code=404)
+        return JSONResponse({"name": name, "state": "READY"})
 
     @app.get("/v1/accounts/{a}/trainingShapes/{s}/versions")
     async def shape_versions(a: str, s: str, request: Request) -> Response:

@@ -9,6 +9,9 @@ Protocol implemented (all under /api/v1, every call must carry `X-API-Key: tml-.
   `session_heartbeat`, `sessions/{id}/finish`, `telemetry`, `healthz` (GET),
   `get_server_capabilities` (GET), `get_info`, `create_sampling_session`, `samplers/{id}` (GET),
   `cancel_future`.
+- `unload_model` (a future answering `{"type": "unload_model", "model_id"}`) releases a training
+  client; `loaded()` counts the training clients (LoRA slots) still held. Finishing a session
+  does not release them (as on SkyRL's server).
 - Futures: `create_model`, `forward_backward` (protobuf `ForwardBackwardRequest`, optionally
   zstd), `optim_step`, `save_weights`, `load_weights`, `save_weights_for_sampler`, `asample`
   answer `{"request_id": ...}` (asample adds `sample_sequence_ids`).
@@ -16,6 +19,10 @@ Protocol implemented (all under /api/v1, every call must carry `X-API-Key: tml-.
   `{"error", "category"}` for a failed request, the result as JSON, or for `ForwardBackward`
   and `Sample` futures a protobuf `ForwardBackwardOutput` / `SampleResponse` when the client's
   `Accept` asks for `application/x-protobuf`.
+
+Knobs beside `Faults`: `api_keys` (None: any `tml-` key; else only these, others get 401),
+`refuse_last_n` (asample with `prompt_logprobs_last_n` answers 422, as a server without that
+option does), `unload_supported` (False: `unload_model` answers 404).
 
 Model of the service: a model's `step` counts applied optim steps; a sampler created from a
 model snapshot samples deterministically from (prompt, weights step) (see `sample_output`), so a
@@ -89,6 +96,7 @@ class ModelState:
     step: int = 0
     """Optim steps applied."""
     seq_ids: list[int] = field(default_factory=list)
+    unloaded: bool = False
 
 
 def sample_output(
@@ -136,6 +144,9 @@ class TinkerProtocolServer:
         self.vocab = 50_000
         """Sampled ids stay below this (set it to a real tokenizer's size for end-to-end tests)."""
         self.client_config: dict[str, Any] = {"pjwt_auth_enabled": False}
+        self.api_keys: set[str] | None = None
+        self.refuse_last_n = False
+        self.unload_supported = True
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -177,6 +188,10 @@ class TinkerProtocolServer:
         with self._lock:
             return [c.body for c in self.calls if c.route == route]
 
+    def loaded(self) -> list[str]:
+        """Training clients created and not unloaded (the LoRA slots in use)."""
+        return [m.model_id for m in self.models.values() if not m.unloaded]
+
     # ---- plumbing
 
     def _new_id(self, prefix: str) -> str:
@@ -202,8 +217,8 @@ class TinkerProtocolServer:
         async def dispatch(request: Request) -> Response:
             route = request.path_params["route"]
             key = request.headers.get("x-api-key", "")
-            if not key.startswith("tml-"):
-                return JSONResponse({"detail": "missing or malformed X-API-Key"}, status_code=401)
+            if not key.startswith("tml-") or (s.api_keys is not None and key not in s.api_keys):
+                return JSONResponse({"detail": "missing, malformed or unknown X-API-Key"}, status_code=401)
             raw = await request.body()
             if request.headers.get("content-encoding") == "zstd":
                 raw = zstandard.ZstdDecompressor().decompress(raw)
@@ -432,7 +447,22 @@ async def h_samplers(s: TinkerProtocolServer, route: str, body: Any, req: Reques
     )
 
 
+async def h_unload_model(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
+    if not s.unload_supported:
+        return JSONResponse({"detail": "Not Found"}, status_code=404)
+    m = s.models.get(body.get("model_id", ""))
+    if m is None or m.unloaded:
+        return s._future("UnloadModel", ("error", (f"model {body.get('model_id')} not found", "user")))
+    m.unloaded = True
+    return s._future("UnloadModel", ("json", {"type": "unload_model", "model_id": m.model_id}))
+
+
 async def h_asample(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
+    if s.refuse_last_n and body.get("prompt_logprobs_last_n") is not None:
+        return JSONResponse(
+            {"detail": [{"loc": ["body", "prompt_logprobs_last_n"], "msg": "Extra inputs are not permitted"}]},
+            status_code=422,
+        )
     info = s.samplers[body["sampling_session_id"]]
     prompt = [t for c in body["prompt"]["chunks"] for t in c["tokens"]]
     sp = body["sampling_params"]
@@ -497,5 +527,6 @@ HANDLERS = {
     "create_sampling_session": h_create_sampling_session,
     "samplers": h_samplers,
     "asample": h_asample,
+    "unload_model": h_unload_model,
     "retrieve_future": h_retrieve,
 }

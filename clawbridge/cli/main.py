@@ -111,6 +111,7 @@ def up(
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from clawbridge.backend import BackendNotInstalled
     from clawbridge.instance import PortInUse, StateDirBusy
+    from clawbridge.probe import ServiceProbeFailed
     from clawbridge.server import UnsafeBind, serve
     from clawbridge.store.health import StateDirError, StoreCorrupt
     from clawbridge.trainer.identity import CheckpointMismatch
@@ -120,7 +121,7 @@ def up(
     except KeyboardInterrupt:
         pass
     except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, StateDirBusy, PortInUse, CheckpointMismatch,
-            FileNotFoundError, OSError) as exc:
+            ServiceProbeFailed, FileNotFoundError, OSError) as exc:
         err.print(f"[red]cannot start:[/red] {exc}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)

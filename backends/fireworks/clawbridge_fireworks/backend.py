@@ -1,7 +1,9 @@
 """FireworksBackend: trains on a Fireworks trainer job, serves from a hot-load deployment.
 
 Invariants:
-- `start()` plans first and creates nothing billable without consent (see provision.py).
+- `start()` probes the control plane first (check.py: reachable, key, base model, named
+  resources; seconds, not the SDK's minutes of retries), then plans, and creates nothing billable
+  without consent (see provision.py).
 - `train_step` submits `forward_backward` and `optim_step` back to back (the SDK orders them by
   sequence id) and waits for both with `fireworks_step_timeout_s`; it returns metrics or raises,
   and the step counter and manifest move only after both succeeded.
@@ -32,6 +34,7 @@ from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepR
 from clawbridge.config import Settings
 from clawbridge.sampler import Sampler
 from clawbridge_fireworks import provision as prov
+from clawbridge_fireworks.check import probe
 from clawbridge_fireworks.conversion import loss_options, metrics_of, step_metrics, to_fireworks_datum
 from clawbridge_fireworks.manifest import CheckpointRecord, Manifest
 from clawbridge_fireworks.sampler import FireworksSampler
@@ -120,6 +123,7 @@ class FireworksBackend:
             )
         if not s.fireworks_telemetry:
             os.environ.setdefault("TINKER_TELEMETRY", "0")
+        await probe(s, api_key)
         self.manifest = Manifest.load(self.manifest_path)
         await asyncio.to_thread(self._start_blocking, api_key)
         assert self.provisioned is not None and self._deploy_mgr is not None

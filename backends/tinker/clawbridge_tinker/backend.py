@@ -14,6 +14,12 @@ Invariants:
   trainer loop, never by `start`) loads one with `create_training_client_from_state_with_optimizer`.
 - The tokenizer is the user's (`settings.tokenizer_source`); `TrainingClient.get_tokenizer()`
   is never called (it downloads from a hub).
+- `start` probes the service first (`service.probe`, bounded by `probe_timeout_s`) and fails
+  with `ServiceProbeFailed` before any SDK client exists; then it releases the training clients an
+  earlier, killed run left loaded. Every training client is recorded in the state dir while it
+  is loaded and released when replaced (restore) and at `close` (see service.py).
+- `compute_logprobs` asks for the last n prompt logprobs only; a server that refuses that option
+  gets full prompt logprobs instead from then on (logged once).
 """
 
 from __future__ import annotations
@@ -36,12 +42,14 @@ from .sampler import SamplerLimits, TinkerSampler
 from .sdk import (
     TELEMETRY_ENV,
     AdamParams,
+    APIStatusError,
     ModelInput,
     RequestFailedError,
     RetryConfig,
     ServiceClient,
     TrainingClient,
 )
+from .service import ClientLedger, probe, release, release_recorded
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,10 @@ class TinkerBackend:
         self._context_window = DEFAULT_CONTEXT_WINDOW
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
+        self.clients = ClientLedger(settings.state_path)
+        self._base_scorer: Any = None
+        self._suffix_logprobs = True
+        """False once the server refused `prompt_logprobs_last_n` (full prompt logprobs from then on)."""
 
     # ---- lifecycle
 
@@ -87,8 +99,10 @@ class TinkerBackend:
         api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
         configure_telemetry(s.tinker_telemetry)
         base_url = s.tinker_base_url or None
+        context = await probe(base_url, api_key, self.base_model, s.probe_timeout_s)
+        self._context_window = context or DEFAULT_CONTEXT_WINDOW
+        await release_recorded(self.clients, base_url, api_key, s.probe_timeout_s)
         self._service = await asyncio.to_thread(ServiceClient, base_url=base_url, api_key=api_key)
-        self._context_window = await self._fetch_context_window(base_url, api_key)
         service = self._service
         client = await self._retry(
             "create sampling client",
@@ -101,9 +115,11 @@ class TinkerBackend:
 
     async def close(self) -> None:
         """Finish the session; never raises (a server that is gone or does not know the session
-        is logged: nothing recorded depends on it)."""
+        is logged: nothing recorded depends on it). The training client is released first."""
         service, self._service = self._service, None
-        self._training = None
+        training, self._training = self._training, None
+        if training is not None:
+            await self._release(training)
         if service is not None:
             try:
                 await asyncio.wait_for(service.close("success"), 10.0)
@@ -213,12 +229,15 @@ class TinkerBackend:
         target = entry.policy_version if version is None else version
         timeout = self.settings.tinker_publish_timeout_s
         async with self._lock:
-            self._training = await self._retry(
+            old = self._training
+            tc = self._recorded(await self._retry(
                 "restore training state",
                 lambda: service.create_training_client_from_state_with_optimizer(path).result_async(),
                 timeout,
-            )
-            tc = self._training
+            ))
+            self._training = tc
+            if old is not None:
+                await self._release(old)
             self.step = entry.step
             if self._sampler is None or target != self._sampler.policy_version:
                 client = await self._retry(
@@ -246,12 +265,27 @@ class TinkerBackend:
         if service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
         s = self.settings
-        self._training = await self._retry(
+        tc: TrainingClient = await self._retry(
             "create LoRA training client",
             lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
             s.tinker_publish_timeout_s,
         )
-        return self._training
+        self._training = self._recorded(tc)
+        return tc
+
+    def _recorded(self, tc: TrainingClient) -> TrainingClient:
+        """Record a new training client in the state dir (released at close or next start)."""
+        if tc.model_id:
+            self.clients.add(str(tc.model_id))
+        return tc
+
+    async def _release(self, tc: TrainingClient) -> None:
+        """Release a training client this run no longer uses (never raises)."""
+        if not tc.model_id:
+            return
+        s = self.settings
+        api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
+        await release(self.clients, s.tinker_base_url or None, api_key, str(tc.model_id), s.probe_timeout_s)
 
     def _limits(self) -> SamplerLimits:
         s = self.settings
@@ -279,36 +313,19 @@ class TinkerBackend:
             backoff_s=s.tinker_retry_backoff_s,
         )
 
-    async def _fetch_context_window(self, base_url: str | None, api_key: str | None) -> int:
-        from .doctor import fetch_capabilities
-
-        try:
-            caps = await asyncio.wait_for(asyncio.to_thread(fetch_capabilities, base_url, api_key), 30)
-        except Exception as e:
-            log.warning(
-                "tinker: could not read server capabilities (%s); assuming %d tokens",
-                e,
-                DEFAULT_CONTEXT_WINDOW,
-            )
-            return DEFAULT_CONTEXT_WINDOW
-        for m in caps.supported_models:
-            if m.model_name == self.base_model and m.max_context_length:
-                return int(m.max_context_length)
-        return DEFAULT_CONTEXT_WINDOW
-
-
     # ---- rewards: the base model as OPD teacher (clawbridge.backend.LogprobScorer)
 
     async def compute_logprobs(
         self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
     ) -> list[list[float]]:
         """Logprobs of the tokens after each prompt under the BASE model: prompt logprobs
-        (`SamplingClient.compute_logprobs`, last n only) from a sampling client created on
-        `base_model` with no trained weights, kept apart from the serving sampler."""
+        (`SamplingClient.compute_logprobs`, last n only, or all of them where the server refuses
+        the suffix option) from a sampling client created on `base_model` with no trained weights,
+        kept apart from the serving sampler."""
         if self._service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
         service, timeout = self._service, self.settings.tinker_sample_timeout_s
-        client = getattr(self, "_base_scorer", None)
+        client = self._base_scorer
         if client is None:
             client = await self._retry(
                 "create base sampling client",
@@ -325,15 +342,33 @@ class TinkerBackend:
                 out.append([])
                 continue
             tokens = [int(t) for t in seq]
-
-            async def score(tokens: list[int] = tokens, n: int = n) -> Any:
-                return await client.compute_logprobs(ModelInput.from_ints(tokens), prompt_logprobs_last_n=n)
-
-            lps = list(await self._retry("compute_logprobs", score, timeout))[-n:]
+            lps = await self._prompt_logprobs(client, tokens, n, timeout)
             if len(lps) != n or any(v is None for v in lps):
                 raise TinkerRequestFailed(f"compute_logprobs returned {lps!r} for the last {n} tokens")
             out.append([float(v) for v in lps])
         return out
+
+    async def _prompt_logprobs(self, client: Any, tokens: list[int], n: int, timeout: float) -> list[Any]:
+        """The last `n` prompt logprobs of `tokens`; falls back to all of them (sliced) for good
+        when the server refuses `prompt_logprobs_last_n`."""
+        if self._suffix_logprobs:
+
+            async def suffix() -> Any:
+                return await client.compute_logprobs(ModelInput.from_ints(tokens), prompt_logprobs_last_n=n)
+
+            try:
+                return list(await self._retry("compute_logprobs", suffix, timeout))[-n:]
+            except (TinkerRequestFailed, APIStatusError) as e:
+                if isinstance(e, APIStatusError) and not 400 <= e.status_code < 500:
+                    raise
+                self._suffix_logprobs = False
+                log.warning("tinker: the server refused prompt_logprobs_last_n (%s); scoring with full prompt "
+                            "logprobs from now on", e)
+
+        async def full() -> Any:
+            return await client.compute_logprobs(ModelInput.from_ints(tokens))
+
+        return list(await self._retry("compute_logprobs", full, timeout))[-n:]
 
 
 def create(settings: Settings) -> TinkerBackend:
