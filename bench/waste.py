@@ -4,12 +4,21 @@ Runs `clawbridge up` (local backend, tiny model, LoRA at the default settings) t
 invocation and drives it with N concurrent agents for T seconds each time, every agent looping
 over one-call sessions: `/rl/start_session`, one chat call through the openai SDK, `/rl/set_reward`,
 `/rl/end_session`. After the agents stop, the trainer gets up to `--drain` seconds to finish what
-is ready. Printed per run: rewarded turns, trained, dropped as stale, left pending, steps.
+is ready (it stops early once nothing is pending). Printed per run, where every rewarded turn
+went: trained, dropped (by reason), ready but untrained (a short batch still waiting), not yet
+trainable (session active or no reward seen), and agent errors; then the share trained and its
+difference from the baseline run (`old`) measured in the same invocation.
 
 - `old`: the behaviour before: stale samples (more than max_off_policy_steps=2 behind) dropped,
-  fixed batch_size steps, unclipped importance-sampling loss.
-- `new`: the defaults now: stale samples kept as importance-weighted (clipped) data, a backlog
-  trained in larger steps (max_batch_tokens), nothing dropped unless drop_stale_after is set.
+  fixed batch_size steps, unclipped importance-sampling loss, and a batch waits until it is full
+  (batch_wait_s=0), so the last turns before the agents stop stay untrained.
+- `new`: the defaults now: stale samples kept as importance-weighted data, a backlog trained in
+  larger steps (max_batch_tokens), nothing dropped unless drop_stale_after is set, and fewer than
+  batch_size ready turns train as a short batch after batch_wait_s (30 s).
+
+Any CLAWBRIDGE_* variable in the environment reaches both servers (e.g. CLAWBRIDGE_BATCH_WAIT_S=0
+to see the `new` defaults without short batches). The machine's load average is printed with
+the figures: on a shared, loaded machine fewer turns are served, not a different share trained.
 
 Usage: python bench/waste.py [--agents 32] [--seconds 45] [--drain 90] [--only new]
 """
@@ -39,7 +48,7 @@ set_threads_from_argv(1)
 
 MODES: dict[str, dict[str, str]] = {
     "old": {"CLAWBRIDGE_STALE_POLICY": "drop", "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
-            "CLAWBRIDGE_LOSS": "importance_sampling"},
+            "CLAWBRIDGE_LOSS": "importance_sampling", "CLAWBRIDGE_BATCH_WAIT_S": "0"},
     "new": {},
 }
 
@@ -98,16 +107,21 @@ def run(mode: str, model_dir: Path, out: Path, agents: int, seconds: float, drai
             errors = [f.exception() for f in futs if f.exception() is not None]
         deadline = time.monotonic() + drain
         status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # poll until nothing is left to train, within the drain bound
             status = httpx.get(f"{base}/rl/status", headers=h, timeout=30).json()["trainer"]
-            samples = status["samples"]
-            if samples["pending"] == 0 or (samples["pending"] < 8 and not status["in_step"]):
+            waiting = status["waiting"]
+            if (status["samples"]["pending"] == 0 and not status["in_step"]
+                    and waiting["active_session_turns"] == 0 and waiting["unrewarded_turns"] == 0):
                 break
             time.sleep(1.0)
-        samples = status["samples"]
+        samples, waiting = status["samples"], status["waiting"]
+        dropped = {k: int(v) for k, v in samples["dropped"].items()}
         return {"mode": mode, "rewarded": rewarded[0], "trained": samples["consumed"],
-                "dropped": int(samples["dropped"].get("stale", 0)), "pending": samples["pending"],
-                "steps": status["steps"]["ok"], "agent_errors": len(errors)}
+                "dropped_stale": dropped.pop("stale", 0), "dropped_other": sum(dropped.values()),
+                "ready_untrained": waiting["ready_datums"],
+                "not_trainable": waiting["active_session_turns"] + waiting["unrewarded_turns"],
+                "steps": status["steps"]["ok"], "agent_errors": len(errors),
+                "load_avg": round(os.getloadavg()[0], 1)}
     finally:
         stop_proxy(proc)
 
@@ -126,12 +140,19 @@ def main() -> None:
     model_dir = build_tiny_model(out / "tiny", seed=0)
     rows = [run(m, model_dir, out, args.agents, args.seconds, args.drain)
             for m in ([args.only] if args.only else ["old", "new"])]
-    print(f"{args.agents} agents x {args.seconds:.0f}s, tiny model, LoRA defaults; state in {out}")
-    print(f"{'mode':<5} {'rewarded':>8} {'trained':>8} {'dropped':>8} {'pending':>8} {'steps':>6} {'trained %':>10}")
+    print(f"{args.agents} agents x {args.seconds:.0f}s, tiny model, LoRA defaults, drain <= {args.drain:.0f}s; "
+          f"state in {out}")
+    cols = ("rewarded", "trained", "dropped_stale", "dropped_other", "ready_untrained", "not_trainable",
+            "agent_errors", "steps", "load_avg")
+    print(f"{'mode':<5} " + " ".join(f"{c:>15}" for c in cols) + f" {'trained %':>10}")
+    shares: dict[str, float] = {}
     for r in rows:
-        share = 100.0 * r["trained"] / r["rewarded"] if r["rewarded"] else 0.0
-        print(f"{r['mode']:<5} {r['rewarded']:>8} {r['trained']:>8} {r['dropped']:>8} {r['pending']:>8} "
-              f"{r['steps']:>6} {share:>9.1f}%")
+        shares[r["mode"]] = 100.0 * r["trained"] / r["rewarded"] if r["rewarded"] else 0.0
+        print(f"{r['mode']:<5} " + " ".join(f"{r[c]:>15}" for c in cols) + f" {shares[r['mode']]:>9.1f}%")
+    if "old" in shares and "new" in shares:
+        print(f"trained share: new {shares['new']:.1f}% vs baseline (old) {shares['old']:.1f}%: "
+              f"{shares['new'] - shares['old']:+.1f} points; target >= 95%: "
+              f"{'met' if shares['new'] >= 95.0 else 'NOT met'}")
     print(json.dumps(rows))
 
 

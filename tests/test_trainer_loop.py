@@ -156,6 +156,31 @@ def test_only_ended_rewarded_sessions_train_and_batches_wait_for_batch_size(stor
     assert store.stats()["training_steps"] == 1 and store.stats()["last_trained_policy_version"] == 1
 
 
+def test_a_short_batch_trains_after_batch_wait_s(store: Store) -> None:
+    never = loop_for(store, backend(), batch_size=4)  # batch_wait_s 0: wait for a full batch
+    short = [rewarded_session(store, sid)[0] for sid in ("a", "b")]
+    for _ in range(3):
+        assert run(never.run_once()) is None
+    assert never.status()["waiting"]["short_batch_in_s"] is None
+
+    b = backend()
+    loop = loop_for(store, b, batch_size=4, batch_wait_s=0.05)
+    assert run(loop.run_once()) is None  # the wait starts when the short batch is first seen
+    pending = loop.status()["waiting"]["short_batch_in_s"]
+    assert pending is not None and 0.0 <= pending <= 0.05
+    deadline = time.monotonic() + 30
+    report = None
+    while report is None and time.monotonic() < deadline:  # polled, bounded
+        report = run(loop.run_once())
+    assert report is not None and report.ok and sorted(report.turn_ids) == sorted(short)
+    assert loop.status()["waiting"]["short_batch_in_s"] is None
+    assert run(loop.run_once()) is None  # nothing left, nothing trained twice
+
+
+def test_settings_turn_short_batches_on_by_default() -> None:
+    assert TrainerConfig.from_settings(Settings()).batch_wait_s == 30.0
+
+
 def test_batch_keeps_sessions_and_groups_whole() -> None:
     def s(tid: str, sid: str, task: str | None) -> PendingSample:
         return PendingSample(tid, sid, 0, 0, task, "header", 2, 0.0)

@@ -142,4 +142,6 @@ def waiting_line(w: dict[str, Any]) -> str:
     need = w["datums_until_next_step"]
     head = (f"next step: {need} more ready datum(s) needed ({w['ready_datums']} ready)" if need
             else f"next step: ready ({w['ready_datums']} datum(s))")
+    if need and w.get("short_batch_in_s") is not None:
+        head += f", or the {w['ready_datums']} train as a short batch in {w['short_batch_in_s']:.0f} s"
     return head + ("; waiting for " + ", ".join(parts) if parts else "")
