@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from clawbridge.tinymodel import TinyModelSpec
+    from clawbridge.devtools.tinymodel import TinyModelSpec
 
 
 def set_threads_from_argv(default: int) -> int:
@@ -27,7 +27,7 @@ def set_threads_from_argv(default: int) -> int:
 
 def model_specs() -> dict[str, TinyModelSpec]:
     """The bench model sizes: `tiny` (the test model, ~1.2M parameters) and `small` (~5M)."""
-    from clawbridge.tinymodel import TinyModelSpec
+    from clawbridge.devtools.tinymodel import TinyModelSpec
 
     return {
         "tiny": TinyModelSpec(),

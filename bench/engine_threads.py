@@ -77,7 +77,7 @@ def main() -> None:
 
     from bench_common import model_specs
 
-    from clawbridge.tinymodel import build_tiny_model
+    from clawbridge.devtools.tinymodel import build_tiny_model
 
     cores = os.cpu_count() or 1
     counts = sorted({1, max(1, cores // 2), cores})

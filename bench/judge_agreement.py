@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = VoteConfig(votes=args.votes, temperature=args.temperature, max_tokens=args.max_tokens)
     server = None
     if args.rule_based:
-        from clawbridge.rewards.judge_server import JudgeServer
+        from clawbridge.devtools.judge_server import JudgeServer
 
         server = JudgeServer().start()
         base_url, model, label = server.base_url, "rule-based", "rule-based judge (keyword rules, not a model)"

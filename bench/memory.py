@@ -200,7 +200,7 @@ def main() -> None:
     from clawbridge_local.trainer.batch import write_batch
     from train_throughput import MODEL_SPECS, make_batch
 
-    from clawbridge.tinymodel import build_tiny_model
+    from clawbridge.devtools.tinymodel import build_tiny_model
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

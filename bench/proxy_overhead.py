@@ -258,7 +258,7 @@ def main() -> None:
         serve(args.serve, args.port, args.model_dir, args.state_dir)
         return
 
-    from clawbridge.tinymodel import build_tiny_model
+    from clawbridge.devtools.tinymodel import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")

@@ -52,7 +52,7 @@ from clawbridge_local.trainer.config import LoraSettings, TrainerConfig  # noqa:
 from safetensors.torch import load_file  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
-from clawbridge.tinymodel import build_tiny_model  # noqa: E402
+from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
 
 MODEL_SPECS = model_specs()
 """`tiny` is the test model (~1.2M parameters); `small` (~5M) makes compute weigh more than overhead."""

@@ -42,7 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import set_threads_from_argv
 
-from clawbridge.demo import free_port, stop_proxy, wait_healthy
+from clawbridge.devtools.demo import free_port, stop_proxy, wait_healthy
 
 set_threads_from_argv(1)
 
@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(MODES), default=None)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    from clawbridge.tinymodel import build_tiny_model
+    from clawbridge.devtools.tinymodel import build_tiny_model
 
     out = Path(tempfile.mkdtemp(prefix="clawbridge-waste-"))
     model_dir = build_tiny_model(out / "tiny", seed=0)

@@ -5,7 +5,7 @@ backend, LoRA, training on). A scripted user asks everyday questions; each answe
 the same session by the user: "Thanks, that helps." when it is short (finished within
 `short_tokens` tokens), else "Too long. Keep it short."; the agent answers that too and the session
 ends. No reward is set by hand: the proxy's judge worker reads each turn's next state (the user's
-reply) and asks the RULE-BASED judge endpoint (`clawbridge.rewards.judge_server`: keyword rules,
+reply) and asks the RULE-BASED judge endpoint (`clawbridge.devtools.judge_server`: keyword rules,
 not a language model), whose +1 / -1 verdicts are the only rewards. The trainer trains LoRA and
 publishes in the background.
 
@@ -307,9 +307,9 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
                   on_episode: Callable[[TrainEpisode], None] | None = None,
                   model_dir: Path | None = None, settle_timeout_s: float = 900.0) -> RealDemoResult:
     """Run the real-model demo end to end; `out_dir` gets the state, log, results and plot."""
-    from clawbridge.demo import free_port, launch_proxy, run_episodes, stop_proxy, wait_healthy
+    from clawbridge.devtools.demo import free_port, launch_proxy, run_episodes, stop_proxy, wait_healthy
+    from clawbridge.devtools.judge_server import JudgeServer
     from clawbridge.models import cached_model
-    from clawbridge.rewards.judge_server import JudgeServer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

@@ -1,6 +1,6 @@
 """Shared pytest fixtures.
 
-`tiny_model_dir`: the tiny Qwen3 model + tokenizer (clawbridge.tinymodel), built once per test
+`tiny_model_dir`: the tiny Qwen3 model + tokenizer (clawbridge.devtools.tinymodel), built once per test
 session into a temporary folder. Treat it as read-only.
 
 `smollm2_dir`: the real SmolLM2-135M-Instruct (`clawbridge model get`), converted once per machine
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.tinymodel import build_tiny_model
+from clawbridge.devtools.tinymodel import build_tiny_model
 
 
 @pytest.fixture(scope="session")

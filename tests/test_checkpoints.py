@@ -150,8 +150,8 @@ def test_rollback_serves_an_old_checkpoint_under_a_new_version(tmp_path: Path) -
 
 
 def test_mismatched_model_refuses_before_the_backend_starts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from clawbridge.devtools.tinymodel import build_tiny_model
     from clawbridge.server import build_state
-    from clawbridge.tinymodel import build_tiny_model
 
     other = build_tiny_model(tmp_path / "other", seed=1)
     state = tmp_path / "state"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawbridge.demo import DemoConfig, run_demo, token_reward
+from clawbridge.devtools.demo import DemoConfig, run_demo, token_reward
 
 
 def test_token_reward() -> None:

@@ -1,6 +1,6 @@
 """TorchEngine (backends/local): token-exact sampling, concurrency, overload, cancellation, swaps.
 
-Runs on CPU with the tiny Qwen3 model from `clawbridge.tinymodel`; each test starts its own engine
+Runs on CPU with the tiny Qwen3 model from `clawbridge.devtools.tinymodel`; each test starts its own engine
 (a worker thread) and shuts it down.
 """
 
@@ -20,6 +20,7 @@ pytest.importorskip("clawbridge_local")
 
 from clawbridge_local.engine import TorchEngine, TorchSampleStream  # noqa: E402
 
+from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
 from clawbridge.sampler import (  # noqa: E402
     PromptTooLong,
     SampledToken,
@@ -29,7 +30,6 @@ from clawbridge.sampler import (  # noqa: E402
     SampleStream,
     SamplingParams,
 )
-from clawbridge.tinymodel import build_tiny_model  # noqa: E402
 
 T = TypeVar("T")
 PROMPT = [11, 42, 7, 300, 5, 99, 1000, 3]

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from clawbridge.backend import Datum, LossConfig
 from clawbridge.cli.main import app
 from clawbridge.config import Settings
+from clawbridge.devtools.tinymodel import TinyModelSpec, build_tiny_model
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
-from clawbridge.tinymodel import TinyModelSpec, build_tiny_model
 
 TINY = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128)
 TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]

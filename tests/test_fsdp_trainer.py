@@ -1,6 +1,6 @@
 """The FSDP trainer (backends/local): 2 ranks == 1 process, accumulation, checkpoints, dead ranks.
 
-CPU only: torchrun with gloo, fp32, the tiny Qwen3 model from `clawbridge.tinymodel`.
+CPU only: torchrun with gloo, fp32, the tiny Qwen3 model from `clawbridge.devtools.tinymodel`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from clawbridge_local.trainer.batch import collate, micro_batches, shard
 from safetensors.torch import load_file
 
 from clawbridge.backend import Datum, LossConfig
-from clawbridge.tinymodel import TinyModelSpec, build_tiny_model
+from clawbridge.devtools.tinymodel import TinyModelSpec, build_tiny_model
 
 TINY = TinyModelSpec(
     hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128

@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from clawbridge.rewards.judge_server import JudgeServer, rule_based_answer
+from clawbridge.devtools.judge_server import JudgeServer, rule_based_answer
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELED = ROOT / "clawbridge" / "rewards" / "labeled_set.json"
@@ -48,7 +48,7 @@ def test_agreement_script_rule_based_and_scripted() -> None:
 
 
 def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
-    from clawbridge.demo import DemoConfig, run_demo
+    from clawbridge.devtools.demo import DemoConfig, run_demo
 
     result = run_demo(DemoConfig(sessions=240, reward="judge"), tmp_path)
     assert len(result.episodes) == 240

@@ -15,8 +15,8 @@ from clawbridge_local.engine import TorchEngine
 
 from clawbridge.backend import ModelInfo, ServingBackend, available_backends, load_backend
 from clawbridge.config import Settings
+from clawbridge.devtools.tinymodel import build_tiny_model
 from clawbridge.sampler import SamplerOverloaded, SamplingParams
-from clawbridge.tinymodel import build_tiny_model
 
 
 @pytest.fixture(scope="module")

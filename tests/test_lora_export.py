@@ -1,6 +1,6 @@
 """LoRA through the local trainer: the exported peft adapter reproduces the trained model exactly.
 
-CPU, fp32, the tiny Qwen3 model from `clawbridge.tinymodel`; the base is loaded with
+CPU, fp32, the tiny Qwen3 model from `clawbridge.devtools.tinymodel`; the base is loaded with
 transformers and the adapter with `peft.PeftModel.from_pretrained`, as a serving engine would.
 """
 
@@ -22,7 +22,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from clawbridge.backend import Datum, LossConfig
-from clawbridge.tinymodel import TinyModelSpec, build_tiny_model
+from clawbridge.devtools.tinymodel import TinyModelSpec, build_tiny_model
 
 TINY = TinyModelSpec(
     hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from clawbridge.cli.demo_real import CAPABILITY_BOUND
+from clawbridge.devtools.judge_server import rule_based_verdict
 from clawbridge.realdemo import (
     COMPLAINT,
     FACTS,
@@ -27,7 +28,6 @@ from clawbridge.realdemo import (
     run_real_demo,
 )
 from clawbridge.rewards.judge import judge_messages
-from clawbridge.rewards.judge_server import rule_based_verdict
 
 MARGIN = 0.15
 """Held-out preference-rate rise the slow test asserts. PROVISIONAL: not yet established over 5

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from clawbridge.devtools.judge_server import JudgeServer
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
     OpenAIJudge,
@@ -20,7 +21,6 @@ from clawbridge.rewards.judge import (
     majority,
     parse_vote,
 )
-from clawbridge.rewards.judge_server import JudgeServer
 from clawbridge.rewards.next_state import extract_next_states, turn_view
 from clawbridge.rewards.worker import RewardWorker, WorkerConfig
 from clawbridge.store import Store

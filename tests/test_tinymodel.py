@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from clawbridge.tinymodel import SPECIAL_TOKENS, build_tiny_model, summarize
+from clawbridge.devtools.tinymodel import SPECIAL_TOKENS, build_tiny_model, summarize
 
 
 def test_config_is_qwen3_and_server_friendly(tiny_model_dir: Path) -> None:
@@ -121,7 +121,7 @@ def test_summary(tiny_model_dir: Path) -> None:
 
 def test_build_does_not_import_torch(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from clawbridge.tinymodel import build_tiny_model; "
+        "import sys; from pathlib import Path; from clawbridge.devtools.tinymodel import build_tiny_model; "
         f"build_tiny_model(Path({str(tmp_path / 'm')!r})); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
@@ -129,7 +129,7 @@ def test_build_does_not_import_torch(tmp_path: Path) -> None:
 
 
 def test_main_builds_and_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from clawbridge.tinymodel import main
+    from clawbridge.devtools.tinymodel import main
 
     assert main([str(tmp_path / "cli"), "--seed", "2"]) == 0
     out = capsys.readouterr().out

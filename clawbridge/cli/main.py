@@ -417,7 +417,7 @@ def demo(
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from clawbridge.demo import DemoConfig, Episode, default_out_dir, run_demo
+    from clawbridge.devtools.demo import DemoConfig, Episode, default_out_dir, run_demo
 
     if model not in ("tiny", "smollm2"):
         err.print("--model must be tiny or smollm2")
@@ -499,7 +499,7 @@ def model_tiny(
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
 ) -> None:
     """Write a tiny Qwen3-architecture model + tokenizer, offline, in seconds (for tests and demos)."""
-    from clawbridge.tinymodel import build_tiny_model, summarize
+    from clawbridge.devtools.tinymodel import build_tiny_model, summarize
 
     with console.status("building tiny model..."):
         path = build_tiny_model(out_dir, seed=seed)

@@ -5,6 +5,6 @@
   `BaseModelJudge`, `ScriptedJudge`.
 - `opd`: hinted teacher inputs (recorded completion ids, never re-tokenized) and OPD advantages.
 - `worker`: `RewardWorker`, the background task started in the app lifespan.
-- `judge_server`: a small OpenAI-compatible HTTP server for a scripted or rule-based judge.
+The rule-based judge server the demos use is dev tooling: `clawbridge.devtools.judge_server`.
 How the trainer combines verdicts, explicit rewards and OPD: `clawbridge.trainer.advantages`.
 """

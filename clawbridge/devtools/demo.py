@@ -12,7 +12,7 @@ With `reward="judge"` (`clawbridge demo --reward judge`) no reward is ever set b
 user answers each first answer in the same session, with acceptance ("Great, thanks!") when at
 least `accept_threshold` of its tokens contain the letter, else a correction; the agent answers
 that too, and the session ends. The proxy's judge worker reads each turn's next state and
-asks a RULE-BASED judge endpoint (`clawbridge.rewards.judge_server`, keyword rules, not a
+asks a RULE-BASED judge endpoint (`clawbridge.devtools.judge_server`, keyword rules, not a
 language model: the tiny model cannot judge) that the demo starts on 127.0.0.1; its verdicts are
 the only rewards. The reward plotted is still the task reward of the first answer.
 
@@ -285,7 +285,7 @@ def plot(result: DemoResult, path: Path) -> Path | None:
 def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], None] | None = None,
              port: int = 0) -> DemoResult:
     """Run the demo end to end; `out_dir` gets the model, state, log, results and plot."""
-    from clawbridge.tinymodel import build_tiny_model
+    from clawbridge.devtools.tinymodel import build_tiny_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = build_tiny_model(out_dir / "tiny-model", seed=cfg.seed)
@@ -295,7 +295,7 @@ def run_demo(cfg: DemoConfig, out_dir: Path, on_episode: Callable[[Episode], Non
     base = f"http://127.0.0.1:{port}"
     judge = None
     if cfg.reward == "judge":
-        from clawbridge.rewards.judge_server import JudgeServer
+        from clawbridge.devtools.judge_server import JudgeServer
 
         judge = JudgeServer(model="rule-based").start()
         (out_dir / "judge.txt").write_text(f"rule-based judge (keyword rules, not a language model) at {judge.base_url}\n")

@@ -148,7 +148,7 @@ class JudgeServer:
 
 
 def main() -> None:
-    """`python -m clawbridge.rewards.judge_server [PORT]`: serve the rule-based judge until ^C."""
+    """`python -m clawbridge.devtools.judge_server [PORT]`: serve the rule-based judge until ^C."""
     import sys
 
     srv = JudgeServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()

@@ -1,0 +1,108 @@
+"""The package's layering, read from the import graph (static: every `import` in every module,
+function-level ones included, so a lazy import cannot hide a dependency).
+
+- The core (everything under `clawbridge/` but `devtools/`, the CLI and the demos, and the three
+  backend packages) never imports `clawbridge.devtools`, directly or through another module.
+- Nothing in the request path (`clawbridge.proxy`, `clawbridge.server`) imports a fake
+  (`Fake*` / `Scripted*` names): fakes live beside their protocols for tests only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {
+    "clawbridge": ROOT / "clawbridge",
+    "clawbridge_local": ROOT / "backends/local/clawbridge_local",
+    "clawbridge_tinker": ROOT / "backends/tinker/clawbridge_tinker",
+    "clawbridge_fireworks": ROOT / "backends/fireworks/clawbridge_fireworks",
+}
+NOT_CORE = ("clawbridge.devtools", "clawbridge.cli", "clawbridge.realdemo", "clawbridge.__main__")
+REQUEST_PATH = ("clawbridge.proxy", "clawbridge.server")
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for top, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [top, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, str]]:
+    """(module, imported name or '') for every import in the file; relative imports resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found += [(base, a.name) for a in node.names]
+            found += [(f"{base}.{a.name}", "") for a in node.names]  # `from pkg import module`
+    return found
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, list[tuple[str, str]]]]:
+    modules = _modules()
+    raw = {name: _imports(name, path) for name, path in modules.items()}
+    edges = {name: {m for m, _ in imps if m in modules} for name, imps in raw.items()}
+    return edges, raw
+
+
+def _is(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_core_never_imports_devtools() -> None:
+    edges, _ = _graph()
+    core = [m for m in edges if not _is(m, NOT_CORE)]
+    assert "clawbridge.proxy.app" in core and "clawbridge_local.backend" in core  # the walk saw the tree
+    offenders: dict[str, list[str]] = {}
+    for start in core:
+        seen, todo, parent = {start}, [start], {start: ""}
+        while todo:
+            cur = todo.pop()
+            for nxt in edges[cur]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    parent[nxt] = cur
+                    todo.append(nxt)
+        bad = sorted(m for m in seen if _is(m, ("clawbridge.devtools",)))
+        if bad:
+            chain, cur = [], bad[0]
+            while cur:
+                chain.append(cur)
+                cur = parent[cur]
+            offenders[start] = chain[::-1]
+    assert offenders == {}, f"core modules reaching clawbridge.devtools (import chain): {offenders}"
+
+
+def test_devtools_is_where_the_dev_tooling_lives() -> None:
+    modules = _modules()
+    for name in ("clawbridge.devtools.tinymodel", "clawbridge.devtools.demo", "clawbridge.devtools.judge_server"):
+        assert name in modules
+    for gone in ("clawbridge.tinymodel", "clawbridge.demo", "clawbridge.rewards.judge_server"):
+        assert gone not in modules
+    assert (PACKAGES["clawbridge"] / "devtools" / "chat_template.jinja").is_file()
+    assert (PACKAGES["clawbridge"] / "devtools" / "tinymodel_words.json").is_file()
+
+
+def test_nothing_in_the_request_path_imports_a_fake() -> None:
+    _, raw = _graph()
+    fakes = {
+        name: sorted(n for _, n in imps if n.startswith(("Fake", "Scripted")))
+        for name, imps in raw.items()
+        if _is(name, REQUEST_PATH)
+    }
+    assert len(fakes) > 10  # the proxy's modules were read
+    assert {k: v for k, v in fakes.items() if v} == {}
