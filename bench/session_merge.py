@@ -4,7 +4,7 @@ versus one datum per session where each prompt extends the last (after, `clawbri
 The session: a ~40 KB system prompt (an agent's instructions and workspace files), four tools,
 three user requests and 20 model calls, most of them tool calls whose results come back as tool
 messages. Every prompt is rendered by the product's `Renderer` with the tiny model's tokenizer and
-chat template (built offline, `clawbridge.tinymodel`); each completion is the text the template
+chat template (built offline, `clawbridge.devtools.tinymodel`); each completion is the text the template
 gives that assistant message, ending in the stop token as the proxy records it, and the client
 sends back the message the proxy's parser returned (`Renderer.parse(...).to_openai()`), exactly
 as an OpenAI client appends a reply to its history. Datums are then built from those ids by the
@@ -32,8 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
 from clawbridge.render import Renderer  # noqa: E402
-from clawbridge.tinymodel import build_tiny_model  # noqa: E402
 from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums  # noqa: E402
 
 TOOLS: list[dict[str, Any]] = [
