@@ -106,3 +106,32 @@ def test_nothing_in_the_request_path_imports_a_fake() -> None:
     }
     assert len(fakes) > 10  # the proxy's modules were read
     assert {k: v for k, v in fakes.items() if v} == {}
+
+
+def test_no_upward_imports() -> None:
+    """Rewards read recorded requests through `clawbridge.shapes`, never the proxy; `shapes` and
+    `content` sit below the proxy, store and rewards; the local backend's two SGLang modules share
+    no private helpers."""
+    edges, raw = _graph()
+    below = {
+        "clawbridge.rewards": ("clawbridge.proxy", "clawbridge.server"),
+        "clawbridge.shapes": ("clawbridge.proxy", "clawbridge.store", "clawbridge.rewards", "clawbridge.trainer"),
+        "clawbridge.content": ("clawbridge.proxy", "clawbridge.store", "clawbridge.rewards", "clawbridge.trainer"),
+    }
+    bad = {
+        (m, d)
+        for layer, above in below.items()
+        for m in edges
+        if _is(m, (layer,))
+        for d in edges[m]
+        if _is(d, above)
+    }
+    assert bad == set()
+    sglang = ("clawbridge_local.sglang_engine", "clawbridge_local.sglang_stream")
+    private = {
+        (m, mod, n)
+        for m in sglang
+        for mod, n in raw[m]
+        if _is(mod, sglang) and mod != m and n.startswith("_")
+    }
+    assert private == set()

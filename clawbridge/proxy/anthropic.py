@@ -16,9 +16,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import orjson
@@ -26,7 +27,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from clawbridge.parse import Delta
-from clawbridge.proxy.anthropic_request import MessagesRequest, openai_data, validate_messages_request
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, render_request
 from clawbridge.proxy.errors import ApiError
@@ -34,6 +34,8 @@ from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken
+from clawbridge.shapes.anthropic import MessagesRequest, openai_data, validate_messages_request
+from clawbridge.shapes.errors import ShapeError
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -185,14 +187,23 @@ class MessagesShape:
         return sse_event(anthropic_error_body(err))
 
 
+@contextlib.contextmanager
+def refused_as_400() -> Iterator[None]:
+    """A `ShapeError` of the Anthropic conversion as the 400 `invalid_request` it answers."""
+    try:
+        yield
+    except ShapeError as e:
+        raise ApiError(400, str(e), code="invalid_request", param=e.param) from None
+
+
 class MessagesApi:
     """The Anthropic Messages API as a `model_routes.ApiAdapter`."""
 
     name = "anthropic"
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
-        req = validate_messages_request(body)
-        data = openai_data(req)
+        with refused_as_400():
+            data = openai_data(validate_messages_request(body))
         return Prepared(ChatRequest.model_validate(data), data, MessagesShape)
 
     def error_response(self, err: ApiError) -> Response:
@@ -209,9 +220,11 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
         body = parse_json_object(raw, state.settings.max_messages)
         body.setdefault("model", state.model_info.name)
-        req: MessagesRequest = validate_messages_request(body, need_max_tokens=False)
+        with refused_as_400():
+            req: MessagesRequest = validate_messages_request(body, need_max_tokens=False)
         check_model(state, req.model)
-        data = openai_data(req)
+        with refused_as_400():
+            data = openai_data(req)
         prompt = await asyncio.to_thread(render_request, state, data)
         return JSONResponse({"input_tokens": len(prompt.ids)})
 

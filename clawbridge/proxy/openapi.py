@@ -14,11 +14,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from clawbridge.proxy.anthropic_request import MessagesRequest
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.responses_request import ResponsesRequest
 from clawbridge.proxy.rl_routes import EndSession, SetReward, StartSession
 from clawbridge.proxy.trajectory_routes import CompleteTrajectory, RegisterTrajectory
+from clawbridge.shapes.anthropic import MessagesRequest
 
 REF = "#/components/schemas/{model}"
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clawbridge.content import loose_text as text_of
+from clawbridge.shapes.recorded import openai_view
 
 NextKind = Literal["user", "tool", "tool+user"]
 
@@ -150,16 +151,8 @@ def answer_message(response: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def request_messages(request: Mapping[str, Any], api: str) -> list[dict[str, Any]]:
-    """The request's messages in OpenAI shape (Anthropic requests converted)."""
-    if api == "anthropic":
-        try:
-            from clawbridge.proxy.anthropic_request import openai_data, validate_messages_request
-
-            return list(openai_data(validate_messages_request(dict(request), need_max_tokens=False))["messages"])
-        except Exception:
-            return []
-    msgs = request.get("messages")
-    return [dict(m) for m in msgs if isinstance(m, Mapping)] if isinstance(msgs, list) else []
+    """The request's messages in OpenAI shape (`clawbridge.shapes.recorded`)."""
+    return openai_view(request, api).messages
 
 
 def turn_view(turn_id: str, seq: int, turn_type: str, request: Mapping[str, Any],

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.shapes.recorded import openai_view
+
 HINT_TEMPLATE = "\n\n[Hint: {hint}]"
 
 
@@ -60,17 +62,9 @@ def teacher_input(
 
 
 def request_tools(request: Mapping[str, Any], api: str) -> tuple[list[dict[str, Any]] | None, Any]:
-    """(tools, tool_choice) of a recorded request, in OpenAI shape."""
-    if api == "anthropic":
-        try:
-            from clawbridge.proxy.anthropic_request import openai_data, validate_messages_request
-
-            data = openai_data(validate_messages_request(dict(request), need_max_tokens=False))
-            return data.get("tools"), data.get("tool_choice")
-        except Exception:
-            return None, None
-    tools = request.get("tools")
-    return (list(tools) if isinstance(tools, list) else None), request.get("tool_choice")
+    """(tools, tool_choice) of a recorded request, in OpenAI shape (`clawbridge.shapes.recorded`)."""
+    view = openai_view(request, api)
+    return view.tools, view.tool_choice
 
 
 def opd_advantages(teacher: Sequence[float], sampler: Sequence[float], coef: float) -> list[float]:

@@ -7,7 +7,8 @@ Invariants:
   over a launched `python -m sglang.launch_server` (or `sglang_url`, a server already running);
   `engine="auto"` picks SGLang when `sglang_url` is set, or when CUDA and the sglang package are
   both present, else torch.
-- `model_info()` and `sampler()` are valid between `start()` and `close()`.
+- `model_info()` and `sampler()` are valid between `start()` and `close()`; the engine is used only
+  through `clawbridge_local.serving.ServingEngine` (publish, aclose), never by its concrete type.
 - Training (`train_step`, `publish`, checkpoints) goes through `LocalTrainer`, started lazily; a
   publish swaps the engine's weights under a new version, so serving never pauses (SGLang: LoRA
   adapters load under versioned names; full weights load from disk while in-flight requests drain,
@@ -30,6 +31,7 @@ from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.scoring import BaseModelScorer
+from clawbridge_local.serving import ServingEngine
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.training import LocalTrainer, resolve_model_folder
@@ -74,7 +76,7 @@ def _check_engine(settings: Settings) -> str:
 
 
 class LocalBackend:
-    """Serves `settings.model` on this machine with `TorchEngine`."""
+    """Serves `settings.model` on this machine with a `ServingEngine` (`TorchEngine` or `SGLangEngine`)."""
 
     name = "local"
 
@@ -91,7 +93,7 @@ class LocalBackend:
         self._sglang_command = list(sglang_command) if sglang_command else None
         """Replaces `python -m sglang.launch_server` (tests)."""
         self._server: SGLangServer | None = None
-        self._engine: TorchEngine | SGLangEngine | None = None
+        self._engine: ServingEngine | None = None
         self._trainer: LocalTrainer | None = None
 
     async def start(self) -> None:
@@ -156,13 +158,7 @@ class LocalBackend:
         return SGLangServer(cfg, s.state_path / "logs" / "sglang.log", command=self._sglang_command or DEFAULT_COMMAND,
                             env=env, startup_timeout_s=s.sglang_startup_timeout_s)
 
-    async def _publish_sglang(self, engine: SGLangEngine, trainer: LocalTrainer, version: int) -> int:
-        folder = await asyncio.to_thread(trainer.export)
-        if engine.lora:
-            return await engine.publish_lora(folder, version)
-        return await engine.publish_full(folder, version)
-
-    def _require(self) -> TorchEngine | SGLangEngine:
+    def _require(self) -> ServingEngine:
         if self._engine is None:
             raise RuntimeError("LocalBackend.start() has not been called (or close() was)")
         return self._engine
@@ -177,7 +173,7 @@ class LocalBackend:
             max_output_tokens=self.settings.default_max_tokens,
         )
 
-    def sampler(self) -> TorchEngine | SGLangEngine:
+    def sampler(self) -> ServingEngine:
         """The engine, which is the Sampler."""
         return self._require()
 
@@ -196,11 +192,7 @@ class LocalBackend:
         engine = self._require()
         trainer = self._training()
         target = engine.policy_version + 1 if version is None else version
-        if isinstance(engine, SGLangEngine):
-            served = await self._publish_sglang(engine, trainer, target)
-        else:
-            update = await asyncio.to_thread(trainer.weight_update)
-            served = await engine.swap_weights(update, target)
+        served = await engine.publish(trainer, target)
         trainer.client.policy_version = served
         return served
 
@@ -218,11 +210,7 @@ class LocalBackend:
         engine = self._require()
         target = recorded if version is None else version
         if target != engine.policy_version:
-            if isinstance(engine, SGLangEngine):
-                await self._publish_sglang(engine, trainer, target)
-            else:
-                update = await asyncio.to_thread(trainer.weight_update)
-                await engine.swap_weights(update, target)
+            await engine.publish(trainer, target)
         trainer.client.policy_version = target
         return target
 
@@ -232,10 +220,8 @@ class LocalBackend:
         if trainer is not None:
             await asyncio.to_thread(trainer.close)
         engine, self._engine = self._engine, None
-        if isinstance(engine, SGLangEngine):
+        if engine is not None:
             await engine.aclose()
-        elif engine is not None:
-            await asyncio.to_thread(engine.shutdown)
         server, self._server = self._server, None
         if server is not None:
             await asyncio.to_thread(server.stop)

@@ -55,6 +55,7 @@ from clawbridge.sampler import (
 )
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.sampling import choose, make_generator
+from clawbridge_local.serving import WeightSource
 
 log = logging.getLogger("clawbridge.engine")
 WeightUpdate = Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
@@ -262,6 +263,15 @@ class TorchEngine:
         swap = _Swap(update, new_version)
         self._inbox.put(swap)
         return await asyncio.wrap_future(swap.done)
+
+    async def publish(self, weights: WeightSource, version: int) -> int:
+        """`ServingEngine.publish`: swap in `weights.weight_update()` as `version`."""
+        update = await asyncio.to_thread(weights.weight_update)
+        return await self.swap_weights(update, version)
+
+    async def aclose(self) -> None:
+        """`ServingEngine.aclose`: `shutdown` off the event loop."""
+        await asyncio.to_thread(self.shutdown)
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the worker (open streams end with SamplerUnavailable) and join it. Blocking."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -50,13 +51,9 @@ from clawbridge.sampler import (
     SamplerUnavailable,
     SamplingParams,
 )
-from clawbridge_local.sglang_stream import (
-    SGLangSampleStream,
-    _json,
-    _message,
-    _request_error,
-    _transport_error,
-)
+from clawbridge_local.serving import WeightSource
+from clawbridge_local.sglang_errors import error_message, request_error, response_json, transport_error
+from clawbridge_local.sglang_stream import SGLangSampleStream
 
 log = logging.getLogger("clawbridge.sglang")
 
@@ -123,7 +120,7 @@ class SGLangEngine:
                 info = (await client.get("/get_model_info")).raise_for_status().json()
                 models = (await client.get("/v1/models")).raise_for_status().json()
             except httpx.HTTPError as exc:
-                raise _transport_error(exc, "connect") from None
+                raise transport_error(exc, "connect") from None
         if not info.get("is_generation", True):
             raise SamplerUnavailable(f"{base_url} serves a non-generation model")
         context = int(models["data"][0]["max_model_len"])
@@ -199,11 +196,12 @@ class SGLangEngine:
             try:
                 response = await self._client.send(request, stream=True)
             except httpx.HTTPError as exc:
-                raise _transport_error(exc, "/generate") from None
+                raise transport_error(exc, "/generate") from None
             if response.status_code != 200:
                 await response.aread()
-                raise _request_error(response.status_code, _message(_json(response)), self.retry_after_s)
-            stream = SGLangSampleStream(self, response, version, params)
+                raise request_error(response.status_code, error_message(response_json(response)), self.retry_after_s)
+            stream = SGLangSampleStream(response, version, params, release=functools.partial(self._release, version),
+                                        retry_after_s=self.retry_after_s)
             await stream._prime()
             return stream
         except BaseException:
@@ -245,15 +243,22 @@ class SGLangEngine:
         try:
             r = await self._client.post(path, json=body, timeout=self.publish_timeout_s)
         except httpx.HTTPError as exc:
-            raise _transport_error(exc, path) from None
-        data = _json(r)
+            raise transport_error(exc, path) from None
+        data = response_json(r)
         if r.status_code != 200 or (isinstance(data, dict) and data.get("success") is False):
-            raise _request_error(
-                r.status_code if r.status_code != 200 else 500, _message(data), self.retry_after_s
+            raise request_error(
+                r.status_code if r.status_code != 200 else 500, error_message(data), self.retry_after_s
             )
         return data
 
     # ---- publishing ---------------------------------------------------------------------------
+    async def publish(self, weights: WeightSource, version: int) -> int:
+        """`ServingEngine.publish`: load `weights.export()` as an adapter or as full weights."""
+        folder = await asyncio.to_thread(weights.export)
+        if self.lora:
+            return await self.publish_lora(folder, version)
+        return await self.publish_full(folder, version)
+
     async def publish_lora(self, adapter_dir: str | Path, version: int) -> int:
         """Load the peft adapter folder as `v{version}` and serve it to new streams; return `version`."""
         if not self.lora:

@@ -1,68 +1,33 @@
-"""`SGLangSampleStream`: one streamed `/generate` request of `SGLangEngine`, and SGLang's errors
-mapped to `SamplerError`s.
+"""`SGLangSampleStream`: one streamed `/generate` request of `SGLangEngine`.
 
 Invariants:
 - Token ids are those of `meta_info.output_token_logprobs` ([logprob, id, text] per sampled token,
   cumulative in sglang 0.5.x; incremental accepted: `meta_info.completion_tokens` tells which);
   `output_ids`, whose streaming semantics changed within 0.5.x, is cross-checked when unambiguous.
-- The owner's refcount of the stream's version is released exactly once: when SGLang finished the
+- The `release` callback (the owner's refcount of the stream's version) is called exactly once: when SGLang finished the
   request (end of the SSE body) or when the stream is closed or cancelled, whichever comes first.
-- A finish of type `abort` or an `{"error": ...}` event is raised as the matching `SamplerError`;
+- A finish of type `abort` or an `{"error": ...}` event is raised as the matching `SamplerError`
+  (`clawbridge_local.sglang_errors`);
   closing the HTTP response is how a request is cancelled (SGLang aborts on disconnect).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import orjson
 
 from clawbridge.sampler import (
     FinishReason,
-    PromptTooLong,
     SampledToken,
     SamplerError,
-    SamplerOverloaded,
-    SamplerTimeout,
     SamplerUnavailable,
     SamplingParams,
 )
-
-if TYPE_CHECKING:
-    from clawbridge_local.sglang_engine import SGLangEngine
-
-OVERLOAD_STATUS = (429, 503)
-
-
-def _request_error(status: int, message: str, retry_after_s: float) -> SamplerError:
-    """The SamplerError for an SGLang rejection with HTTP-like `status`."""
-    low = message.lower()
-    if status in OVERLOAD_STATUS or "queue is full" in low:
-        return SamplerOverloaded(f"sglang is overloaded: {message}", retry_after_s=retry_after_s)
-    if status == 400 and ("context length" in low or "longer than" in low):
-        return PromptTooLong(f"sglang: {message}")
-    if status in (408, 504):
-        return SamplerTimeout(f"sglang timed out: {message}")
-    return SamplerUnavailable(f"sglang failed ({status}): {message}")
-
-
-def _transport_error(exc: httpx.HTTPError, what: str) -> SamplerError:
-    if isinstance(exc, httpx.TimeoutException):
-        return SamplerTimeout(f"sglang did not answer in time ({what}): {exc!r}")
-    return SamplerUnavailable(f"sglang unreachable ({what}): {exc!r}")
-
-
-def _message(body: Any) -> str:
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message", err))
-        if "message" in body or "error_message" in body:
-            return str(body.get("message") or body.get("error_message"))
-    return str(body)[:500]
+from clawbridge_local.sglang_errors import error_message, request_error, transport_error
 
 
 class _End:
@@ -77,9 +42,13 @@ class SGLangSampleStream:
     """
 
     def __init__(
-        self, engine: SGLangEngine, response: httpx.Response, version: int, params: SamplingParams
+        self, response: httpx.Response, version: int, params: SamplingParams, *,
+        release: Callable[[], None], retry_after_s: float,
     ) -> None:
-        self._engine = engine
+        """`release`: called once when the stream no longer needs `version`'s weights;
+        `retry_after_s`: the Retry-After of an overload error raised mid-stream."""
+        self._release = release
+        self._retry_after_s = retry_after_s
         self._response = response
         self._events = response.aiter_lines()
         self._params = params
@@ -109,7 +78,7 @@ class SGLangSampleStream:
                     raise SamplerUnavailable(f"sglang sent a non-object event: {data[:200]}")
                 return event
         except httpx.HTTPError as exc:
-            raise _transport_error(exc, "while streaming") from None
+            raise transport_error(exc, "while streaming") from None
         except orjson.JSONDecodeError as exc:
             raise SamplerUnavailable(f"sglang sent invalid JSON: {exc}") from None
         return None
@@ -119,14 +88,14 @@ class SGLangSampleStream:
         if "error" in event:
             err = event["error"]
             code = int(err.get("code", 400)) if isinstance(err, dict) else 400
-            raise _request_error(code, _message(event), self._engine.retry_after_s)
+            raise request_error(code, error_message(event), self._retry_after_s)
         meta = event.get("meta_info")
         if not isinstance(meta, dict):
             raise SamplerUnavailable("sglang event without meta_info")
         finish = meta.get("finish_reason")
         if isinstance(finish, dict) and finish.get("type") == "abort":
             status = int(finish.get("status_code") or 500)
-            raise _request_error(status, str(finish.get("message", "aborted")), self._engine.retry_after_s)
+            raise request_error(status, str(finish.get("message", "aborted")), self._retry_after_s)
         total = int(meta.get("completion_tokens", self._seen))
         entries = meta.get("output_token_logprobs") or []
         if len(entries) == total:  # cumulative (sglang 0.5.x)
@@ -224,15 +193,8 @@ class SGLangSampleStream:
     async def _close_http(self) -> None:
         if not self._released:
             self._released = True
-            self._engine._release(self.policy_version)
+            self._release()
         try:
             await self._response.aclose()
         except Exception:  # already closed
             pass
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return response.text

@@ -1,5 +1,8 @@
 """Reading an Anthropic Messages request and turning it into the OpenAI-shaped data the renderer takes.
 
+It sits below the proxy (which answers its `ShapeError`s as 400 `invalid_request`) and the
+rewards (which read recorded Anthropic requests through `clawbridge.shapes.recorded`).
+
 Invariants:
 - Every field that changes what the model sees or how it samples is either converted exactly
   (system, messages, tools, tool_choice, max_tokens, temperature, top_p, top_k, stop_sequences)
@@ -22,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from clawbridge.proxy.errors import ApiError
+from clawbridge.shapes.errors import ShapeError
 
 _REFUSED_FIELDS = {
     "output_format": "structured output is not enforced by this server",
@@ -84,9 +87,9 @@ class MessagesRequest(BaseModel):
     thinking: Thinking | None = None
 
 
-def invalid(message: str, param: str | None = None) -> ApiError:
-    """A 400 `invalid_request_error`."""
-    return ApiError(400, message, code="invalid_request", param=param)
+def invalid(message: str, param: str | None = None) -> ShapeError:
+    """A request the server refuses (the proxy answers 400 `invalid_request`)."""
+    return ShapeError(message, param)
 
 
 def validate_messages_request(data: dict[str, Any], *, need_max_tokens: bool = True) -> MessagesRequest:
