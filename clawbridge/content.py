@@ -18,7 +18,8 @@ Invariants:
 - `loose_text` never raises: it reads the same parts and skips what is not text (a nested
   `content` of a part, as in an Anthropic `tool_result`, is read the same way); other content
   types come out as their JSON. It is for recorded data and headers, never for validation.
-- Both read parts by one function (`_part_text`), so the rule set is written once.
+- Both read parts by one function (`_texts`, judging each part by `part_error`), so the rule set
+  is written once.
 """
 
 from __future__ import annotations
@@ -51,42 +52,36 @@ def part_error(part: Any, where: str) -> str | None:
     return None
 
 
-def _part_text(part: Any) -> str:
-    """The text of a part that `part_error` accepted."""
-    return part if isinstance(part, str) else str(part["text"])
+def _texts(content: list[Any], where: str, *, strict: bool) -> list[str]:
+    """The texts of a content list's parts: a part that is not text raises `ContentError` when
+    `strict`, else is skipped (its nested `content` read loosely, as in an Anthropic tool_result)."""
+    texts: list[str] = []
+    for part in content:
+        err = part_error(part, where)
+        if err is None:
+            texts.append(part if isinstance(part, str) else str(part["text"]))
+        elif strict:
+            raise ContentError(err)
+        elif isinstance(part, Mapping) and "content" in part:
+            texts.append(loose_text(part.get("content")))
+    return texts
 
 
 def content_text(content: Any, where: str = "content") -> str:
     """`content` as one string; raises `ContentError` on what is not text (module rules)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content or ""
     if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            err = part_error(part, where)
-            if err is not None:
-                raise ContentError(err)
-            texts.append(_part_text(part))
-        return "\n".join(texts)
+        return "\n".join(_texts(content, where, strict=True))
     raise ContentError(f"{where}: content must be a string, null or a list of text parts")
 
 
 def loose_text(content: Any) -> str:
     """`content` as one string, skipping what is not text; never raises (module rules)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    if content is None or isinstance(content, str):
+        return content or ""
     if isinstance(content, list):
-        texts: list[str] = []
-        for part in content:
-            if part_error(part, "content") is None:
-                texts.append(_part_text(part))
-            elif isinstance(part, Mapping) and "content" in part:
-                texts.append(loose_text(part.get("content")))
-        return "\n".join(texts)
+        return "\n".join(_texts(content, "content", strict=False))
     try:
         return json.dumps(content)
     except (TypeError, ValueError):
