@@ -294,6 +294,17 @@ class TrainingBackend(ServingBackend, Protocol):
         ...
 
 
+@runtime_checkable
+class CheckpointDeleter(Protocol):
+    """A training backend that can delete its own checkpoints (the trainer loop prunes old ones,
+    see `clawbridge.trainer.checkpoints`). Backends without it keep every checkpoint."""
+
+    async def delete_checkpoint(self, path: str) -> None:
+        """Delete what `save_checkpoint` returned as `path`; a checkpoint already gone is fine.
+        Never called for the checkpoint being restored or the one served."""
+        ...
+
+
 class BackendNotInstalled(RuntimeError):
     """No entry point provides the requested backend."""
 

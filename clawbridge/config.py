@@ -172,6 +172,10 @@ class Settings(BaseSettings):
         "default_reward_value on its last turn (never when a judge is configured: its verdicts are the reward).")
     default_reward_value: float = Field(0.0, description="The reward default_session_reward assigns.")
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
+    keep_checkpoints: int = Field(
+        3, ge=1, description="Checkpoints kept: those of the newest N committed policy versions (older ones are "
+        "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one always stays).",
+    )
 
     # --- rewards (section owned by clawbridge/rewards): judge, OPD and how they combine
     judge: Literal["off", "endpoint", "base"] = Field(

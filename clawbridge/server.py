@@ -138,7 +138,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
         if isinstance(backend, TrainingBackend):
             # Serve the newest committed version, with or without training: checkpoints belong to
             # the trainer loop (clawbridge.trainer.checkpoints), never to the backend's start().
-            keeper = CheckpointKeeper(store, backend, identity)
+            keeper = CheckpointKeeper(store, backend, identity, keep=settings.keep_checkpoints)
             await keeper.resume()
     except BaseException:
         store.close()

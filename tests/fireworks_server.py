@@ -64,6 +64,11 @@ class FakeModel:
     base_only: bool
     steps: int = 0
     unloaded: bool = False
+    trained: list[tuple[int, ...]] = field(default_factory=list)
+    """Every datum's tokens an applied optim_step trained into these weights (with what a loaded
+    checkpoint held): the service's own record of what the weights saw."""
+    pending: list[tuple[int, ...]] = field(default_factory=list)
+    """forward_backward datums not yet applied by an optim_step."""
 
 
 @dataclass
@@ -96,6 +101,8 @@ class FakeFireworks:
     current_identity: str | None = None
     loading_identity: str | None = None
     served: list[tuple[list[int], str | None]] = field(default_factory=list)
+    saved_states: dict[str, tuple[int, list[tuple[int, ...]]]] = field(default_factory=dict)
+    """save_weights path -> (the model's steps, its trained datums) at the save."""
     """(prompt, snapshot identity that served it) for each completion answered."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -444,6 +451,8 @@ def _result_for(fw: FakeFireworks, op: str, body: dict[str, Any]) -> dict[str, A
         raise BadRequest(f"{op} on a base-only (frozen) model")
     if op in ("forward_backward", "forward"):
         data = body[f"{op}_input" if op == "forward" else "forward_backward_input"]["data"]
+        if op == "forward_backward" and model is not None:
+            model.pending.extend(tuple(_tokens_of(d["model_input"])) for d in data)
         outputs, loss = [], 0.0
         for d in data:
             adv = d["loss_fn_inputs"]["advantages"]["data"]
@@ -458,12 +467,18 @@ def _result_for(fw: FakeFireworks, op: str, body: dict[str, Any]) -> dict[str, A
     if op == "optim_step":
         assert model is not None
         model.steps += 1
+        model.trained, model.pending = model.trained + model.pending, []
         return {"type": "optim_step", "metrics": {"grad_norm:mean": 0.5}}
     if op == "save_weights_for_sampler":
         return {"type": "save_weights_for_sampler", "path": body["path"]}
     if op == "save_weights":
+        if model is not None:
+            fw.saved_states[body["path"]] = (model.steps, list(model.trained))
         return {"type": "save_weights", "path": body["path"]}
     if op == "load_weights":
+        if model is not None and body["path"] in fw.saved_states:
+            model.steps, trained = fw.saved_states[body["path"]]
+            model.trained, model.pending = list(trained), []
         return {"type": "load_weights", "path": body["path"]}
     return None
 

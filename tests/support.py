@@ -60,6 +60,8 @@ class ProxyProcess:
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    backend_args: tuple[str, ...] | None = None
+    """Replaces `--backend local --model MODEL_DIR` (e.g. a hosted backend and its model name)."""
 
     @property
     def base(self) -> str:
@@ -72,7 +74,8 @@ class ProxyProcess:
         env.update(self.env or {})
         self.log_path = self.state_dir / f"proxy-{self.port}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "clawbridge.cli.main", "up", "--backend", "local", "--model", str(self.model_dir),
+        backend = self.backend_args or ("--backend", "local", "--model", str(self.model_dir))
+        cmd = [sys.executable, "-m", "clawbridge.cli.main", "up", *backend,
                "--port", str(self.port), "--state-dir", str(self.state_dir), *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -4,12 +4,15 @@ for two sets of weights, and every consumed sample is in the weights exactly onc
 
 A "kill" here is a `SimulatedCrash` (a BaseException nothing catches) raised at a chosen moment,
 after which everything in memory is thrown away and a new backend and loop are built on the same
-state dir (the store file, and the checkpoints "on disk"), just as after `kill -9`.
+state dir (the store file, and the checkpoints "on disk"), just as after `kill -9`: fast, so many
+random kill sequences run. The real thing (a process, SIGKILL, every backend) is in
+`tests/test_kill.py` and `tests/test_kill_hosted.py`. Checkpoint retention is tested here too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -189,73 +192,8 @@ async def _local_loop(model: Path, state: Path) -> tuple[Any, Store, TrainerLoop
     return backend, store, TrainerLoop(store, backend, cfg, keeper)
 
 
-def _crash_local(backend: Any, where: str) -> None:
-    """Make the backend 'die' at `where`: after the real work of that call, before the commit."""
-    name = {"train": "train_step", "publish": "publish", "checkpoint": "save_checkpoint"}[where]
-    real = getattr(backend, name)
-
-    async def then_die(*args: Any) -> Any:
-        await real(*args)
-        raise SimulatedCrash(f"simulated kill after {name}")
-
-    setattr(backend, name, then_die)
-
-
-@pytest.mark.parametrize("where", ["train", "publish", "checkpoint"])
-def test_local_kill_restores_weights_and_optimizer_state(tiny_model_dir: Path, tmp_path: Path, where: str) -> None:
-    """After a kill during step 2, the retried step 2 and the next step 3 have exactly the losses of
-    a run that was never interrupted: weights AND optimizer moments came back from v1's checkpoint."""
-
-    async def uninterrupted() -> list[float]:
-        backend, store, loop = await _local_loop(tiny_model_dir, tmp_path / "a")
-        losses = []
-        try:
-            for i in range(3):
-                rewarded_session(store, f"s{i}")
-                report = await loop.run_once()
-                assert report is not None and report.ok
-                losses.append(float(report.metrics["loss"]))
-        finally:
-            await backend.close()
-            store.close()
-        return losses
-
-    async def interrupted() -> tuple[list[float], int, int]:
-        state = tmp_path / "b"
-        backend, store, loop = await _local_loop(tiny_model_dir, state)
-        losses = []
-        try:
-            rewarded_session(store, "s0")
-            report = await loop.run_once()
-            assert report is not None and report.ok
-            losses.append(float(report.metrics["loss"]))
-            rewarded_session(store, "s1")
-            _crash_local(backend, where)
-            with pytest.raises(SimulatedCrash):
-                await loop.run_once()
-            killed_served = backend.sampler().policy_version
-        finally:
-            await backend.close()  # stands in for the dead process: nothing is saved on close
-            store.close()
-        backend, store, loop = await _local_loop(tiny_model_dir, state)
-        try:
-            restored = backend.sampler().policy_version
-            rewarded_session(store, "s2")
-            for _ in range(2):
-                report = await loop.run_once()
-                assert report is not None and report.ok and report.policy_version is not None
-                assert report.policy_version > killed_served  # never a number the dead process served
-                losses.append(float(report.metrics["loss"]))
-        finally:
-            await backend.close()
-            store.close()
-        return losses, restored, killed_served
-
-    want = asyncio.run(uninterrupted())
-    got, restored, _ = asyncio.run(interrupted())
-    assert restored == 1  # the last committed version, not the base and not the killed one
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
-    assert len({round(x, 6) for x in want}) == 3  # the steps differ, so equal losses mean equal state
+# The same claims with a real process and a real SIGKILL, on every backend: tests/test_kill.py and
+# tests/test_kill_hosted.py.
 
 
 # ----------------------------------------------------------------- capabilities, checked at start-up
@@ -280,3 +218,148 @@ def test_unsupported_training_settings_refuse_before_anything_loads(tmp_path: Pa
             asyncio.run(build_state(settings, backend))
         # --no-train only serves and records: nothing to refuse
         assert not check_capabilities(settings.model_copy(update={"train": False}), backend)
+
+
+# ----------------------------------------------------------------- retention (keep_checkpoints)
+
+
+def _pruned(store: Store) -> dict[int, bool]:
+    return {r.version: r.pruned_at is not None for r in VersionStore(store).listing(100)}
+
+
+def test_retention_keeps_the_newest_and_what_a_rollback_serves(tmp_path: Path) -> None:
+    from clawbridge.trainer.checkpoints import NoCheckpoint
+
+    store = Store.open(tmp_path)
+    disk: dict[str, Any] = {}
+    proc = Process(store, disk)
+    proc.keeper.keep = 2
+    for i in range(3):
+        rewarded_session(store, f"s{i}")
+        assert asyncio.run(proc.loop.run_once()).ok
+    # v0 (base) v1 v2 v3 committed; the newest two keep their checkpoints
+    assert sorted(disk) == ["v00000002-step", "v00000003-step"]
+    assert _pruned(store) == {0: True, 1: True, 2: False, 3: False}
+    with pytest.raises(NoCheckpoint, match="pruned"):
+        asyncio.run(proc.loop.rollback(1))
+
+    assert asyncio.run(proc.loop.rollback(2)) == 4  # serves v2's checkpoint as v4
+    rewarded_session(store, "s3")
+    assert asyncio.run(proc.loop.run_once()).policy_version == 5
+    # newest two: v5 and v4 (= v2's checkpoint): v3 goes, v2's checkpoint stays for the rollback
+    assert sorted(disk) == ["v00000002-step", "v00000005-step"]
+    assert _pruned(store) == {0: True, 1: True, 2: False, 3: True, 4: False, 5: False}
+    rewarded_session(store, "s4")
+    assert asyncio.run(proc.loop.run_once()).policy_version == 6
+    assert sorted(disk) == ["v00000005-step", "v00000006-step"]  # the rollback is old now
+    # a restart restores the newest committed version, whose checkpoint was never pruned
+    again = Process(store, disk)
+    assert again.backend.sampler().policy_version == 6
+    store.close()
+
+
+def test_retention_never_deletes_the_checkpoint_being_restored(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    disk: dict[str, Any] = {}
+    proc = Process(store, disk)
+    proc.keeper.keep = 1
+    for i in range(2):
+        rewarded_session(store, f"s{i}")
+        asyncio.run(proc.loop.run_once())
+    assert sorted(disk) == ["v00000002-step"]
+    proc.keeper.restoring = "fake://v00000002-step"  # as during a restore of it
+    versions = VersionStore(store)
+    versions.commit(versions.reserve("rollback", None, 2), "fake://v00000002-step", None)
+    v = versions.reserve("step")
+    disk["v-new"] = (v, ())
+    versions.commit(v, "fake://v-new", None)
+    assert asyncio.run(proc.keeper.prune()) == []  # only v2's checkpoint is prunable, and it is restoring
+    proc.keeper.restoring = None
+    assert asyncio.run(proc.keeper.prune()) == ["fake://v00000002-step"]
+    store.close()
+
+
+def test_retention_deletes_local_checkpoint_folders(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Real files: after three steps with keep_checkpoints 2, only the newest two folders are on
+    disk; the store marks the others pruned and `checkpoints list` says so."""
+    from tests.test_cli import cli
+
+    state = tmp_path / "state"
+
+    async def train() -> None:
+        backend, store, loop = await _local_loop(tiny_model_dir, state)
+        loop.keeper.keep = 2
+        try:
+            for i in range(3):
+                rewarded_session(store, f"s{i}")
+                report = await loop.run_once()
+                assert report is not None and report.ok
+        finally:
+            await backend.close()
+            store.close()
+
+    asyncio.run(train())
+    root = state / "checkpoints" / "local"
+    assert sorted(p.name for p in root.iterdir()) == ["v00000002-step", "v00000003-step"]
+    store = Store.open(state)
+    assert _pruned(store) == {0: True, 1: True, 2: False, 3: False}
+    store.close()
+    listed = json.loads(cli("checkpoints", "list", "--json", "--state-dir", str(state)).stdout)
+    assert [(r["version"], r["pruned_at"] is not None) for r in listed] == [(3, False), (2, False), (1, True), (0, True)]
+    table = cli("checkpoints", "list", "--state-dir", str(state)).stdout
+    assert "pruned" in table and "2 pruned" in table
+    refused = cli("rollback", "1", "--state-dir", str(state), check=False)
+    assert refused.returncode == 1 and "pruned" in refused.stderr
+
+
+def test_a_step_failing_after_publish_burns_its_version_number(tmp_path: Path) -> None:
+    """The chosen rule (clawbridge.store.versions): a number once reserved is never handed back.
+    Here the checkpoint write fails (a full disk) after v2 was published and served a turn: v2 is
+    abandoned, the committed v1 weights are served again as v3 (kind restore), the retried step
+    publishes v4. Committed versions have a gap, and v2 names only what it served."""
+    from tests.test_trainer_loop import record
+
+    store = Store.open(tmp_path)
+    proc = Process(store, {})
+    s1 = rewarded_session(store, "s1")
+    assert asyncio.run(proc.loop.run_once()).ok
+    s2 = rewarded_session(store, "s2")
+    real_save = proc.backend.save_checkpoint
+    served_at_v2: list[str] = []
+
+    async def disk_full(name: str) -> str:
+        served_at_v2.append(record(store, "agent", version=proc.backend.sampler().policy_version))
+        proc.backend.save_checkpoint = real_save  # type: ignore[method-assign]
+        raise OSError(28, "No space left on device")
+
+    proc.backend.save_checkpoint = disk_full  # type: ignore[method-assign]
+    failed = asyncio.run(proc.loop.run_once())
+    assert failed is not None and not failed.ok and "No space left" in (failed.error or "")
+    versions = VersionStore(store)
+    assert store.session_turns("agent")[0]["policy_version"] == 2
+    assert versions.get(2).status == "abandoned"  # type: ignore[union-attr]
+    restore = versions.get(3)
+    assert restore is not None and (restore.kind, restore.source_version, restore.status) == ("restore", 1, "committed")
+    assert proc.backend.sampler().policy_version == 3 and proc.backend.applied == s1
+
+    report = asyncio.run(proc.loop.run_once())
+    assert report is not None and report.ok and report.policy_version == 4
+    assert proc.backend.applied == s1 + s2
+    assert [r.version for r in versions.listing()] == [4, 3, 1, 0]  # 2 is a gap, never reused
+    store.close()
+
+
+def test_retention_deletes_a_checkpoint_whose_step_never_committed(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    disk: dict[str, Any] = {}
+    first = Process(store, disk)
+    rewarded_session(store, "s1")
+    first.crash_at("commit")  # killed after v1's checkpoint was written, before the commit
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(first.loop.run_once())
+    assert "v00000001-step" in disk
+    second = Process(store, disk)  # v1 abandoned; its checkpoint is now garbage
+    assert VersionStore(store).get(1).checkpoint == "fake://v00000001-step"  # type: ignore[union-attr]
+    assert asyncio.run(second.loop.run_once()).policy_version == 2
+    assert sorted(disk) == ["v00000000-base", "v00000002-step"]
+    store.close()

@@ -8,7 +8,7 @@ Protocol implemented (all under /api/v1, every call must carry `X-API-Key: tml-.
 - Control, JSON in and out: `client/config`, `client/dynamic_config`, `create_session`,
   `session_heartbeat`, `sessions/{id}/finish`, `telemetry`, `healthz` (GET),
   `get_server_capabilities` (GET), `get_info`, `create_sampling_session`, `samplers/{id}` (GET),
-  `cancel_future`.
+  `cancel_future`, `training_runs/{run}/checkpoints/{kind}/{name}` (DELETE).
 - `unload_model` (a future answering `{"type": "unload_model", "model_id"}`) releases a training
   client; `loaded()` counts the training clients (LoRA slots) still held. Finishing a session
   does not release them (as on SkyRL's server).
@@ -26,8 +26,10 @@ option does), `unload_supported` (False: `unload_model` answers 404).
 
 Model of the service: a model's `step` counts applied optim steps; a sampler created from a
 model snapshot samples deterministically from (prompt, weights step) (see `sample_output`), so a
-test can tell which weights answered. Only the protobuf message classes come from the SDK
-(`tinker.proto.tinker_public_pb2`, the wire schema); the server logic is this file's own.
+test can tell which weights answered. A model also lists the datums its applied optim steps
+trained (`ModelState.trained`, carried by its checkpoints), so a test can tell what the weights
+saw. Only the protobuf message classes come from the SDK (`tinker.proto.tinker_public_pb2`, the
+wire schema); the server logic is this file's own.
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ class ModelState:
     """Optim steps applied."""
     seq_ids: list[int] = field(default_factory=list)
     unloaded: bool = False
+    trained: list[tuple[int, ...]] = field(default_factory=list)
+    """Every datum's model_input that an applied optim step trained into these weights (with
+    what a loaded checkpoint held): the service's own record of what the weights saw."""
+    pending: list[tuple[int, ...]] = field(default_factory=list)
+    """forward_backward datums not yet applied by an optim_step."""
 
 
 def sample_output(
@@ -135,6 +142,8 @@ class TinkerProtocolServer:
         self.calls: list[Call] = []
         self.models: dict[str, ModelState] = {}
         self.checkpoints: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+        """Checkpoint paths deleted through the REST API, in order."""
         self.samplers: dict[str, dict[str, Any]] = {}
         self.futures: dict[str, PendingFuture] = {}
         self.telemetry_posts = 0
@@ -239,7 +248,7 @@ class TinkerProtocolServer:
                 return JSONResponse({"detail": f"no route {route}"}, status_code=404)
             return await handler(s, route, body, request)
 
-        return Starlette(routes=[Route("/api/v1/{route:path}", dispatch, methods=["GET", "POST"])])
+        return Starlette(routes=[Route("/api/v1/{route:path}", dispatch, methods=["GET", "POST", "DELETE"])])
 
 
 def _json(raw: bytes) -> Any:
@@ -387,7 +396,10 @@ def _fwdbwd_outcome(s: TinkerProtocolServer, body: dict[str, Any]) -> tuple[str,
 
 
 async def h_forward_backward(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
-    s.models[body["model_id"]].seq_ids.append(body["seq_id"])
+    m = s.models[body["model_id"]]
+    m.seq_ids.append(body["seq_id"])
+    if not body["forward_only"]:
+        m.pending.extend(tuple(d["model_input"]) for d in body["data"])
     return s._future("ForwardBackward", _fwdbwd_outcome(s, body))
 
 
@@ -397,6 +409,7 @@ async def h_optim_step(s: TinkerProtocolServer, route: str, body: Any, req: Requ
     if "adam_params" not in body:
         return s._future("OptimStep", ("error", ("optim_step needs adam_params", "user")))
     m.step += 1
+    m.trained, m.pending = m.trained + m.pending, []
     return s._future("OptimStep", ("json", {"metrics": {"step": float(m.step)}}))
 
 
@@ -404,7 +417,9 @@ async def h_save_weights(s: TinkerProtocolServer, route: str, body: Any, req: Re
     m = s.models[body["model_id"]]
     m.seq_ids.append(body["seq_id"])
     path = f"tinker://{m.model_id}/weights/{body['path']}"
-    s.checkpoints[path] = {"step": m.step, "base_model": m.base_model, "lora_rank": m.lora_rank}
+    s.checkpoints[path] = {
+        "step": m.step, "base_model": m.base_model, "lora_rank": m.lora_rank, "trained": list(m.trained),
+    }
     return s._future("SaveWeights", ("json", {"path": path, "type": "save_weights"}))
 
 
@@ -413,7 +428,9 @@ async def h_load_weights(s: TinkerProtocolServer, route: str, body: Any, req: Re
     if ckpt is None:
         return s._future("LoadWeights", ("error", (f"no checkpoint at {body['path']}", "user")))
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-    s.models[model_id] = ModelState(model_id, ckpt["base_model"], ckpt["lora_rank"], step=ckpt["step"])
+    s.models[model_id] = ModelState(
+        model_id, ckpt["base_model"], ckpt["lora_rank"], step=ckpt["step"], trained=list(ckpt["trained"])
+    )
     return s._future(
         "LoadWeights", ("json", {"path": body["path"], "model_id": model_id, "type": "load_weights"})
     )
@@ -488,6 +505,19 @@ async def h_asample(s: TinkerProtocolServer, route: str, body: Any, req: Request
     return s._future("Sample", ("proto", msg.SerializeToString()), sample_sequence_ids=[s._new_id("seq")])
 
 
+async def h_training_runs(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
+    """DELETE training_runs/{run}/checkpoints/{kind}/{name}: the RestClient's checkpoint delete."""
+    run, _, rest = route.removeprefix("training_runs/").partition("/checkpoints/")
+    if req.method != "DELETE" or not rest:
+        return JSONResponse({"detail": f"no route {route}"}, status_code=404)
+    path = f"tinker://{run}/{rest}"
+    if path not in s.checkpoints:
+        return JSONResponse({"detail": f"no checkpoint {path}"}, status_code=404)
+    del s.checkpoints[path]
+    s.deleted.append(path)
+    return Response(status_code=204)
+
+
 async def h_retrieve(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
     fut = s.futures.get(body["request_id"])
     if fut is None:
@@ -529,4 +559,5 @@ HANDLERS = {
     "asample": h_asample,
     "unload_model": h_unload_model,
     "retrieve_future": h_retrieve,
+    "training_runs": h_training_runs,
 }

@@ -52,7 +52,7 @@ def checkpoints_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Committed policy versions, newest first: what produced each one and where its checkpoint is.
-    The newest is what `clawbridge up` serves; any of them is a `clawbridge rollback` target."""
+    The newest is what `clawbridge up` serves; any not pruned is a `clawbridge rollback` target."""
     from clawbridge.store.versions import VersionStore
 
     _, store = _store(state_dir, config)
@@ -68,9 +68,13 @@ def checkpoints_list(
         src = f"v{r.source_version}" if r.source_version is not None else ""
         when = dt.datetime.fromtimestamp(r.committed_at).strftime("%Y-%m-%d %H:%M:%S") if r.committed_at else ""
         model = (r.identity or {}).get("model") or ""
-        table.add_row(f"v{r.version}", r.kind, src, "" if r.step is None else str(r.step), when,
-                      r.checkpoint or "", str(model))
+        where = f"pruned ({r.checkpoint})" if r.pruned_at is not None else (r.checkpoint or "")
+        table.add_row(f"v{r.version}", r.kind, src, "" if r.step is None else str(r.step), when, where, str(model))
     console.print(table)
+    pruned = sum(r.pruned_at is not None for r in rows)
+    if pruned:
+        console.print(f"{pruned} pruned: their checkpoints were deleted (keep_checkpoints); "
+                      "they cannot be rolled back to")
 
 
 def rollback(
@@ -82,6 +86,7 @@ def rollback(
     which trains on from it). Run it while the server is stopped."""
     from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store.versions import VersionStore
+    from clawbridge.trainer.checkpoints import no_checkpoint_message
 
     settings, store = _store(state_dir, config)
     lock = StateDirLock(settings.state_path)
@@ -93,8 +98,8 @@ def rollback(
     try:
         versions = VersionStore(store)
         row = versions.get(version)
-        if row is None or row.status != "committed" or row.checkpoint is None:
-            err.print(f"policy version {version} has no committed checkpoint; see `clawbridge checkpoints list`")
+        if row is None or not row.restorable or row.checkpoint is None:
+            err.print(no_checkpoint_message(version, row))
             raise typer.Exit(1)
         new = versions.reserve("rollback", None, version)
         versions.commit(new, row.checkpoint, row.identity)

@@ -118,10 +118,12 @@ def checkpoints(state: ProxyState, limit: int = 20) -> dict[str, Any]:
     rows = VersionStore(state.store).listing(limit)
     return {
         "rows": [{"version": r.version, "kind": r.kind, "step": r.step, "source_version": r.source_version,
-                  "checkpoint": r.checkpoint, "committed_at": r.committed_at} for r in rows],
+                  "checkpoint": r.checkpoint, "committed_at": r.committed_at, "pruned": r.pruned_at is not None}
+                 for r in rows],
         "rollback": False,
         "note": "To serve an earlier version: stop the server, run `clawbridge rollback VERSION` (it commits a "
-                "new version serving that checkpoint; numbers are never reused), then start it again.",
+                "new version serving that checkpoint; numbers are never reused), then start it again. Pruned "
+                "checkpoints (older than the newest keep_checkpoints) were deleted and cannot be rolled back to.",
     }
 
 

@@ -157,6 +157,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX policy_versions_status ON policy_versions(status, version);
     ALTER TABLE steps ADD COLUMN checkpoint TEXT;
     """,
+    # v4: checkpoint retention (clawbridge.trainer.checkpoints): when a committed version's
+    # checkpoint was deleted to keep only the newest ones. The version stays committed (its number
+    # is used and recorded turns name it); it can no longer be restored or rolled back to.
+    """
+    ALTER TABLE policy_versions ADD COLUMN pruned_at REAL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

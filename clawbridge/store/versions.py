@@ -13,6 +13,19 @@ Invariants:
   `abandoned` at the next start (`abandon_reserved`): its number stays used.
 - Version 0 is the base model; its row (kind `base`) is committed with the checkpoint of the
   untrained trainer state, written before the first step so a failed first step can be undone.
+- Gaps are normal: numbers are only ever reserved, never handed back. A step that fails after
+  its version was reserved (publish, checkpoint or commit failed, or the process was killed)
+  abandons that number, and the weights reloaded after it are served under a NEW number (kind
+  `restore`), because the abandoned number may already label recorded turns sampled from weights
+  that were never committed. Reusing it would make one number name two sets of weights; a gap
+  costs nothing. So committed versions increase but need not be consecutive.
+- Retention: a committed version whose checkpoint was deleted (`pruned_at` set, see
+  `clawbridge.trainer.checkpoints`) stays committed, but is no restore or rollback target.
+  `prunable` never offers a checkpoint named by one of the `keep` newest committed versions (the
+  newest, the one served, is always among them; a rollback version names its source's
+  checkpoint, which so stays as long as the rollback version is recent). A checkpoint written
+  for a version that never committed (`note_checkpoint`, then a kill or a failure) is prunable
+  once the version is abandoned.
 """
 
 from __future__ import annotations
@@ -43,6 +56,13 @@ class VersionRow:
     identity: dict[str, Any] | None
     created_at: float
     committed_at: float | None
+    pruned_at: float | None = None
+    """When its checkpoint was deleted by retention (None: the checkpoint is kept)."""
+
+    @property
+    def restorable(self) -> bool:
+        """Committed with a checkpoint that still exists: a restore or rollback target."""
+        return self.status == "committed" and self.checkpoint is not None and self.pruned_at is None
 
 
 class VersionStore:
@@ -106,6 +126,34 @@ class VersionStore:
         where = "WHERE status='committed' " if committed_only else ""
         return self._select(where + "ORDER BY version DESC LIMIT ?", (limit,))
 
+    def note_checkpoint(self, version: int, checkpoint: str) -> None:
+        """A reserved version's checkpoint is written (not yet committed): if the step never
+        commits, retention can still find and delete it."""
+        with self.store._tx() as c:
+            c.execute("UPDATE policy_versions SET checkpoint=? WHERE version=? AND status='reserved'",
+                      (checkpoint, version))
+
+    def prunable(self, keep: int) -> list[str]:
+        """Checkpoints that retention may delete, oldest first: named only by committed versions
+        older than the `keep` newest committed ones, or written for a version that was then
+        abandoned (see the module invariants)."""
+        rows = [r for r in self._select("WHERE status='committed' ORDER BY version DESC", ()) if r.checkpoint]
+        kept = {r.checkpoint for r in rows[: max(1, keep)]}
+        old = rows[max(1, keep):] + self._select("WHERE status='abandoned' AND checkpoint IS NOT NULL", ())
+        out: list[str] = []
+        for r in sorted(old, key=lambda r: r.version):
+            if r.pruned_at is None and r.checkpoint not in kept and r.checkpoint not in out:
+                out.append(str(r.checkpoint))
+        return out
+
+    def mark_pruned(self, checkpoint: str) -> int:
+        """Record that `checkpoint` was deleted (every version naming it); returns how many rows."""
+        with self.store._tx() as c:
+            return c.execute(
+                "UPDATE policy_versions SET pruned_at=? WHERE checkpoint=? AND pruned_at IS NULL",
+                (time.time(), checkpoint),
+            ).rowcount
+
     def _select(self, tail: str, args: tuple[Any, ...]) -> list[VersionRow]:
         with self.store._lock:
             rows = self.store._conn.execute(f"SELECT * FROM policy_versions {tail}", args).fetchall()
@@ -120,6 +168,7 @@ class VersionStore:
                 identity=json.loads(r["identity_json"]) if r["identity_json"] else None,
                 created_at=float(r["created_at"]),
                 committed_at=r["committed_at"],
+                pruned_at=r["pruned_at"],
             )
             for r in rows
         ]

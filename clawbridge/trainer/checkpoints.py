@@ -16,6 +16,14 @@ Invariants (with `clawbridge.store.versions`, which keeps the numbering):
   LoRA config); resuming onto anything else refuses with what differs (`CheckpointMismatch`).
 - Rollback to an earlier committed version serves its checkpoint under a new version (kind
   `rollback`); training continues from it. Numbers are never reused.
+- Retention: after each commit (a step or a rollback), checkpoints named only by committed
+  versions older than the `keep` newest, and those written for versions that were abandoned
+  (a failed or killed step), are deleted through the backend (`CheckpointDeleter`)
+  and marked pruned in the store (`VersionStore.prunable`). The served checkpoint is always kept,
+  and so is any a recent rollback version names; the one being restored is never deleted (all of
+  this runs under the trainer loop's lock, and `prune` skips `restoring` anyway). A failed
+  delete is logged and tried again after the next commit; a backend without `delete_checkpoint`
+  keeps everything.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import asyncio
 import logging
 from typing import Any
 
-from clawbridge.backend import TrainingBackend
+from clawbridge.backend import CheckpointDeleter, TrainingBackend
 from clawbridge.store import Store, StoreError
 from clawbridge.store.versions import VersionRow, VersionStore
 from clawbridge.trainer.identity import CheckpointMismatch, describe_mismatch
@@ -56,11 +64,17 @@ class CheckpointKeeper:
     """The loop's checkpoint and version bookkeeping over one `TrainingBackend` (not thread-safe:
     the trainer loop calls it under its own lock)."""
 
-    def __init__(self, store: Store, backend: TrainingBackend, identity: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, store: Store, backend: TrainingBackend, identity: dict[str, Any] | None = None, keep: int = 3
+    ) -> None:
         self.versions = VersionStore(store)
         self.backend = backend
         self.identity = identity
         """What checkpoints written here belong to (None: not checked, e.g. fakes)."""
+        self.keep = keep
+        """Retention: checkpoints of the newest `keep` committed versions stay (`keep_checkpoints`)."""
+        self.restoring: str | None = None
+        """The checkpoint a restore is loading right now (never pruned)."""
         self.dirty = False
         """The trainer state may hold an uncommitted update: `undo` before the next step."""
         self.publish_attempted = False
@@ -81,7 +95,7 @@ class CheckpointKeeper:
         serving = self.backend.sampler().policy_version
         if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
             return serving
-        version = await self.backend.restore_checkpoint(last.checkpoint, last.version)
+        version = await self._restore(last.checkpoint, last.version)
         log.info("restored checkpoint %s: serving policy v%d", last.checkpoint, version)
         return version
 
@@ -103,7 +117,9 @@ class CheckpointKeeper:
             raise RuntimeError(f"backend {self.backend.name} published v{served}, not the reserved v{version}")
 
     async def save(self, version: int) -> str:
-        return await self.backend.save_checkpoint(checkpoint_name(version))
+        path = await self.backend.save_checkpoint(checkpoint_name(version))
+        await _to_thread(self.versions.note_checkpoint, version, path)  # found by retention if never committed
+        return path
 
     def committed(self) -> None:
         """The step committed: the trainer state and the served weights are the committed ones."""
@@ -120,11 +136,11 @@ class CheckpointKeeper:
             return
         if self.publish_attempted:
             version = await _to_thread(self.versions.reserve, "restore", None, last.version)
-            await self.backend.restore_checkpoint(last.checkpoint, version)
+            await self._restore(last.checkpoint, version)
             await _to_thread(self.versions.commit, version, last.checkpoint, last.identity)
             log.warning("served weights reset to the committed v%d's, now as v%d", last.version, version)
         else:
-            await self.backend.restore_checkpoint(last.checkpoint, self.backend.sampler().policy_version)
+            await self._restore(last.checkpoint, self.backend.sampler().policy_version)
             log.warning("trainer state reset to the committed v%d's checkpoint", last.version)
         self.committed()
 
@@ -133,17 +149,54 @@ class CheckpointKeeper:
         """Serve committed version `target`'s checkpoint under a new version and continue training
         from it; return the new version."""
         row = await _to_thread(self.versions.get, target)
-        if row is None or row.status != "committed" or row.checkpoint is None:
-            raise NoCheckpoint(f"policy version {target} has no committed checkpoint; see `clawbridge checkpoints list`")
+        if row is None or not row.restorable or row.checkpoint is None:
+            raise NoCheckpoint(no_checkpoint_message(target, row))
         version = await _to_thread(self.versions.reserve, "rollback", None, target)
         try:
-            await self.backend.restore_checkpoint(row.checkpoint, version)
+            await self._restore(row.checkpoint, version)
         except BaseException:
             self.dirty = self.publish_attempted = True
             raise
         await _to_thread(self.versions.commit, version, row.checkpoint, row.identity)
         self.committed()
+        await self.prune()
         return version
+
+    # ------------------------------------------------------------------ retention
+    async def prune(self) -> list[str]:
+        """Delete the checkpoints retention no longer keeps (see the module invariants); returns
+        the ones deleted. Never raises: a failure is logged and retried after the next commit."""
+        if not isinstance(self.backend, CheckpointDeleter):
+            return []
+        deleted: list[str] = []
+        try:
+            for path in await _to_thread(self.versions.prunable, self.keep):
+                if path == self.restoring:
+                    continue
+                await self.backend.delete_checkpoint(path)
+                await _to_thread(self.versions.mark_pruned, path)
+                deleted.append(path)
+        except Exception as exc:
+            log.warning("could not prune old checkpoints (will try again after the next step): %s", exc)
+        if deleted:
+            log.info("pruned %d checkpoint(s) older than the newest %d: %s", len(deleted), self.keep,
+                     ", ".join(deleted))
+        return deleted
+
+    async def _restore(self, path: str, version: int | None) -> int:
+        self.restoring = path
+        try:
+            return await self.backend.restore_checkpoint(path, version)
+        finally:
+            self.restoring = None
+
+
+def no_checkpoint_message(version: int, row: VersionRow | None) -> str:
+    """Why `version` cannot be restored or rolled back to."""
+    if row is not None and row.status == "committed" and row.pruned_at is not None:
+        return (f"policy version {version}'s checkpoint was pruned (only the newest keep_checkpoints are kept); "
+                "see `clawbridge checkpoints list`")
+    return f"policy version {version} has no committed checkpoint; see `clawbridge checkpoints list`"
 
 
 async def _to_thread(fn: Any, *args: Any) -> Any:

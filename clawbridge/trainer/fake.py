@@ -109,6 +109,9 @@ class FakeTrainingBackend(FakeServingBackend):
         self.disk[name] = (self.fake_sampler.version, tuple(self.applied))
         return f"fake://{name}"
 
+    async def delete_checkpoint(self, path: str) -> None:
+        self.disk.pop(path.removeprefix("fake://"), None)
+
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
         saved_version, applied = self.disk[path.removeprefix("fake://")]
         self.applied = list(applied)

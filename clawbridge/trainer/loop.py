@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.background import Background
+from clawbridge.faults import fault_point
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
@@ -180,6 +181,7 @@ class TrainerLoop:
     def from_settings(
         cls, settings: Settings, store: Store, backend: TrainingBackend, keeper: CheckpointKeeper | None = None
     ) -> TrainerLoop:
+        keeper = keeper or CheckpointKeeper(store, backend, keep=settings.keep_checkpoints)
         return cls(store, backend, TrainerConfig.from_settings(settings), keeper)
 
     # ------------------------------------------------------------------ lifecycle
@@ -299,10 +301,13 @@ class TrainerLoop:
             t0 = time.monotonic()
             result = await self.backend.train_step(prepared.datums, self.config.loss)
             t1 = time.monotonic()
+            await fault_point("step.trained")
             version = await asyncio.to_thread(keeper.reserve_step, step)
             await keeper.publish(version)
             t2 = time.monotonic()
+            await fault_point("step.published")
             checkpoint = await keeper.save(version)
+            await fault_point("step.checkpointed")
             metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
             metrics["checkpoint_seconds"] = time.monotonic() - t2
             await asyncio.to_thread(
@@ -332,6 +337,7 @@ class TrainerLoop:
         self.running_means = prepared.running
         self.merge_totals += prepared.merge
         self._last_step_s = t2 - t0
+        await keeper.prune()  # retention: only after the new checkpoint committed
         self._dropped = dict.fromkeys(self._dropped, 0)
         mg = prepared.merge
         log.info(

@@ -32,6 +32,7 @@ from typing import Any
 
 from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
+from clawbridge.faults import fault_point
 from clawbridge.sampler import Sampler
 from clawbridge_fireworks import provision as prov
 from clawbridge_fireworks.check import probe
@@ -306,6 +307,7 @@ class FireworksBackend:
             if not identity:
                 await sampler.open_gate(self.manifest.version)
                 raise PublishFailed("save_and_hotload returned no snapshot identity")
+            await fault_point("publish.mid")
             self.manifest.versions[target] = identity
             self.manifest.version = target
             self.manifest.save(self.manifest_path)
@@ -323,6 +325,7 @@ class FireworksBackend:
         training = self._training
         result = await asyncio.to_thread(lambda: training.save_state(name).result(timeout=timeout))
         path = str(result.path)
+        await fault_point("checkpoint.mid")
         self.manifest.checkpoints.append(
             CheckpointRecord(name, path, self.manifest.step, self.manifest.version)
         )

@@ -29,6 +29,7 @@ import torch
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
+from clawbridge.faults import fault_point
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
@@ -193,6 +194,7 @@ class LocalBackend:
         trainer = self._training()
         target = engine.policy_version + 1 if version is None else version
         served = await engine.publish(trainer, target)
+        await fault_point("publish.mid")
         trainer.client.policy_version = served
         return served
 
@@ -201,6 +203,17 @@ class LocalBackend:
         trainer = self._training()
         path = await asyncio.to_thread(trainer.save_checkpoint, name, self._require().policy_version)
         return str(path)
+
+    async def delete_checkpoint(self, path: str) -> None:
+        """Delete a checkpoint folder this backend wrote (`clawbridge.backend.CheckpointDeleter`);
+        refuses anything outside `<state_dir>/checkpoints/local`."""
+        import shutil
+
+        root = (self.settings.state_path / "checkpoints" / "local").resolve()
+        target = Path(path).resolve()
+        if target.parent != root:
+            raise ValueError(f"{path} is not a checkpoint of this state dir ({root})")
+        await asyncio.to_thread(shutil.rmtree, target, True)
 
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
         """Load a checkpoint into the trainer and serve its weights as `version` (default: its own);

@@ -8,7 +8,9 @@ Invariants:
   strictly greater policy version. Streams already running finish on the weights they started on.
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
   `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
-  trainer; the store records which one each committed version is.
+  trainer; the store records which one each committed version is. A write cut short by a kill
+  leaves a hidden `.tmp-*` folder there; the next trainer removes them when it starts (one
+  server per state dir, so nobody else is writing).
 - Only the newest export is kept on disk.
 """
 
@@ -102,6 +104,8 @@ class LocalTrainer:
         self.work_dir = settings.state_path / "trainer" / "local"
         self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
         self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir)), self.work_dir)
+        for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
+            shutil.rmtree(partial, ignore_errors=True)
         self._base: dict[str, Any] | None = None
         self._last_export: Path | None = None
 

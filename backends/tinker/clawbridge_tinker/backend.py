@@ -33,6 +33,7 @@ from typing import Any
 
 from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
+from clawbridge.faults import fault_point
 from clawbridge.sampler import Sampler
 
 from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
@@ -45,6 +46,7 @@ from .sdk import (
     APIStatusError,
     ModelInput,
     RequestFailedError,
+    RestClient,
     RetryConfig,
     ServiceClient,
     TrainingClient,
@@ -80,6 +82,8 @@ class TinkerBackend:
         self._service: ServiceClient | None = None
         self._training: TrainingClient | None = None
         self._sampler: TinkerSampler | None = None
+        self._rest: RestClient | None = None
+        """For deleting pruned checkpoints (created on first use)."""
         self._context_window = DEFAULT_CONTEXT_WINDOW
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
@@ -194,6 +198,7 @@ class TinkerBackend:
             )
             target = self.policy_version + 1 if version is None else version
             sampler.swap(client, target)
+            await fault_point("publish.mid")
             self.policy_version = target
         return target
 
@@ -207,12 +212,32 @@ class TinkerBackend:
                 lambda: tc.save_state(name).result_async(),
                 self.settings.tinker_publish_timeout_s,
             )
+            await fault_point("checkpoint.mid")
             manifest = load_manifest(self.manifest_file) or Manifest(self.base_model, self.settings.lora_rank)
             manifest.checkpoints.append(
                 CheckpointEntry(name, saved.path, self.step, self.policy_version, time.time())
             )
             write_manifest(self.manifest_file, manifest)
         return saved.path
+
+    async def delete_checkpoint(self, path: str) -> None:
+        """Delete a saved state on the service (`RestClient.delete_checkpoint_from_tinker_path`)
+        and drop it from the manifest (`clawbridge.backend.CheckpointDeleter`)."""
+        s = self.settings
+        if self._rest is None:
+            api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
+            self._rest = await asyncio.to_thread(RestClient, base_url=s.tinker_base_url or None, api_key=api_key)
+        rest = self._rest
+        await self._retry(
+            f"delete checkpoint {path}",
+            lambda: rest.delete_checkpoint_from_tinker_path(path).result_async(),
+            s.tinker_publish_timeout_s,
+        )
+        async with self._lock:
+            manifest = load_manifest(self.manifest_file)
+            if manifest is not None and manifest.find(path) is not None:
+                manifest.checkpoints = [c for c in manifest.checkpoints if c.path != path]
+                write_manifest(self.manifest_file, manifest)
 
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
         """Load weights + optimizer state into a training client and serve them as `version`

@@ -17,6 +17,7 @@ from tinker import (
     ModelInput,
     RateLimitError,
     RequestFailedError,
+    RestClient,
     SampleResponse,
     SamplingClient,
     SamplingParams,
@@ -54,6 +55,7 @@ SDK_NAMES: tuple[str, ...] = (
     "tinker.TrainingClient.save_weights_and_get_sampling_client",
     "tinker.SamplingClient.sample",
     "tinker.RestClient.get_server_capabilities",
+    "tinker.RestClient.delete_checkpoint_from_tinker_path",
 )
 """Dotted names (module attribute paths) this package uses from the SDK."""
 
@@ -71,6 +73,7 @@ __all__ = [
     "ModelInput",
     "RateLimitError",
     "RequestFailedError",
+    "RestClient",
     "RetryConfig",
     "SampleResponse",
     "SamplingClient",

@@ -121,7 +121,8 @@ function renderHealth(doc) {
     table(["version", "kind", "step", "serves weights of", "committed", "checkpoint"],
       ck.rows.map((r) => [`v${r.version}`, r.kind, num(r.step),
         r.source_version === null ? "–" : `v${r.source_version}`,
-        r.committed_at ? new Date(r.committed_at * 1000).toLocaleString() : "–", r.checkpoint || "–"])),
+        r.committed_at ? new Date(r.committed_at * 1000).toLocaleString() : "–",
+        r.pruned ? `pruned (${r.checkpoint})` : (r.checkpoint || "–")])),
     el("p", {class: "muted"}, ck.note)));
   fill("config", table(["option", "value"], Object.entries(doc.config).map(([k, v]) => [k, JSON.stringify(v)])));
 }

@@ -34,6 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from clawbridge.backend import Datum, LossConfig
+from clawbridge.faults import fault_point_sync
 from clawbridge_local.losses import LossInputs, LossSums, compute_loss, finalize_metrics
 from clawbridge_local.trainer import model as model_io
 from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum
@@ -204,6 +205,7 @@ class TrainerCore:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _tmp_dir(path.parent, path.name) as tmp:
                 save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
+                fault_point_sync("checkpoint.mid")
                 torch.save(osd, tmp / "optimizer.pt")
                 state = {
                     "step": self.step,
