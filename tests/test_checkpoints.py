@@ -363,3 +363,34 @@ def test_retention_deletes_a_checkpoint_whose_step_never_committed(tmp_path: Pat
     assert asyncio.run(second.loop.run_once()).policy_version == 2
     assert sorted(disk) == ["v00000000-base", "v00000002-step"]
     store.close()
+
+
+def test_running_mean_baselines_survive_a_restart(tmp_path: Path) -> None:
+    """The running-mean baseline is trainer state too: step 2 after a restart gets the advantages
+    it gets without one (the means come back from step 1's row)."""
+
+    def new_loop(store: Store, disk: dict[str, Any]) -> TrainerLoop:
+        backend = FakeTrainingBackend(FakeSampler(script=[7, 8]), INFO, disk=disk)
+        keeper = CheckpointKeeper(store, backend)
+        asyncio.run(keeper.resume())
+        cfg = TrainerConfig(batch_size=1, baseline="running_mean", stale_policy="importance_weight")
+        return TrainerLoop(store, backend, cfg, keeper)
+
+    def second_step_advantages(state: Path, restart: bool) -> list[float]:
+        store = Store.open(state)
+        disk: dict[str, Any] = {}
+        loop = new_loop(store, disk)
+        rewarded_session(store, "s1", reward=1.0)
+        assert asyncio.run(loop.run_once()).ok
+        if restart:
+            loop = new_loop(store, disk)
+        rewarded_session(store, "s2", reward=3.0)
+        assert asyncio.run(loop.run_once()).ok
+        backend = loop.backend
+        assert isinstance(backend, FakeTrainingBackend)
+        store.close()
+        return list(backend.batches[-1][0].advantages)
+
+    want = second_step_advantages(tmp_path / "a", restart=False)
+    assert max(want) > 0  # return 3 minus the mean of 1 and 3
+    assert second_step_advantages(tmp_path / "b", restart=True) == want

@@ -16,7 +16,8 @@ The rules, applied in this order and identically whatever the backend:
    - `none`: baseline 0.
    - `running_mean`: the mean of every return seen so far under the datum's key (`task:<task_id>`
      when the session has a task id, else `source:<source>`), the current batch included. The
-     running sums advance only when a step commits, and live in memory (reset at restart).
+     running sums advance only when a step commits, and are saved with it (a restart goes on
+     from the last committed step's sums; see `clawbridge.trainer.loop`).
    - `group_mean`: datums of the batch whose sessions share a task id form a group (GRPO-style);
      baseline = the group's mean return. Datums without a task id use `running_mean`.
    - `group_mean_std`: `group_mean`, then divided by (the group's population std + 1e-6).

@@ -34,6 +34,9 @@ Invariants:
 - No ready sample waits forever for its batch to fill: once fewer than `batch_size` have been
   ready for `batch_wait_s` (> 0), they train as a short batch. Without it the last turns before
   agents go quiet stayed untrained until more came (7 of 52 rewarded turns in bench/waste.py).
+- The running-mean baselines (advantages rule 3) advance only when a step commits and are saved
+  in that step's row (metrics `running_means`), so a restart continues from them exactly like
+  the weights continue from the step's checkpoint.
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -63,6 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("clawbridge.trainer")
 
 StalePolicy = Literal["drop", "importance_weight"]
+RUNNING_MEANS_KEY = "running_means"
+"""The committed step's metrics key holding the running-mean baselines after it (restored at start)."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,7 @@ class TrainerLoop:
                 log.warning(
                     "marked %d interrupted training step(s) failed; their samples will be retrained", n
                 )
+            self.running_means = self._saved_running_means()
             self._recovered = True
         _, self._watermark = self.tstore.ingest_ended(self._watermark)
         self._dropped["no_reward"] += self.tstore.drop_unrewarded(cfg.reward_wait_s)
@@ -271,6 +277,14 @@ class TrainerLoop:
                  len(screened.usable), now - self._short_since, cfg.batch_size)
         self._short_since = None
         return select_batch(screened.usable, len(screened.usable), whole_groups, cfg.max_batch_tokens)
+
+    def _saved_running_means(self) -> RunningMeans:
+        """The running-mean baselines as the newest committed step left them (in its metrics)."""
+        for row in self.tstore.steps(200):
+            saved = row.metrics.get(RUNNING_MEANS_KEY) if row.status == "ok" and row.metrics else None
+            if isinstance(saved, dict):
+                return RunningMeans(dict(saved.get("sums", {})), dict(saved.get("counts", {})))
+        return RunningMeans()
 
     def _prepare(self, batch: list[PendingSample]) -> PreparedBatch:
         cfg = self.config
@@ -310,6 +324,7 @@ class TrainerLoop:
             await fault_point("step.checkpointed")
             metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
             metrics["checkpoint_seconds"] = time.monotonic() - t2
+            metrics[RUNNING_MEANS_KEY] = {"sums": dict(prepared.running.sums), "counts": dict(prepared.running.counts)}
             await asyncio.to_thread(
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
             )
