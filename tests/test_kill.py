@@ -31,7 +31,7 @@ LOCAL_POINTS = ("publish.mid", "checkpoint.mid", "step.checkpointed")
 three of the five points; together the three backends' files cover all of `POINTS`."""
 
 ENV = {
-    "CLAWBRIDGE_BASELINE": "none",  # advantages from the batch alone (running means live in memory)
+    "CLAWBRIDGE_BASELINE": "running_mean",  # trainer state besides the weights: restored from the store
     "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",  # exactly batch_size per step: both runs form the same batches
     "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2",
     "CLAWBRIDGE_LEARNING_RATE": "0.01",  # large enough that one update more or less shows in every loss
