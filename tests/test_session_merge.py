@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,13 @@ def test_extending_turns_become_one_datum_with_a_span_per_turn() -> None:
                                tokens_unmerged=len(P1 + C1) + len(P2 + C2) + len(P3 + C3))
 
 
-def test_a_broken_prefix_starts_a_new_datum_and_is_counted() -> None:
+def test_a_broken_prefix_starts_a_new_datum_and_is_counted(caplog: pytest.LogCaptureFixture) -> None:
     edited = [1, 2, 3, 4, 10, 99, 5, 6, 7]  # the client rewrote the first answer's last token
-    pieces = [piece("t1", P1, C1), piece("t2", edited, C2), piece("t3", edited + C2 + [8], C3)]
+    pieces = [piece("t1", P1, C1), piece("t2", edited, C2), piece("t3", [*edited, *C2, 8], C3)]
+    caplog.set_level(logging.DEBUG, logger="clawbridge.trainer")
     datums, stats = build_datums(pieces)
+    assert "turn t2 does not extend its session's sequence" in caplog.text
+    assert "first difference at token 5" in caplog.text
     assert [d.turn_ids for d in datums] == [("t1",), ("t2", "t3")]
     assert stats.breaks == 1 and stats.merged == 1 and stats.datums == 2 and stats.turns == 3
     assert datums[0] == Datum.from_turn(P1, C1, pieces[0].logprobs, pieces[0].advantages, 0, "t1")
@@ -237,3 +241,24 @@ def test_loop_trains_merged_datums_counts_merges_and_breaks(tmp_path: Path) -> N
         assert status["samples"]["consumed"] == 5
     finally:
         store.close()
+
+
+def test_clawbridge_status_prints_the_merge_counts() -> None:
+    import io
+
+    from rich.console import Console
+
+    from clawbridge.cli.status import print_trainer
+
+    def printed(merging: dict[str, Any]) -> str:
+        out = io.StringIO()
+        trainer = {"samples": {"pending": 0, "consumed": 5, "dropped": {}}, "steps": {"ok": 1, "failed": 0},
+                   "merging": merging}
+        print_trainer(Console(file=out, width=200), trainer)
+        return out.getvalue()
+
+    counts = {"enabled": True, "turns": 5, "datums": 3, "merged": 2, "breaks": 1, "tokens_sent": 40,
+              "tokens_unmerged": 61}
+    assert ("merging: 2 of 5 trained turns joined their session's sequence (3 datums), 1 prefix breaks; "
+            "40 tokens sent instead of 61") in printed(counts)
+    assert "merging: off" in printed({**counts, "enabled": False})

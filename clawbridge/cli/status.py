@@ -114,12 +114,12 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
     if w:
         console.print("  " + waiting_line(w), highlight=False)
     m = t.get("merging")
-    if m and m.get("turns"):
+    if m and not m.get("enabled", True):
+        console.print("  merging: off (merge_session_turns = false): one datum per turn", highlight=False)
+    elif m and m.get("turns"):
         console.print(f"  merging: {m['merged']} of {m['turns']} trained turns joined their session's sequence "
                       f"({m['datums']} datums), {m['breaks']} prefix breaks; {m['tokens_sent']} tokens sent instead "
                       f"of {m['tokens_unmerged']} (since start-up)", highlight=False)
-    elif m and not m.get("enabled", True):
-        console.print("  merging: off (merge_session_turns = false): one datum per turn", highlight=False)
     for step in t.get("recent_steps", [])[:5]:
         console.print(f"  step {step['step']} {step['status']} -> policy v{step['policy_version']}: "
                       f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
@@ -140,8 +140,8 @@ def waiting_line(w: dict[str, Any]) -> str:
     if w.get("sessions_waiting_for_judge"):
         parts.append(f"the judge on {w['sessions_waiting_for_judge']} session(s)")
     need = w["datums_until_next_step"]
-    head = (f"next step: {need} more ready datum(s) needed ({w['ready_datums']} ready)" if need
-            else f"next step: ready ({w['ready_datums']} datum(s))")
+    head = (f"next step: {need} more rewarded turn(s) needed ({w['ready_datums']} ready)" if need
+            else f"next step: ready ({w['ready_datums']} turn(s))")
     if need and w.get("short_batch_in_s") is not None:
         head += f", or the {w['ready_datums']} train as a short batch in {w['short_batch_in_s']:.0f} s"
     return head + ("; waiting for " + ", ".join(parts) if parts else "")

@@ -26,10 +26,12 @@ The rules, applied in this order and identically whatever the backend:
    division of its own. The trainer folds the averaging into the per-token advantage instead:
    - `token_mean` (default): every loss token's advantage is divided by T, the batch's total
      completion tokens, so the summed loss is the batch's per-token mean (DAPO / Dr.GRPO).
-   - `sequence_mean`: datum d's tokens are divided by (len_d * B), B the datums in the batch,
-     so each sequence weighs the same (GRPO's per-sequence mean).
+   - `sequence_mean`: turn d's tokens are divided by (len_d * B), B the turns in the batch,
+     so each sampled completion weighs the same (GRPO's per-sequence mean).
    - `sum`: no scaling.
-   A datum's advantage is the same on each of its completion tokens (then scaled as above);
+   The scale is computed per TURN (T, len_d and B count turns and their completion tokens, never
+   datums), so a session merged into one datum (`clawbridge.trainer.merge`) gets the same loss.
+   A turn's advantage is the same on each of its completion tokens (then scaled as above);
    prompt positions carry 0 and mask 0 (`Datum.from_turn`).
 
 With rewards from conversation (`clawbridge.rewards`), rule 1 is followed by 1b and 1c, and the
@@ -176,8 +178,8 @@ def apply_baseline(
 
 
 def token_scales(lengths: Sequence[int], rule: NormalizationRule) -> list[float]:
-    """Rule 4: the factor each datum's per-token advantage is multiplied by, given the
-    completion lengths of the batch's datums."""
+    """Rule 4: the factor each turn's per-token advantage is multiplied by, given the
+    completion lengths of the batch's turns."""
     if rule == "sum":
         return [1.0] * len(lengths)
     if rule == "token_mean":

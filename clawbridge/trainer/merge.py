@@ -37,10 +37,13 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from clawbridge.backend import Datum, Span
+
+log = logging.getLogger("clawbridge.trainer")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,13 @@ class _Builder:
         n = len(self.tokens)
         return len(piece.prompt_ids) >= n and list(piece.prompt_ids[:n]) == self.tokens
 
+    def first_difference(self, piece: TurnPiece) -> int:
+        """The first position where the piece's prompt leaves the sequence so far."""
+        for i, (a, b) in enumerate(zip(self.tokens, piece.prompt_ids, strict=False)):
+            if a != b:
+                return i
+        return min(len(self.tokens), len(piece.prompt_ids))
+
     def add(self, piece: TurnPiece) -> None:
         """Append the piece's new prompt tokens (mask 0) and its completion (one span)."""
         new_prompt = piece.prompt_ids[len(self.tokens):]
@@ -151,6 +161,11 @@ def build_datums(pieces: Sequence[TurnPiece], merge: bool = True) -> tuple[list[
                 merged += 1
                 continue
             breaks += 1
+            log.debug(
+                "turn %s does not extend its session's sequence (prompt %d tokens, sequence so far %d, "
+                "first difference at token %d): it starts a new datum",
+                piece.turn_id, len(piece.prompt_ids), len(builders[i].tokens), builders[i].first_difference(piece),
+            )
         open_by_session[piece.session_id] = len(builders)
         builders.append(_Builder(piece))
     datums = [b.datum() for b in builders]
