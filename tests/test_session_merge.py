@@ -135,7 +135,7 @@ def test_spans_round_trip_through_the_local_trainer_batch_file(tmp_path: Path) -
 def rendered_session(renderer: Renderer, turns: int) -> list[TurnPiece]:
     """A tool-calling session rendered by the product's renderer: each completion is the template's
     text for the reply, ids as the tokenizer gives them; the client sends back what the parser
-    returned. Versions, sampler logprobs and advantages differ per turn."""
+    returned. Versions and advantages differ per turn; logprobs are placeholders (`near_model`)."""
     tools = [{"type": "function", "function": {"name": "exec", "description": "Run a command.",
                                                "parameters": {"type": "object",
                                                               "properties": {"command": {"type": "string"}}}}}]
@@ -145,16 +145,34 @@ def rendered_session(renderer: Renderer, turns: int) -> list[TurnPiece]:
     for k in range(turns):
         prompt = renderer.render_prompt(messages, tools)
         last = k == turns - 1
-        body = "All fixed." if last else f'<tool_call>\n{{"name": "exec", "arguments": {{"command": "make {k}"}}}}\n</tool_call>'
-        text = f"<think>\nstep {k}\n</think>\n\n{body}<|im_end|>"
+        call = f'<tool_call>\n{{"name": "exec", "arguments": {{"command": "make {k}"}}}}\n</tool_call>'
+        text = f"<think>\nstep {k}\n</think>\n\n{'All fixed.' if last else call}<|im_end|>"
         ids = renderer.encode(text)
-        logprobs = [-0.5 - 0.01 * ((i * 7 + k) % 13) for i in range(len(ids))]
         advantages = [(k - 1.5) / 40.0] * len(ids)
-        out.append(TurnPiece(f"t{k}", "s", prompt.ids, ids, logprobs, advantages, k))
+        out.append(TurnPiece(f"t{k}", "s", prompt.ids, ids, [0.0] * len(ids), advantages, k))
         reply = renderer.parse(text, prompt).to_openai()
         messages.append(reply)
-        for call in reply.get("tool_calls") or []:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"ok {k}\n" * 3})
+        for c in reply.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"ok {k}\n" * 3})
+    return out
+
+
+def near_model(model: Any, pieces: Sequence[TurnPiece]) -> list[TurnPiece]:
+    """The pieces with sampler logprobs = the model's own logprob of each completion token (its
+    separate datum's forward) shifted by up to +-0.4: ratios 0.67-1.49, so ppo/cispo clip some."""
+    import torch
+    from clawbridge_local.trainer.batch import collate
+    from clawbridge_local.trainer.step import token_logprobs
+
+    out = []
+    for k, p in enumerate(pieces):
+        d = Datum.from_turn(p.prompt_ids, p.completion_ids, [0.0] * len(p.completion_ids), p.advantages, 0)
+        with torch.no_grad():
+            logp = token_logprobs(model, collate([d]))[0, len(p.prompt_ids) - 1:]
+        shift = [0.4 * (((i * 7 + k) % 9) - 4) / 4 for i in range(len(p.completion_ids))]
+        lps = [float(x) + dx for x, dx in zip(logp.tolist(), shift, strict=True)]
+        out.append(TurnPiece(p.turn_id, p.session_id, p.prompt_ids, p.completion_ids, lps, p.advantages,
+                             p.policy_version))
     return out
 
 
@@ -167,46 +185,85 @@ def torch_one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def loss_and_grads(model: Any, datums: Sequence[Datum], config: LossConfig) -> tuple[float, dict[str, Any]]:
-    """The local trainer's own forward + token-sum loss over `datums` (one micro-batch each)."""
+@pytest.fixture(scope="module")
+def session(tiny_model_dir: Path, torch_one_thread: None) -> list[TurnPiece]:
+    """A 4-turn rendered session on the tiny model, sampler logprobs near the model's own."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    return near_model(model, rendered_session(Renderer.from_pretrained(str(tiny_model_dir)), turns=4))
+
+
+def loss_and_grads(model: Any, datums: Sequence[Datum], config: LossConfig) -> tuple[float, float, dict[str, Any]]:
+    """The local trainer's own forward + token-sum loss over `datums` (one micro-batch each):
+    (loss, clipped token count, gradients)."""
     from clawbridge_local.losses import LossInputs, compute_loss
     from clawbridge_local.trainer.batch import collate
     from clawbridge_local.trainer.step import token_logprobs
 
     model.zero_grad(set_to_none=True)
-    total = 0.0
+    total = clipped = 0.0
     for d in datums:
         c = collate([d])
         out = compute_loss(config, LossInputs(token_logprobs(model, c), c.sampler_logprobs, c.advantages, c.mask))
         out.loss.backward()
         total += float(out.loss.detach())
+        clipped += out.sums.values["clipped"]
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return total, grads
+    return total, clipped, grads
 
 
 @pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "cispo"])
 def test_merged_and_separate_give_the_same_loss_and_gradient(
-    tiny_model_dir: Path, torch_one_thread: None, loss: str
+    tiny_model_dir: Path, session: list[TurnPiece], loss: str
 ) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    renderer = Renderer.from_pretrained(str(tiny_model_dir))
-    pieces = rendered_session(renderer, turns=4)
-    merged, stats = build_datums(pieces)
-    separate, _ = build_datums(pieces, merge=False)
+    merged, stats = build_datums(session)
+    separate, _ = build_datums(session, merge=False)
     assert stats.datums == 1 and stats.merged == 3, "the tiny template's prompts extend: the session merges"
     assert stats.tokens_sent < stats.tokens_unmerged
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     model.train()
-    config = LossConfig(loss, clip_low=0.2, clip_high=0.2)  # sampler logprobs differ: some ratios clip
-    loss_m, grads_m = loss_and_grads(model, merged, config)
-    loss_s, grads_s = loss_and_grads(model, separate, config)
-    assert loss_m != 0.0
+    config = LossConfig(loss, clip_low=0.2, clip_high=0.2)
+    loss_m, clipped_m, grads_m = loss_and_grads(model, merged, config)
+    loss_s, clipped_s, grads_s = loss_and_grads(model, separate, config)
+    assert loss_m != 0.0 and clipped_m == clipped_s
+    if loss != "importance_sampling":
+        assert clipped_m > 0, "some ratios leave [0.8, 1.2]: each span is weighted against its own sampler"
     assert loss_m == pytest.approx(loss_s, rel=1e-5, abs=1e-7)
     assert grads_m.keys() == grads_s.keys() and grads_m
     for name, g in grads_m.items():
         scale = float(grads_s[name].abs().max()) + 1e-8
         assert float((g - grads_s[name]).abs().max()) <= 1e-4 * scale + 1e-7, name
+
+
+def test_local_trainer_step_is_the_same_merged_or_separate(
+    tiny_model_dir: Path, session: list[TurnPiece], tmp_path: Path
+) -> None:
+    """The local backend's real train_step (AdamW, grad-norm clip) on the merged datum and on the
+    separate ones: the same loss, grad norm and updated weights."""
+    pytest.importorskip("torch")
+    from clawbridge_local.trainer import FsdpTrainerClient, TrainerConfig
+
+    results = []
+    for merge in (True, False):
+        datums, _ = build_datums(session, merge=merge)
+        client = FsdpTrainerClient(TrainerConfig(model_path=str(tiny_model_dir), learning_rate=1e-3,
+                                                 micro_batch_size=4), tmp_path / f"merge-{merge}")
+        client.start(1)
+        try:
+            m = client.train_step(datums, LossConfig("cispo")).metrics
+            params = {n: p.detach().clone() for n, p in client.core.model.named_parameters()}
+        finally:
+            client.close()
+        results.append((m, params))
+    (m_merged, p_merged), (m_sep, p_sep) = results
+    assert m_merged["datums"] == 1.0 and m_sep["datums"] == 4.0
+    for key in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "tokens", "grad_norm"):
+        assert m_merged[key] == pytest.approx(m_sep[key], rel=1e-5, abs=1e-7), key
+    worst = max(float((p_merged[k] - p_sep[k]).abs().max()) for k in p_merged)
+    assert worst <= 1e-5
 
 
 # ------------------------------------------------------------------ the trainer loop's counters
