@@ -162,6 +162,7 @@ async def run_scenario(settings: Settings, trained: Callable[[], bool], max_toke
             out["turns_final"] = state.store.session_turns("sess-train")
             health = await admin.get("/health")
             out["health"] = health.json()
+            out["rl_status"] = (await admin.get("/rl/status")).json()
         finally:
             await admin.aclose()
             await client.close()
@@ -281,6 +282,8 @@ def test_fireworks_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tm
         "clip_high_threshold": pytest.approx(1.28),
     }
     assert out["report"].metrics["datums"] == 1.0 and out["report"].metrics["merged_turns"] == 1.0
+    merging = out["rl_status"]["trainer"]["merging"]
+    assert (merging["turns"], merging["datums"], merging["merged"], merging["breaks"]) == (2, 1, 1, 0)
     expected = expected_advantages(turns, [REWARD_1, REWARD_2])
     first, second = turns
     head = first["prompt_token_ids"] + first["completion_token_ids"]
@@ -370,6 +373,8 @@ def test_tinker_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tmp_p
     # cut at max_tokens, a completion has no <|im_end|>, which the next prompt renders after the
     # reply: the prefix breaks and the turns train as separate datums
     assert out["report"].metrics["datums"] == 2.0 and out["report"].metrics["merge_breaks"] == 1.0
+    merging = out["rl_status"]["trainer"]["merging"]
+    assert (merging["turns"], merging["datums"], merging["merged"], merging["breaks"]) == (2, 2, 0, 1)
     (fb,) = server.bodies("forward_backward")
     assert fb["loss_fn"] == "ppo"
     assert fb["loss_fn_config"] == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
