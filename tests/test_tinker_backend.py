@@ -419,6 +419,11 @@ def test_doctor_checks(server: TinkerProtocolServer, tmp_path: Path) -> None:
     wrong_model = doctor_checks(make_settings(server, tmp_path, tinker_base_model="nope/model"))
     assert any(not good and "does not offer 'nope/model'" in line for good, line in wrong_model)
 
+    server.api_keys = {"tml-test-key"}
+    refused = doctor_checks(make_settings(server, tmp_path, tinker_api_key="tml-revoked-key"))
+    assert any(not good and "tinker: bad key" in line and "HTTP 401" in line for good, line in refused)
+    assert not any("revoked" in line for _, line in refused)
+
 
 @pytest.mark.skipif(
     not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY is not set; live Tinker test skipped"

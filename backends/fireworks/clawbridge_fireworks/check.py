@@ -18,8 +18,8 @@ def _short(resource: str) -> str:
     return resource.rsplit("/", 1)[-1]
 
 
-async def probe(settings: Settings, api_key: str) -> str:
-    """Check the control plane with `api_key`; return the key's account id. Raises
+async def probe(settings: Settings, api_key: str) -> list[str]:
+    """Check the control plane with `api_key`; return the accounts the key belongs to. Raises
     `ServiceProbeFailed` saying what is wrong."""
     s = settings
     p = ServiceProbe(
@@ -59,4 +59,4 @@ async def probe(settings: Settings, api_key: str) -> str:
             )
         if resp.status_code != 200:
             raise p.unexpected(resp, f"looking up {what} {name}")
-    return account
+    return accounts

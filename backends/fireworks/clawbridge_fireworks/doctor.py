@@ -1,17 +1,18 @@
 """`doctor_checks(settings)`: one line per check of what the Fireworks backend needs.
 
-Each check is `(ok, message)`; a failed message says what is wrong and how to fix it. Network
-checks use short timeouts and never create anything.
+Each check is `(ok, message)`; a failed message says what is wrong and how to fix it. The network
+check is the start-up probe (check.py): short timeouts, read-only, never creates anything.
 """
 
 from __future__ import annotations
 
+import asyncio
 from importlib import metadata
 
-import httpx
-
 from clawbridge.config import Settings
+from clawbridge.probe import ServiceProbeFailed
 from clawbridge_fireworks import PINNED_SDK_VERSION
+from clawbridge_fireworks.check import probe
 
 
 def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[bool, str]]:
@@ -53,25 +54,11 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
         checks.append((False, "neither fireworks_training_shape nor fireworks_trainer_job is set: set one"))
     if not key:
         return checks
-    url = settings.fireworks_base_url.rstrip("/") + "/v1/accounts?pageSize=2"
     try:
-        resp = httpx.get(url, headers={"Authorization": f"Bearer {key}", "X-Api-Key": key}, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        checks.append(
-            (False, f"{settings.fireworks_base_url} unreachable ({type(e).__name__}): check network/proxy")
-        )
+        accounts = asyncio.run(probe(settings.model_copy(update={"probe_timeout_s": timeout_s}), key))
+    except ServiceProbeFailed as e:
+        checks.append((False, str(e)))
         return checks
-    if resp.status_code in (401, 403):
-        checks.append(
-            (False, f"the API key was rejected (HTTP {resp.status_code}): use a training-scoped key")
-        )
-        return checks
-    if resp.status_code != 200:
-        checks.append(
-            (False, f"{settings.fireworks_base_url} answered HTTP {resp.status_code}: try again later")
-        )
-        return checks
-    accounts = [a.get("name", "").removeprefix("accounts/") for a in (resp.json().get("accounts") or [])]
     checks.append(
         (True, f"{settings.fireworks_base_url} reachable; key belongs to {', '.join(accounts) or '?'}")
     )

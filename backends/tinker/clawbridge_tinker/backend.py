@@ -103,8 +103,8 @@ class TinkerBackend:
         api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
         configure_telemetry(s.tinker_telemetry)
         base_url = s.tinker_base_url or None
-        context = await probe(base_url, api_key, self.base_model, s.probe_timeout_s)
-        self._context_window = context or DEFAULT_CONTEXT_WINDOW
+        probed = await probe(base_url, api_key, self.base_model, s.probe_timeout_s)
+        self._context_window = probed.context_length or DEFAULT_CONTEXT_WINDOW
         await release_recorded(self.clients, base_url, api_key, s.probe_timeout_s)
         self._service = await asyncio.to_thread(ServiceClient, base_url=base_url, api_key=api_key)
         service = self._service

@@ -2,23 +2,19 @@
 
 Invariants:
 - Never prints or logs the key; only whether it is there and well formed.
-- The reachability check runs only with a key and is bounded by `timeout_s`.
+- The reachability check runs only with a key: the start-up probe (service.py), each request
+  bounded by `timeout_s`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-from typing import Any
+import asyncio
 
 from clawbridge.config import Settings
+from clawbridge.probe import ServiceProbeFailed
 
 from .sdk import PINNED_VERSION, tinker
-
-
-def fetch_capabilities(base_url: str | None, api_key: str | None, timeout_s: float = 20.0) -> Any:
-    """Blocking: the server's `GetServerCapabilitiesResponse` (run it off the event loop)."""
-    rest = tinker.RestClient(base_url=base_url, api_key=api_key)
-    return rest.get_server_capabilities().result(timeout=timeout_s)
+from .service import probe, resolve_base_url
 
 
 def doctor_checks(settings: Settings, timeout_s: float = 20.0) -> list[tuple[bool, str]]:
@@ -53,22 +49,18 @@ def doctor_checks(settings: Settings, timeout_s: float = 20.0) -> list[tuple[boo
             (False, "no tokenizer: set --tokenizer to a local folder or id with the base model's tokenizer")
         )
 
-    url = settings.tinker_base_url or "Tinker's default API URL"
+    url = resolve_base_url(settings.tinker_base_url or None)
     if not key:
         checks.append((False, f"did not try to reach {url}: no key"))
         return checks
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     try:
-        caps = pool.submit(fetch_capabilities, settings.tinker_base_url or None, key, timeout_s).result(
-            timeout_s + 5
-        )
-    except Exception as e:
-        checks.append((False, f"cannot reach {url}: {type(e).__name__}: {e}"))
+        probed = asyncio.run(probe(settings.tinker_base_url or None, key, None, timeout_s))
+    except ServiceProbeFailed as e:
+        checks.append((False, str(e)))
         return checks
-    finally:
-        pool.shutdown(wait=False)
-    names = [m.model_name for m in caps.supported_models if m.model_name]
-    checks.append((True, f"reached {url} ({len(names)} models offered)"))
-    if base_model and names and base_model not in names:
-        checks.append((False, f"Tinker does not offer {base_model!r}; choose one of: {', '.join(names)}"))
+    checks.append((True, f"reached {url}: key accepted, {len(probed.offered)} models offered"))
+    if base_model and probed.offered and base_model not in probed.offered:
+        checks.append(
+            (False, f"Tinker does not offer {base_model!r}; choose one of: {', '.join(probed.offered)}")
+        )
     return checks

@@ -54,7 +54,6 @@ SDK_NAMES: tuple[str, ...] = (
     "tinker.TrainingClient.save_state",
     "tinker.TrainingClient.save_weights_and_get_sampling_client",
     "tinker.SamplingClient.sample",
-    "tinker.RestClient.get_server_capabilities",
     "tinker.RestClient.delete_checkpoint_from_tinker_path",
 )
 """Dotted names (module attribute paths) this package uses from the SDK."""

@@ -21,6 +21,7 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -45,9 +46,19 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return {"X-API-Key": api_key} if api_key else {}
 
 
-async def probe(base_url: str | None, api_key: str | None, base_model: str, timeout_s: float) -> int | None:
-    """Check that Tinker answers, takes the key and offers `base_model`; return its context length
-    (None when the server does not say). Raises `ServiceProbeFailed`."""
+@dataclass(frozen=True)
+class Probed:
+    """What the probe learned."""
+
+    offered: tuple[str, ...]
+    """Base models the server offers."""
+    context_length: int | None
+    """`base_model`'s context length (None: not checked, or not reported)."""
+
+
+async def probe(base_url: str | None, api_key: str | None, base_model: str | None, timeout_s: float) -> Probed:
+    """Check that Tinker answers, takes the key and (unless None) offers `base_model`. Raises
+    `ServiceProbeFailed`."""
     url = resolve_base_url(base_url)
     p = ServiceProbe(
         "tinker", url, _headers(api_key), timeout_s,
@@ -63,10 +74,12 @@ async def probe(base_url: str | None, api_key: str | None, base_model: str, time
     if resp.status_code != 200:
         raise p.unexpected(resp, "reading the server's capabilities")
     models = resp.json().get("supported_models") or []
-    names = [m.get("model_name") for m in models if m.get("model_name")]
+    names = tuple(str(m["model_name"]) for m in models if m.get("model_name"))
+    if base_model is None:
+        return Probed(names, None)
     for m in models:
         if m.get("model_name") == base_model:
-            return int(m["max_context_length"]) if m.get("max_context_length") else None
+            return Probed(names, int(m["max_context_length"]) if m.get("max_context_length") else None)
     raise ServiceProbeFailed(
         "tinker", "model unknown", f"{url} does not offer base model {base_model!r}",
         f"set tinker_base_model (or --model) to one of: {', '.join(names) or '(none offered)'}",
