@@ -20,7 +20,7 @@ Any CLAWBRIDGE_* variable in the environment reaches both servers (e.g. CLAWBRID
 to see the `new` defaults without short batches). The machine's load average is printed with
 the figures: on a shared, loaded machine fewer turns are served, not a different share trained.
 
-Usage: python bench/waste.py [--agents 32] [--seconds 45] [--drain 90] [--only new]
+Usage: python bench/waste.py [--agents 32] [--seconds 45] [--drain 120] [--only new]
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=45.0)
-    ap.add_argument("--drain", type=float, default=90.0, help="Seconds the trainer gets after the agents stop.")
+    ap.add_argument("--drain", type=float, default=120.0,
+                    help="Seconds the trainer gets after the agents stop (batch_wait_s is 30 s).")
     ap.add_argument("--only", choices=sorted(MODES), default=None)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
