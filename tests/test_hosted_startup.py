@@ -27,8 +27,9 @@ from tests.tinker_server import TinkerProtocolServer
 TINKER_MODEL = "test/tiny-qwen3"
 FW_MODEL = "accounts/fireworks/models/qwen3-test"
 FW_SHAPE = "accounts/fireworks/trainingShapes/ts-test"
-UP_BOUND_S = 120.0
-"""Python start-up and imports on a loaded 2-core machine, plus a 2 s probe."""
+UP_BOUND_S = 240.0
+"""Python start-up and imports (the tinker SDK imports torch: 22 s at load 8 under nice 19) on a
+loaded 2-core machine, plus a 2 s probe; still well under the old 6.5 minutes."""
 
 
 def up(state: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
