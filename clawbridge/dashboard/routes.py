@@ -179,7 +179,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
             raise ApiError(422, "send {\"reward\": <number>, \"turn_id\": <turn id or null>}", param="reward") from None
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        if state.store.get_session(session_id) is None:
+        if await state.read(state.store.get_session, session_id) is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
         try:
             reward_id = await state.writer.call(state.store.add_reward, session_id, req.reward, "dashboard",
@@ -192,7 +192,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
     @router.post("/dashboard/api/sessions/{session_id}/end")
     async def end(request: Request, session_id: str) -> JSONResponse:
         auth.require_write(request)
-        if state.store.get_session(session_id) is None:
+        if await state.read(state.store.get_session, session_id) is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
         ended = await state.writer.call(state.store.end_session, session_id, "end_session")
         if state.trainer is not None:

@@ -216,7 +216,7 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
     api = MessagesApi()
 
     async def count(request: Request) -> Response:
-        authenticate(request, state.keys, state.store)
+        await authenticate(request, state.keys, state.store)
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
         body = parse_json_object(raw, state.settings.max_messages)
         body.setdefault("model", state.model_info.name)

@@ -2,12 +2,15 @@
 
 Invariants:
 - Keys are compared in constant time; a session key is looked up by its sha256 only.
+- The key lookup runs off the event loop (`asyncio.to_thread`): the store's lock may be held by a
+  trainer thread for a whole transaction, and no request may wait on it with the loop.
 - A session key reaches model calls (recorded in its own session) and `/rl/set_reward`,
   `/rl/end_session` of its own session; never another session's data.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,7 +47,7 @@ def presented_key(request: Request) -> str | None:
     return key.strip() if key else None
 
 
-def authenticate(request: Request, keys: Keys, store: Store) -> Principal:
+async def authenticate(request: Request, keys: Keys, store: Store) -> Principal:
     key = presented_key(request)
     if key is None:
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
@@ -52,7 +55,7 @@ def authenticate(request: Request, keys: Keys, store: Store) -> Principal:
         return Principal("admin")
     if keys_equal(key, keys.client):
         return Principal("client")
-    session_id = store.session_for_key(key)
+    session_id = await asyncio.to_thread(store.session_for_key, key)
     if session_id is not None:
         return Principal("session", session_id)
     raise ApiError(401, "invalid API key", code="invalid_api_key")

@@ -81,7 +81,7 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
                            task_id: str | None = None) -> Response:
     """Serve one model call of any API; every failure is answered in `api`'s error shape."""
     try:
-        principal = authenticate(request, state.keys, state.store)
+        principal = await authenticate(request, state.keys, state.store)
         settings = state.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Parsing and validation grow with the body (up to max_body_bytes): off the event loop.

@@ -284,8 +284,8 @@ def add_responses_retrieval(app: FastAPI, state: ProxyState) -> None:
     """GET /v1/responses/{id} (and without /v1): a stored response as it was answered."""
 
     async def retrieve(request: Request, response_id: str) -> Response:
-        principal = authenticate(request, state.keys, state.store)
-        turn = stored_response(state, response_id, "response_id")
+        principal = await authenticate(request, state.keys, state.store)
+        turn = await state.read(stored_response, state, response_id, "response_id")
         if principal.kind == "session" and turn["session_id"] != principal.session_id:
             raise ApiError(403, "a session key can only read responses of its own session", code="session_mismatch")
         return JSONResponse(turn["response"])

@@ -114,10 +114,13 @@ async def default_reward(state: ProxyState, session_id: str) -> None:
     settings = state.settings
     if not settings.default_session_reward or state.judge is not None:
         return
-    session = state.store.get_session(session_id)
-    if session is None or session.source != "session_key" or state.store.session_rewards(session_id):
+    session = await state.read(state.store.get_session, session_id)
+    if session is None or session.source != "session_key":
         return
-    last = state.store.last_turn_id(session_id)
+    rewards = await state.read(state.store.session_rewards, session_id)
+    if rewards:
+        return
+    last = await state.read(state.store.last_turn_id, session_id)
     if last is None:
         return
     await state.writer.call(state.store.add_reward, session_id, settings.default_reward_value,
@@ -134,11 +137,11 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.post("/start_session")
     async def start_session(request: Request) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
         req = _validate(StartSession, await body_of(request), "/rl/start_session")
         # --- trainer capacity mode (owned by clawbridge/trainer): new sessions only, never model calls
         if state.trainer is not None:
-            over, retry_after = state.trainer.backlog_exceeded()
+            over, retry_after = await state.read(state.trainer.backlog_exceeded)
             if over:
                 raise ApiError(429, "the training backlog is full; start the session later", code="training_backlog",
                                headers={"Retry-After": str(math.ceil(retry_after))})
@@ -149,7 +152,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                            param="group_size")
         key = req.api_key or f"cbs-{secrets.token_urlsafe(24)}"
         _check_session_key(key, state)
-        replaced = state.store.session_for_key(key)
+        replaced = await state.read(state.store.session_for_key, key)
         session_id = await state.writer.call(state.store.start_keyed_session, key, req.task_id)
         if replaced is not None:
             log.info("session %s refreshed: key now records into %s", replaced, session_id)
@@ -158,29 +161,29 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.post("/end_session")
     async def end_session(request: Request) -> dict[str, Any]:
-        principal = authenticate(request, state.keys, state.store)
+        principal = await authenticate(request, state.keys, state.store)
         req = _validate(EndSession, await body_of(request), "/rl/end_session")
         sid = _target_session(principal, req.session_id)
-        if state.store.get_session(sid) is None:
+        if await state.read(state.store.get_session, sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
         ended = await state.writer.call(state.store.end_session, sid, "end_session")
         if ended:
             await default_reward(state, sid)
         if state.trainer is not None:
             state.trainer.notify()
-        session = state.store.get_session(sid)
+        session = await state.read(state.store.get_session, sid)
         count = session.turn_count if session is not None else 0
         return {"message": "success", "session_id": sid, "ended": ended, "interaction_count": count}
 
     @router.post("/set_reward")
     async def set_reward(request: Request) -> dict[str, Any]:
-        principal = authenticate(request, state.keys, state.store)
+        principal = await authenticate(request, state.keys, state.store)
         req = _validate(SetReward, await body_of(request), "/rl/set_reward")
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
         turn_id = turn_id_for(req.interaction_id) if req.interaction_id is not None else None
         if turn_id is not None:
-            owner = state.store.turn_session(turn_id)
+            owner = await state.read(state.store.turn_session, turn_id)
             if owner is None:
                 raise ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
             sid = _target_session(principal, req.session_id or owner)
@@ -188,9 +191,9 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
         else:
             sid = _target_session(principal, req.session_id)
-            if state.store.get_session(sid) is None:
+            if await state.read(state.store.get_session, sid) is None:
                 raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
-            turn_id = state.store.last_turn_id(sid)
+            turn_id = await state.read(state.store.last_turn_id, sid)
             if turn_id is None:
                 raise ApiError(400, f"session {sid!r} has no answered turn to reward yet")
         try:
@@ -202,7 +205,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.post("/set_session_reward")
     async def set_session_reward(request: Request) -> dict[str, Any]:
         """A reward for the whole session (spread over its turns by the trainer)."""
-        principal = authenticate(request, state.keys, state.store)
+        principal = await authenticate(request, state.keys, state.store)
         req = _validate(SetReward, await body_of(request))
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
@@ -216,29 +219,30 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.get("/sessions")
     async def list_sessions(request: Request, limit: int = 50, offset: int = 0,
                             status: str | None = None) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
         if not 1 <= limit <= 1000:
             raise ApiError(422, "limit must be 1..1000", param="limit")
         if not 0 <= offset <= MAX_OFFSET:
             raise ApiError(422, f"offset must be 0..{MAX_OFFSET}", param="offset")
-        rows = state.store.list_sessions(limit, offset, status)
+        rows = await state.read(state.store.list_sessions, limit, offset, status)
         return {"sessions": [r.__dict__ for r in rows]}
 
     @router.get("/sessions/{session_id}")
     async def get_session(request: Request, session_id: str) -> dict[str, Any]:
-        principal = authenticate(request, state.keys, state.store)
+        principal = await authenticate(request, state.keys, state.store)
         _target_session(principal, session_id)
-        view = state.store.session_view(session_id)
+        view = await state.read(state.store.session_view, session_id)
         if view is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
         return view
 
     @router.get("/status")
     async def status(request: Request) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
+        trainer, judge = state.trainer, state.judge
         return {"model": state.model_info.name, "backend": state.backend.name,
-                "policy_version": state.sampler.policy_version, "store": state.store.stats(),
-                "trainer": state.trainer.status() if state.trainer is not None else None,
-                "judge": state.judge.status() if state.judge is not None else None}
+                "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),
+                "trainer": await state.read(trainer.status) if trainer is not None else None,
+                "judge": await state.read(judge.status) if judge is not None else None}
 
     return router

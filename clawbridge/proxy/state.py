@@ -1,8 +1,11 @@
 """What the request handlers share: settings, model, renderer, sampler, keys and the store writer.
 
 Invariants:
-- Every store write from the event loop goes through `StoreWriter`, one thread, in submission
-  order, so writes never block the loop and never interleave.
+- No store call runs on the event loop: every write goes through `StoreWriter` (one thread, in
+  submission order, so writes never interleave) and every read through `ProxyState.read` (a
+  worker thread). The store's lock is held by the trainer's and the reward worker's threads for
+  whole transactions; a handler waits on it in a thread, never with the loop, so `/health` and
+  other requests keep being answered.
 - A turn that cannot be recorded (disk full, read-only or failing store) is never answered as a
   success: `record_turn` raises `ApiError` 507 (no space) or 503 (other store failures) with what
   to do, and the failure is kept (`StoreWriter.problem`) until a later write succeeds, so `/health`
@@ -118,6 +121,10 @@ class ProxyState:
     """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
     drain: Drain = field(default_factory=Drain)
     """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)`, a read of the store (or of something that reads it), on a worker thread."""
+        return await asyncio.to_thread(fn, *args)
 
     @property
     def sampler(self) -> Sampler:

@@ -85,7 +85,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/init_trajectory")
     async def init_trajectory(request: Request) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
         trajectory = new_id("traj")
         await state.writer.call(state.store.ensure_session, trajectory, TRAJECTORY_SOURCE, DEFAULT_PROMPT_UID)
         base = str(request.base_url).rstrip("/")
@@ -93,7 +93,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/{trajectory_uid}/{prompt_uid}/v1/register_trajectory")
     async def register_trajectory(request: Request, trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
         sid = ids(trajectory_uid, prompt_uid)
         req: RegisterTrajectory = await body_of(request, RegisterTrajectory)
         _check_channel(req.channel)
@@ -102,11 +102,11 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/{trajectory_uid}/{prompt_uid}/v1/complete_trajectory")
     async def complete_trajectory(request: Request, trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
-        require_admin(authenticate(request, state.keys, state.store))
+        require_admin(await authenticate(request, state.keys, state.store))
         sid = ids(trajectory_uid, prompt_uid)
         req: CompleteTrajectory = await body_of(request, CompleteTrajectory)
         _check_channel(req.channel)
-        if state.store.get_session(sid) is None:
+        if await state.read(state.store.get_session, sid) is None:
             raise ApiError(404, f"unknown trajectory {sid!r}", code="session_not_found")
         if req.reward is not None:
             if not math.isfinite(req.reward):
