@@ -6,6 +6,7 @@ Invariants:
   `timeout_s` for the task to end by itself before cancelling it (`cancel_first=False`: a step in
   progress may finish) or cancels it at once and waits up to `timeout_s` for it to unwind.
 - `notify` ends the current (or next) `sleep` early; wake-ups do not queue beyond one.
+- `sleep` runs on the loop's `Clock` (the store's, `clawbridge.clock`), so a test moves it instead of waiting.
 - An exception that ends the task is logged by `stop`, never raised from it.
 """
 
@@ -17,15 +18,18 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from clawbridge.clock import SYSTEM_CLOCK, Clock
+
 log = logging.getLogger(__name__)
 
 
 class Background:
     """The task, stop flag and wake-up event of one named background loop."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, clock: Clock = SYSTEM_CLOCK) -> None:
         """`name`: the asyncio task's name (shows in task dumps), e.g. "clawbridge-trainer"."""
         self.name = name
+        self.clock = clock
         self.task: asyncio.Task[None] | None = None
         """The running task (None before `start` and after `stop`)."""
         self._stop = asyncio.Event()
@@ -54,8 +58,7 @@ class Background:
 
     async def sleep(self, seconds: float) -> None:
         """Wait `seconds`, or less when notified or stopped."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+        await self.clock.wait(self._wake, seconds)
         self._wake.clear()
 
     async def stop(self, timeout_s: float, *, cancel_first: bool) -> None:

@@ -35,6 +35,7 @@ from clawbridge.backend import (
     check_capabilities,
     load_backend,
 )
+from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.config import Settings
 from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
@@ -110,9 +111,11 @@ def check_bind(settings: Settings) -> None:
         raise UnsafeBind(f"refusing to bind {settings.host}: CLAWBRIDGE_API_KEY and CLAWBRIDGE_ADMIN_KEY must differ")
 
 
-async def build_state(settings: Settings, backend: ServingBackend | None = None) -> ProxyState:
+async def build_state(settings: Settings, backend: ServingBackend | None = None,
+                      clock: Clock = SYSTEM_CLOCK) -> ProxyState:
     """Start the backend and assemble what the app needs.
 
+    `clock` is the store's (`clawbridge.clock`): tests pass a `FakeClock` to move time.
     The store is opened first, so a state dir whose checkpoints belong to another model, LoRA
     config or backend refuses before any model loads (`clawbridge.trainer.identity`)."""
     check_bind(settings)
@@ -121,7 +124,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None)
     log.info("checking the store's integrity")
     check_store_file(settings.state_path / DB_FILENAME)
     keys = resolve_keys(settings)
-    store = Store.open(settings.state_path)
+    store = Store.open(settings.state_path, clock)
     try:
         identity = checkpoint_identity(settings, backend.name if backend is not None else settings.backend)
         check_identity(store, identity)

@@ -8,7 +8,6 @@ run leaves: turns at two policy versions, api rewards, two committed steps.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from clawbridge.render import Renderer
 from clawbridge.sampler import FakeSampler
 from clawbridge.trainer import FakeTrainingBackend
 from tests.fake_proxy import script_for
-from tests.support import InProcessProxy, free_port
+from tests.support import InProcessProxy, free_port, wait_for
 
 ANSWER = "The capital of France is Paris."
 
@@ -49,15 +48,6 @@ class TrainedProxy:
         return str(self.proxy.state.keys.client)
 
 
-def wait_for(check: Any, timeout_s: float = 30.0, what: str = "condition") -> Any:
-    """Poll `check()` until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def start_trained_proxy(model_dir: Path, state_dir: Path, **settings: Any) -> TrainedProxy:

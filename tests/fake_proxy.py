@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clawbridge.backend import FakeServingBackend, ModelInfo
+from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.config import Settings
 from clawbridge.render import Renderer
 from clawbridge.sampler import FakeSampler, SamplerError, SampleStream, SamplingParams
@@ -35,10 +36,11 @@ def script_for(renderer: Renderer, text: str, stop: bool = True) -> list[int]:
     return ids
 
 
-def start_fake_proxy(model_dir: Path, state_dir: Path, sampler: FakeSampler, **settings: object) -> InProcessProxy:
+def start_fake_proxy(model_dir: Path, state_dir: Path, sampler: FakeSampler, clock: Clock = SYSTEM_CLOCK,
+                     **settings: object) -> InProcessProxy:
     values: dict[str, object] = {"port": free_port(), "state_dir": state_dir, "model": str(model_dir),
                                  "served_model_name": "tiny"}
     values.update(settings)
     s = Settings(**values)  # type: ignore[arg-type]
     info = ModelInfo(name="tiny", tokenizer_path=str(model_dir), context_window=4096, max_output_tokens=256)
-    return InProcessProxy(s, FakeServingBackend(sampler, info)).start()
+    return InProcessProxy(s, FakeServingBackend(sampler, info), clock).start()

@@ -23,6 +23,7 @@ import httpx
 import uvicorn
 
 from clawbridge.backend import ServingBackend
+from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE
 
@@ -112,8 +113,10 @@ class ProxyProcess:
 class InProcessProxy:
     """The real app under uvicorn on a thread, over a backend you pass (e.g. a fake)."""
 
-    def __init__(self, settings: Settings, backend: ServingBackend) -> None:
+    def __init__(self, settings: Settings, backend: ServingBackend, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
+        self.clock = clock
+        """The store's clock (a `FakeClock` lets a test move time instead of waiting)."""
         self.backend = backend
         self.port = settings.port
         self._server: uvicorn.Server | None = None
@@ -136,7 +139,7 @@ class InProcessProxy:
         def run() -> None:
             async def main() -> None:
                 try:
-                    self.state = await build_state(self.settings, self.backend)
+                    self.state = await build_state(self.settings, self.backend, self.clock)
                     app = self.app = build_app(self.state)
                     cfg = uvicorn_config(app, self.settings, log_level="warning")
                     self._server = ProxyServer(cfg, self.settings.state_path, self.state.drain,
@@ -175,3 +178,14 @@ def in_process_proxy(settings: Settings, backend: ServingBackend) -> Iterator[In
         yield proxy
     finally:
         proxy.stop()
+
+
+def wait_for(check: Any, timeout_s: float = 30.0, what: str = "condition") -> Any:
+    """Poll `check()` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

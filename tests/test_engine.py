@@ -220,17 +220,19 @@ def test_overload_and_aclose_frees_the_slot(make_engine: Any) -> None:
             await eng.sample(PROMPT, SamplingParams(max_tokens=5))
         assert exc.value.retry_after_s > 0
         await first.aclose()
+        at_cancel = first._req.generated
         await first.aclose()  # idempotent
         assert first.finish_reason == "cancelled"
         assert [t async for t in it] == []
-        # The queued request can only run if the worker dropped the cancelled one (max_running=1).
+        # The queued request can only run if the worker dropped the cancelled one (max_running=1) ...
         toks = [t async for t in second]
         assert (len(toks), second.finish_reason) == (5, "length")
+        # ... which took at most the step already running when it was cancelled (the engine's invariant),
+        generated = first._req.generated
+        assert at_cancel <= generated <= at_cancel + 1 < 100
         third_toks, reason = await asyncio.wait_for(collect(eng, PROMPT, SamplingParams(max_tokens=3)), 30)
         assert (len(third_toks), reason) == (3, "length")
-        generated = first._req.generated
-        await asyncio.sleep(0.1)
-        assert first._req.generated == generated < 100
+        assert first._req.generated == generated  # and no further tokens, whatever the worker ran since
 
     run(go())
     assert eng.in_flight == 0
@@ -254,11 +256,15 @@ def test_cancelling_the_consumer_task_stops_generation(make_engine: Any) -> None
             await task
         assert stream.finish_reason == "cancelled"
         assert eng.in_flight == 0
+        at_cancel = stream._req.generated
         toks, reason = await asyncio.wait_for(collect(eng, PROMPT, SamplingParams(max_tokens=3)), 30)
         assert (len(toks), reason) == (3, "length")
+        # That request ran only after the worker dropped the cancelled one (max_running=1), which took
+        # at most the step already running when it was cancelled (the engine's invariant) ...
         generated = stream._req.generated
-        await asyncio.sleep(0.1)
-        assert stream._req.generated == generated
+        assert at_cancel <= generated <= at_cancel + 1
+        toks, _ = await asyncio.wait_for(collect(eng, PROMPT, SamplingParams(max_tokens=3)), 30)
+        assert stream._req.generated == generated  # ... and never again, whatever the worker runs since
 
     run(go())
 

@@ -204,9 +204,9 @@ def test_store_full_is_never_a_200(fake: tuple[InProcessProxy, SwitchableSampler
     proxy, _ = fake
     store = proxy.state.store
     big = [{"role": "user", "content": "word " * 1500}]  # a turn that needs new pages
-    with store._lock:  # fault injection: SQLite's own SQLITE_FULL once the file cannot grow
-        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
-        store._conn.execute(f"PRAGMA max_page_count={pages}")
+    with store.read() as c:  # fault injection: SQLite's own SQLITE_FULL once the file cannot grow
+        pages = c.execute("PRAGMA page_count").fetchone()[0]
+        c.execute(f"PRAGMA max_page_count={pages}")
     try:
         r = chat(proxy, messages=big)
         assert r.status_code == 507, r.text
@@ -220,8 +220,8 @@ def test_store_full_is_never_a_200(fake: tuple[InProcessProxy, SwitchableSampler
         health = httpx.get(proxy.base + "/health")
         assert health.status_code == 503 and "recording turns fails" in health.json()["store"]
     finally:
-        with store._lock:
-            store._conn.execute("PRAGMA max_page_count=1073741823")
+        with store.read() as c:
+            c.execute("PRAGMA max_page_count=1073741823")
     assert chat(proxy).status_code == 200
     assert httpx.get(proxy.base + "/health").json()["status"] == "ok"
 

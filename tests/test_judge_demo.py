@@ -37,8 +37,11 @@ def test_agreement_script_rule_based_and_scripted() -> None:
     with JudgeServer(rule_based_answer) as rule:
         report = agreement(rule.base_url)
     assert report["cases"] == len(cases) and report["failed"] == 0
-    assert 0.8 <= report["agreement"] < 1.0, report  # good, and honest: the hard cases stay wrong
-    assert "acceptance-11" in {w["id"] for w in report["disagreements"]}  # "No worries, that's perfect."
+    assert report["agreement"] >= 0.8, report  # a bound, not today's misjudgements: a better judge passes
+    assert report["agreement"] > report["baseline"]["agreement"], report  # better than always one label
+    # The report is consistent: every case it did not agree on is listed, each with what it got.
+    assert len(report["disagreements"]) == round((1.0 - report["agreement"]) * len(cases)), report
+    assert {w["id"] for w in report["disagreements"]} <= {c["id"] for c in cases}
     with JudgeServer(lambda body: "SCORE: 0") as zero:  # a judge that always says "unclear"
         report = agreement(zero.base_url, "--votes", "1")
     assert report["agreement"] == sum(c["expected"] == 0 for c in cases) / len(cases)

@@ -29,10 +29,11 @@ def test_entry_point_is_installed() -> None:
     assert ep.value == "clawbridge_local.backend:create"
 
 
-def test_load_backend_start_sample_close(model_dir: Path) -> None:
+def test_load_backend_start_sample_close(model_dir: Path, tmp_path: Path) -> None:
     settings = Settings.model_validate(
         {
             "model": str(model_dir),
+            "state_dir": str(tmp_path),
             "device": "auto",
             "dtype": "auto",
             "max_running_requests": 1,
@@ -69,9 +70,10 @@ def test_load_backend_start_sample_close(model_dir: Path) -> None:
     asyncio.run(go())
 
 
-def test_served_model_name_and_tokenizer_override(model_dir: Path) -> None:
+def test_served_model_name_and_tokenizer_override(model_dir: Path, tmp_path: Path) -> None:
     settings = Settings.model_validate(
-        {"model": str(model_dir), "served_model_name": "mine", "tokenizer": "some/tokenizer"}
+        {"model": str(model_dir), "served_model_name": "mine", "tokenizer": "some/tokenizer",
+         "state_dir": str(tmp_path)}
     )
     backend = load_backend("local", settings)
 
@@ -100,7 +102,7 @@ def test_sglang_engine_without_the_package_is_refused_clearly(
 
 def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--model"):
-        load_backend("local", Settings.model_validate({"model": ""}))
-    backend = load_backend("local", Settings.model_validate({"model": str(tmp_path / "absent")}))
+        load_backend("local", Settings.model_validate({"model": "", "state_dir": str(tmp_path)}))
+    backend = load_backend("local", Settings.model_validate({"model": str(tmp_path / "absent"), "state_dir": str(tmp_path)}))
     with pytest.raises(ValueError, match="absent"):
         asyncio.run(backend.start())

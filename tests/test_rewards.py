@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from clawbridge.clock import FakeClock
 from clawbridge.devtools.judge_server import JudgeServer
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
@@ -252,17 +253,20 @@ def test_restart_judged_once_interrupted_judged_again(tmp_path: Path) -> None:
 
 
 def test_all_votes_failing_is_retried_then_given_up(tmp_path: Path) -> None:
-    store = Store.open(tmp_path)
+    clock = FakeClock()
+    store = Store.open(tmp_path, clock)
     t1 = record(store, "s", [user("q")], assistant("a"))
     record(store, "s", [user("q"), assistant("a"), user("ok thanks")], assistant("b"))
     store.end_session("s", "end_session")
     judge = ScriptedJudge([RuntimeError("endpoint down")])
     w = RewardWorker(store, judge, WorkerConfig(votes=VoteConfig(votes=2, retries=1, backoff_s=0.0),
-                                                max_attempts=2, retry_backoff_s=0.0))
+                                                max_attempts=2, retry_backoff_s=30.0))
     rs = RewardStore(store)
     assert run(w.run_once()) == 0 and not rs.session_done("s")  # failed: no silent 0 verdict
     assert rs.judgement_states([t1]) == {t1: ("failed", 1)}
     assert len(judge.calls) == 4  # 2 votes x (1 + 1 retry)
+    assert run(w.run_once()) == 0 and len(judge.calls) == 4  # backing off (30 s x 2^1) on the store's clock
+    clock.advance(60.0)
     assert run(w.run_once()) == 1  # attempt 2 fails too -> given up, the session finishes
     assert rs.judgement_states([t1]) == {t1: ("failed", 2)} and rs.session_done("s")
     assert rs.turn_signals([t1]) == {} and [r for r in store.session_rewards("s") if r.source == "judge"] == []

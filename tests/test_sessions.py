@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,9 +9,10 @@ import httpx
 import openai
 import pytest
 
+from clawbridge.clock import FakeClock
 from clawbridge.render import Renderer
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
-from tests.support import InProcessProxy
+from tests.support import InProcessProxy, wait_for
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -21,7 +21,7 @@ MSG = [{"role": "user", "content": "hi"}]
 def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessProxy]:
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     sampler = SwitchableSampler(script=script_for(renderer, "ok"))
-    p = start_fake_proxy(tiny_model_dir, tmp_path_factory.mktemp("sessions"), sampler, session_idle_timeout_s=1.0)
+    p = start_fake_proxy(tiny_model_dir, tmp_path_factory.mktemp("sessions"), sampler)
     yield p
     p.stop()
 
@@ -130,17 +130,27 @@ def test_set_reward_by_interaction_and_session(proxy: InProcessProxy) -> None:
     assert len(proxy.state.store.session_view("rw")["rewards"]) == 4
 
 
-def test_session_done_header_and_idle_timeout(proxy: InProcessProxy) -> None:
-    c = client(proxy)
-    c.chat.completions.create(model="tiny", messages=MSG,  # type: ignore[arg-type]
-                              extra_headers={"X-Session-Id": "done-1", "X-Session-Done": "true"})
-    assert proxy.state.store.session_view("done-1")["end_reason"] == "done_header"
-    c.chat.completions.create(model="tiny", messages=MSG, extra_headers={"X-Session-Id": "idle-1"})  # type: ignore[arg-type]
-    deadline = time.monotonic() + 10
-    while proxy.state.store.session_view("idle-1")["status"] != "ended" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    view = proxy.state.store.session_view("idle-1")
-    assert view["status"] == "ended" and view["end_reason"] == "idle"
+def test_session_done_header_and_idle_timeout(tiny_model_dir: Path, tmp_path: Path) -> None:
+    clock = FakeClock()
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path, SwitchableSampler(script=script_for(renderer, "ok")), clock,
+                             session_idle_timeout_s=600.0)
+    try:
+        c = client(proxy)
+        c.chat.completions.create(model="tiny", messages=MSG,  # type: ignore[arg-type]
+                                  extra_headers={"X-Session-Id": "done-1", "X-Session-Done": "true"})
+        assert proxy.state.store.session_view("done-1")["end_reason"] == "done_header"
+        c.chat.completions.create(model="tiny", messages=MSG, extra_headers={"X-Session-Id": "idle-1"})  # type: ignore[arg-type]
+        # The reaper sleeps on the store's clock: once it is parked there, 599 s change nothing ...
+        wait_for(lambda: clock.waiting >= 1, what="the idle reaper never slept on the clock")
+        clock.advance(599.0)
+        wait_for(lambda: clock.waiting >= 1, what="the idle reaper did not go back to sleep")
+        assert proxy.state.store.session_view("idle-1")["status"] == "active"
+        clock.advance(30.0)  # ... and past 600 s (at the reaper's next round) the session ends by itself
+        wait_for(lambda: proxy.state.store.session_view("idle-1")["status"] == "ended", what="idle-1 never ended")
+        assert proxy.state.store.session_view("idle-1")["end_reason"] == "idle"
+    finally:
+        proxy.stop()
 
 
 def test_read_api(proxy: InProcessProxy) -> None:

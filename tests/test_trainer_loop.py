@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 
 from clawbridge.backend import LossConfig, ModelInfo, TrainingBackend
+from clawbridge.clock import FakeClock
 from clawbridge.config import Settings
 from clawbridge.render import Renderer
 from clawbridge.sampler import FakeSampler
@@ -81,8 +82,8 @@ def run(coro: Any) -> Any:
 
 
 def consumed(store: Store) -> dict[str, int | None]:
-    with store._lock:
-        rows = store._conn.execute("SELECT turn_id, consumed_step FROM samples").fetchall()
+    with store.read() as c:
+        rows = c.execute("SELECT turn_id, consumed_step FROM samples").fetchall()
     return {str(r[0]): r[1] for r in rows}
 
 
@@ -156,7 +157,9 @@ def test_only_ended_rewarded_sessions_train_and_batches_wait_for_batch_size(stor
     assert store.stats()["training_steps"] == 1 and store.stats()["last_trained_policy_version"] == 1
 
 
-def test_a_short_batch_trains_after_batch_wait_s(store: Store) -> None:
+def test_a_short_batch_trains_after_batch_wait_s(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = Store.open(tmp_path, clock)
     never = loop_for(store, backend(), batch_size=4)  # batch_wait_s 0: wait for a full batch
     short = [rewarded_session(store, sid)[0] for sid in ("a", "b")]
     for _ in range(3):
@@ -164,17 +167,17 @@ def test_a_short_batch_trains_after_batch_wait_s(store: Store) -> None:
     assert never.status()["waiting"]["short_batch_in_s"] is None
 
     b = backend()
-    loop = loop_for(store, b, batch_size=4, batch_wait_s=0.05)
+    loop = loop_for(store, b, batch_size=4, batch_wait_s=30.0)
     assert run(loop.run_once()) is None  # the wait starts when the short batch is first seen
-    pending = loop.status()["waiting"]["short_batch_in_s"]
-    assert pending is not None and 0.0 <= pending <= 0.05
-    deadline = time.monotonic() + 30
-    report = None
-    while report is None and time.monotonic() < deadline:  # polled, bounded
-        report = run(loop.run_once())
+    assert loop.status()["waiting"]["short_batch_in_s"] == 30.0
+    clock.advance(29.0)
+    assert run(loop.run_once()) is None and loop.status()["waiting"]["short_batch_in_s"] == 1.0
+    clock.advance(1.0)
+    report = run(loop.run_once())
     assert report is not None and report.ok and sorted(report.turn_ids) == sorted(short)
     assert loop.status()["waiting"]["short_batch_in_s"] is None
     assert run(loop.run_once()) is None  # nothing left, nothing trained twice
+    store.close()
 
 
 def test_settings_turn_short_batches_on_by_default() -> None:
@@ -262,13 +265,18 @@ def test_stale_samples_are_dropped_or_kept(store: Store, policy: str) -> None:
         assert report.metrics["staleness_max"] == 3.0
 
 
-def test_unrewarded_sessions_are_dropped_after_the_wait(store: Store) -> None:
+def test_unrewarded_sessions_are_dropped_after_the_wait(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = Store.open(tmp_path, clock)
     record(store, "quiet")
     store.end_session("quiet", "idle")
-    loop = loop_for(store, backend(), batch_size=1, reward_wait_s=1e-3)
-    time.sleep(0.01)
+    loop = loop_for(store, backend(), batch_size=1, reward_wait_s=600.0)
+    assert run(loop.run_once()) is None
+    assert TrainingStore(store).training_stats()["samples"]["dropped"] == {}  # still within the wait
+    clock.advance(601.0)
     assert run(loop.run_once()) is None
     assert TrainingStore(store).training_stats()["samples"]["dropped"] == {"no_reward": 1}
+    store.close()
 
 
 def test_capacity_backlog_bound(store: Store) -> None:

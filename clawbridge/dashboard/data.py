@@ -78,7 +78,7 @@ def overview(state: ProxyState, started_at: float) -> dict[str, Any]:
     for v in versions:  # published but not serving any session yet: its boundary is after the last one
         starts.setdefault(v["policy_version"], n_sessions)
     return {
-        "now": time.time(),
+        "now": state.store.clock.now(),
         "health": {
             "status": "ok",
             "model": state.model_info.name,
@@ -130,7 +130,7 @@ def checkpoints(state: ProxyState, limit: int = 20) -> dict[str, Any]:
 def session_list(state: ProxyState, limit: int, offset: int, status: str | None) -> dict[str, Any]:
     obs = ObserveStore(state.store)
     return {"sessions": [s.__dict__ for s in obs.session_summaries(limit, offset, status)],
-            "total": obs.session_count(), "now": time.time()}
+            "total": obs.session_count(), "now": state.store.clock.now()}
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -191,5 +191,5 @@ def session_detail(state: ProxyState, session_id: str) -> dict[str, Any] | None:
         "ended_at": view["ended_at"], "turns": turns,
         "session_rewards": [{"value": r["value"], "source": r["source"], "created_at": r["created_at"]}
                             for r in view["rewards"] if r["turn_id"] is None],
-        "now": time.time(),
+        "now": state.store.clock.now(),
     }

@@ -36,7 +36,7 @@ async def _reap_idle(state: ProxyState) -> None:
     idle = state.settings.session_idle_timeout_s
     interval = max(0.2, min(30.0, idle / 4))
     while True:
-        await asyncio.sleep(interval)
+        await state.store.clock.sleep(interval)  # the store's clock: a test moves it instead of waiting
         try:
             ended = await state.writer.call(state.store.end_idle_sessions, idle)
             if ended:
@@ -76,7 +76,7 @@ def build_app(state: ProxyState) -> FastAPI:
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
-        authenticate(request, state.keys, state.store)
+        await authenticate(request, state.keys, state.store)
         return JSONResponse(openapi_document(app))
 
     def models_body() -> dict[str, Any]:
@@ -87,7 +87,7 @@ def build_app(state: ProxyState) -> FastAPI:
         return {"object": "list", "data": [{"id": info.name, **entry}, {"id": "default", **entry}]}
 
     async def models(request: Request) -> dict[str, Any]:
-        authenticate(request, state.keys, state.store)
+        await authenticate(request, state.keys, state.store)
         return models_body()
 
     # The same list under every base URL a client may be given (see model_routes).

@@ -151,7 +151,7 @@ class SampledCall:
         self.data = data
         self.raw = raw
         self.call = call
-        self.created = time.time()
+        self.created = state.store.clock.now()  # a turn's times are the store's clock, like every row
         self.hex = uuid.uuid4().hex
         self.gen = Generation()
         self.prompt: Prompt | None = None
@@ -227,7 +227,7 @@ class SampledCall:
         pending: list[SampledToken] = []
         async for tok in self.stream:
             if gen.first_token_at is None:
-                gen.first_token_at = time.time()
+                gen.first_token_at = self.state.store.clock.now()
             gen.ids.append(tok.token_id)
             gen.logprobs.append(tok.logprob)
             gen.tokens.append(tok)
@@ -271,7 +271,7 @@ class SampledCall:
             finish_reason=self.gen.finish_reason if status == "ok" else status,
             request_json=stored_request(self.raw),
             response_json=json.dumps(response) if response is not None else None,
-            created_at=self.created, completed_at=time.time(), first_token_at=self.gen.first_token_at,
+            created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
             meta=meta, turn_id=self.turn_id,
         )
 

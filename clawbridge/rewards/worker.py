@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +39,8 @@ from clawbridge.rewards.judge import (
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
 from clawbridge.rewards.opd import request_tools, teacher_input
 from clawbridge.store import Store
-from clawbridge.store.rewards import RewardStore, StoredTurn
+from clawbridge.store.rewards import RewardStore
+from clawbridge.store.turns import StoredTurn
 
 if TYPE_CHECKING:
     from clawbridge.backend import LogprobScorer, ServingBackend
@@ -82,6 +82,8 @@ class RewardWorker:
     def __init__(self, store: Store, judge: JudgeModel, config: WorkerConfig | None = None,
                  renderer: Renderer | None = None, scorer: LogprobScorer | None = None) -> None:
         self.rstore = RewardStore(store)
+        self.clock = store.clock
+        """Retry backoff and poll waits run on the store's clock (`clawbridge.clock`)."""
         self.judge = judge
         self.config = config or WorkerConfig()
         self.renderer = renderer
@@ -92,7 +94,7 @@ class RewardWorker:
         """The most judge calls ever in flight at once (for the serving-bound check)."""
         self._in_flight = 0
         self._retry_at: dict[str, float] = {}
-        self.background = Background("clawbridge-judge")
+        self.background = Background("clawbridge-judge", self.clock)
         """The worker's task (start / stop / notify)."""
         self._recovered = False
 
@@ -141,7 +143,7 @@ class RewardWorker:
     async def run_once(self) -> int:
         """Process the pending ended sessions once; returns how many were finished."""
         await self._recover()
-        now = time.monotonic()
+        now = self.clock.monotonic()
         pending = await asyncio.to_thread(self.rstore.pending_sessions, self.config.sessions_per_pass * 4)
         todo = [s for s in pending if self._retry_at.get(s, 0.0) <= now][: self.config.sessions_per_pass]
         done = await asyncio.gather(*(self.process_session(s) for s in todo))
@@ -173,7 +175,7 @@ class RewardWorker:
             await self._score_hinted(session_id, {t.turn_id: t for t in turns})
         if open_left:
             attempt = max((known.get(t, ("", 0))[1] for t in todo), default=0) + 1
-            self._retry_at[session_id] = time.monotonic() + self.config.retry_backoff_s * 2 ** min(attempt, 6)
+            self._retry_at[session_id] = self.clock.monotonic() + self.config.retry_backoff_s * 2 ** min(attempt, 6)
             return False
         self._retry_at.pop(session_id, None)
         n = await asyncio.to_thread(self.rstore.finish_session, session_id)

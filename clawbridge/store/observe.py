@@ -1,6 +1,6 @@
 """Read-only views of the store for watching training: the dashboard, `/metrics` and exports.
 
-Operates on a `Store`'s connection under its `_lock` (like `clawbridge.store.training`), never
+Operates on a `Store` through its `read()` seam (like `clawbridge.store.training`), never
 writes, and never changes the Store's own methods.
 
 Invariants:
@@ -78,8 +78,8 @@ class ObserveStore:
         self.store = store
 
     def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with self.store._lock:
-            return list(self.store._conn.execute(sql, args).fetchall())
+        with self.store.read() as c:
+            return list(c.execute(sql, args).fetchall())
 
     # ------------------------------------------------------------------ rewards
     def reward_points(self, limit: int = 2000) -> list[RewardPoint]:

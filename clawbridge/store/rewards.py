@@ -1,6 +1,6 @@
 """The rewards view of the store: next states, judge votes and verdicts, hints, teacher logprobs.
 
-Operates on a `Store`'s connection through its `_tx` and `_lock` (like `store.training`), on the
+Operates on a `Store` through its `write()` / `read()` seam (like `store.training`), on the
 tables of schema v2.
 
 Invariants:
@@ -21,33 +21,16 @@ Invariants:
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clawbridge.store.codec import decode_floats, decode_ids, encode_floats
+from clawbridge.store.codec import decode_floats, encode_floats
 from clawbridge.store.store import Store
+from clawbridge.store.turns import StoredTurn, decode_turn
 
 JUDGE_SOURCE = "judge"
 """`rewards.source` of verdicts copied by `finish_session`."""
-
-
-@dataclass(frozen=True)
-class StoredTurn:
-    """One ok turn of a session as the rewards worker needs it."""
-
-    turn_id: str
-    seq: int
-    turn_type: str
-    request: dict[str, Any]
-    """The request body exactly as the client sent it (OpenAI or Anthropic shape, see `api`)."""
-    response: dict[str, Any] | None
-    api: str
-    """'openai' or 'anthropic' (from the turn's meta)."""
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    completion_logprobs: list[float]
 
 
 @dataclass(frozen=True)
@@ -83,8 +66,8 @@ class RewardStore:
     # ------------------------------------------------------------------ work discovery
     def pending_sessions(self, limit: int = 16) -> list[str]:
         """Ended sessions with an ok main turn that the judge has not finished, oldest end first."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT s.session_id FROM sessions s WHERE s.status='ended' "
                 "AND NOT EXISTS (SELECT 1 FROM reward_sessions rs WHERE rs.session_id = s.session_id) "
                 "AND EXISTS (SELECT 1 FROM turns t WHERE t.session_id = s.session_id "
@@ -95,37 +78,17 @@ class RewardStore:
 
     def transcript(self, session_id: str) -> list[StoredTurn]:
         """The session's ok turns (main and side) in order."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
-                "SELECT turn_id, seq, turn_type, request_json, response_json, meta_json, prompt_token_ids, "
-                "completion_token_ids, completion_logprobs FROM turns WHERE session_id=? AND status='ok' "
-                "ORDER BY seq",
-                (session_id,),
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT * FROM turns WHERE session_id=? AND status='ok' ORDER BY seq", (session_id,)
             ).fetchall()
-        out: list[StoredTurn] = []
-        for r in rows:
-            meta = json.loads(r[5]) if r[5] else {}
-            try:
-                request = json.loads(r[3])
-            except ValueError:
-                request = {}
-            out.append(
-                StoredTurn(
-                    turn_id=str(r[0]), seq=int(r[1]), turn_type=str(r[2]),
-                    request=request if isinstance(request, dict) else {},
-                    response=json.loads(r[4]) if r[4] else None,
-                    api=str(meta.get("api", "openai")),
-                    prompt_ids=decode_ids(r[6]), completion_ids=decode_ids(r[7]),
-                    completion_logprobs=decode_floats(r[8]),
-                )
-            )
-        return out
+        return [decode_turn(r) for r in rows]
 
     # ------------------------------------------------------------------ next states
     def save_next_states(self, session_id: str, states: Mapping[str, tuple[str, list[dict[str, Any]], str]]) -> None:
         """Record `turn_id -> (kind, messages, from_turn_id)` (idempotent: re-extraction replaces)."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             c.executemany(
                 "INSERT OR REPLACE INTO next_states(turn_id, session_id, kind, state_json, from_turn_id, created_at) "
                 "VALUES(?,?,?,?,?,?)",
@@ -134,8 +97,8 @@ class RewardStore:
 
     def next_states(self, session_id: str) -> dict[str, tuple[str, list[dict[str, Any]]]]:
         """`turn_id -> (kind, messages)` for the session's turns that have a next state."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT turn_id, kind, state_json FROM next_states WHERE session_id=?", (session_id,)
             ).fetchall()
         return {str(r[0]): (str(r[1]), json.loads(r[2])) for r in rows}
@@ -143,19 +106,19 @@ class RewardStore:
     # ------------------------------------------------------------------ judgements
     def recover_interrupted(self) -> int:
         """Judgements left `running` by a killed process become `interrupted` (judged again)."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             return c.execute(
                 "UPDATE judgements SET status='interrupted', error='interrupted: the process ended while judging', "
                 "finished_at=? WHERE status='running'",
-                (time.time(),),
+                (self.store.clock.now(),),
             ).rowcount
 
     def judgement_states(self, turn_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
         """`turn_id -> (status, attempt)` for turns that have a judgement row."""
         out: dict[str, tuple[str, int]] = {}
-        with self.store._lock:
+        with self.store.read() as c:
             for tid in turn_ids:
-                r = self.store._conn.execute(
+                r = c.execute(
                     "SELECT status, attempt FROM judgements WHERE turn_id=?", (tid,)
                 ).fetchone()
                 if r is not None:
@@ -164,8 +127,8 @@ class RewardStore:
 
     def begin_judgement(self, turn_id: str, session_id: str, judge_model: str) -> int:
         """Mark the turn `running` (a new attempt); returns the attempt number. Refuses a done turn."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             r = c.execute("SELECT status, attempt FROM judgements WHERE turn_id=?", (turn_id,)).fetchone()
             if r is not None and r[0] == "done":
                 raise ValueError(f"turn {turn_id!r} is already judged")
@@ -184,8 +147,8 @@ class RewardStore:
         hint: str | None,
     ) -> None:
         """In ONE transaction: the attempt's votes, the verdict (status done) and the hint."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             self._insert_votes(c, turn_id, attempt, votes, now)
             cur = c.execute(
                 "UPDATE judgements SET status='done', score=?, mean_vote=?, error=NULL, finished_at=? "
@@ -201,8 +164,8 @@ class RewardStore:
 
     def fail_judgement(self, turn_id: str, attempt: int, votes: Sequence[VoteRow], error: str) -> None:
         """Every vote failed: keep them and the error; the turn may be judged again."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             self._insert_votes(c, turn_id, attempt, votes, now)
             c.execute(
                 "UPDATE judgements SET status='failed', error=?, finished_at=? WHERE turn_id=? AND attempt=?",
@@ -219,8 +182,8 @@ class RewardStore:
 
     def votes(self, turn_id: str) -> list[tuple[int, VoteRow]]:
         """Every stored vote of the turn as (attempt, vote), in order."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT attempt, idx, score, hint, text, error FROM judge_votes WHERE turn_id=? ORDER BY vote_id",
                 (turn_id,),
             ).fetchall()
@@ -228,8 +191,8 @@ class RewardStore:
 
     def hints(self, session_id: str) -> dict[str, str]:
         """`turn_id -> hint` for the session's turns."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT h.turn_id, h.hint FROM hints h JOIN turns t ON t.turn_id = h.turn_id WHERE t.session_id=?",
                 (session_id,),
             ).fetchall()
@@ -237,25 +200,25 @@ class RewardStore:
 
     # ------------------------------------------------------------------ teacher (OPD)
     def save_teacher_logprobs(self, turn_id: str, logprobs: Sequence[float], prompt_len: int) -> None:
-        with self.store._tx() as c:
+        with self.store.write() as c:
             c.execute(
                 "INSERT OR REPLACE INTO teacher_logprobs(turn_id, logprobs, prompt_len, created_at) VALUES(?,?,?,?)",
-                (turn_id, encode_floats(logprobs), prompt_len, time.time()),
+                (turn_id, encode_floats(logprobs), prompt_len, self.store.clock.now()),
             )
 
     def has_teacher(self, turn_ids: Iterable[str]) -> set[str]:
-        with self.store._lock:
+        with self.store.read() as c:
             return {
                 tid for tid in turn_ids
-                if self.store._conn.execute("SELECT 1 FROM teacher_logprobs WHERE turn_id=?", (tid,)).fetchone()
+                if c.execute("SELECT 1 FROM teacher_logprobs WHERE turn_id=?", (tid,)).fetchone()
             }
 
     # ------------------------------------------------------------------ sessions
     def finish_session(self, session_id: str) -> int:
         """Mark the session done and copy its verdicts into `rewards` (source judge); returns how
         many verdicts it has. Idempotent."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             rows = c.execute(
                 "SELECT turn_id, score FROM judgements WHERE session_id=? AND status='done'", (session_id,)
             ).fetchall()
@@ -275,8 +238,8 @@ class RewardStore:
             return len(rows)
 
     def session_done(self, session_id: str) -> bool:
-        with self.store._lock:
-            return self.store._conn.execute(
+        with self.store.read() as c:
+            return c.execute(
                 "SELECT 1 FROM reward_sessions WHERE session_id=?", (session_id,)
             ).fetchone() is not None
 
@@ -284,8 +247,7 @@ class RewardStore:
     def turn_signals(self, turn_ids: Iterable[str]) -> dict[str, TurnSignal]:
         """Judge verdict and teacher logprobs per turn (turns with neither are left out)."""
         out: dict[str, TurnSignal] = {}
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             for tid in turn_ids:
                 j = c.execute(
                     "SELECT score, mean_vote FROM judgements WHERE turn_id=? AND status='done'", (tid,)
@@ -302,8 +264,7 @@ class RewardStore:
 
     def stats(self) -> dict[str, Any]:
         """Counts for `/rl/status`."""
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             by_status = dict(c.execute("SELECT status, COUNT(*) FROM judgements GROUP BY status").fetchall())
             scores = dict(
                 c.execute("SELECT score, COUNT(*) FROM judgements WHERE status='done' GROUP BY score").fetchall()

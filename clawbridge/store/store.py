@@ -5,9 +5,12 @@ Invariants:
   sends the last byte of a response, so an answered turn survives `kill -9` (WAL with
   synchronous=NORMAL is durable against process crashes).
 - One `Store` object is safe to share between threads (a lock serialises use of its connection);
-  other processes (the CLI) open their own `Store` on the same file: WAL lets them read while the
+  the repositories beside it (`training`, `rewards`, `versions`, `observe`) reach the connection
+  only through `write()` (one committed transaction) and `read()`, never its private fields.
+  Other processes (the CLI) open their own `Store` on the same file: WAL lets them read while the
   server writes.
 - Secrets are never stored: session keys are kept as their sha256.
+- Timestamps come from `Store.clock` (`clawbridge.clock`), so a test can move time instead of waiting.
 - The file (and so its -wal and -shm) is created 0600; see `health` for the checks made before a
   server uses it.
 """
@@ -18,7 +21,6 @@ import hashlib
 import json
 import sqlite3
 import threading
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clawbridge.store.codec import decode_floats, decode_ids, encode_floats, encode_ids
+from clawbridge.clock import SYSTEM_CLOCK, Clock
+from clawbridge.store.codec import encode_floats, encode_ids
 from clawbridge.store.health import create_private
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
+from clawbridge.store.turns import decode_turn
 
 DB_FILENAME = "clawbridge.db"
 
@@ -97,8 +101,10 @@ class RewardRow:
 class Store:
     """Typed access to the SQLite file in the state dir."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = path
+        self.clock = clock
+        """Stamps every row; the trainer, the reward worker and the reaper measure elapsed time on it."""
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         create_private(path)  # SQLite would create it 0644; its -wal and -shm copy this mode
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
@@ -111,16 +117,20 @@ class Store:
         self._migrate()
 
     @classmethod
-    def open(cls, state_dir: Path) -> Store:
-        return cls(state_dir / DB_FILENAME)
+    def open(cls, state_dir: Path, clock: Clock = SYSTEM_CLOCK) -> Store:
+        return cls(state_dir / DB_FILENAME, clock)
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
-    # ------------------------------------------------------------------ plumbing
+    # ------------------------------------------------------------------ the seam for repositories
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT) on the connection, under the lock.
+
+        Committed when the block ends; rolled back (nothing written) when it raises. Every write of
+        this store and of its repositories (`training`, `rewards`, `versions`) goes through here."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -130,6 +140,13 @@ class Store:
                     self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """The connection for reads (rows are `sqlite3.Row`), under the lock. Do not write in it:
+        a write outside `write()` would commit statement by statement."""
+        with self._lock:
+            yield self._conn
 
     def _migrate(self) -> None:
         with self._lock:
@@ -141,7 +158,7 @@ class Store:
                     f"{self.path} has schema version {version}, newer than this clawbridge ({SCHEMA_VERSION}); upgrade"
                 )
             for target in range(version, SCHEMA_VERSION):
-                with self._tx() as c:
+                with self.write() as c:
                     for stmt in MIGRATIONS[target].split(";"):
                         if stmt.strip():
                             c.execute(stmt)
@@ -153,15 +170,15 @@ class Store:
 
     @property
     def schema_version(self) -> int:
-        with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        with self.read() as c:
+            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0])
 
     # ------------------------------------------------------------------ sessions
     def ensure_session(self, session_id: str, source: str, task_id: str | None = None) -> SessionRow:
         """Get the session, creating it (or reopening it if it had ended)."""
-        now = time.time()
-        with self._tx() as c:
+        now = self.clock.now()
+        with self.write() as c:
             row = c.execute("SELECT status FROM sessions WHERE session_id=?", (session_id,)).fetchone()
             if row is None:
                 c.execute(
@@ -181,10 +198,10 @@ class Store:
 
     def start_keyed_session(self, key: str, task_id: str | None) -> str:
         """Start a session reached by `key`; a session already on that key is ended first."""
-        now = time.time()
+        now = self.clock.now()
         kh = hash_key(key)
         session_id = new_id("sess")
-        with self._tx() as c:
+        with self.write() as c:
             c.execute(
                 "UPDATE sessions SET status='ended', end_reason='replaced', ended_at=?, updated_at=?, key_hash=NULL "
                 "WHERE key_hash=?",
@@ -199,16 +216,16 @@ class Store:
 
     def session_for_key(self, key: str) -> str | None:
         """The active session started with this session key, if any."""
-        with self._lock:
-            row = self._conn.execute(
+        with self.read() as c:
+            row = c.execute(
                 "SELECT session_id FROM sessions WHERE key_hash=? AND status='active'", (hash_key(key),)
             ).fetchone()
         return None if row is None else str(row[0])
 
     def end_session(self, session_id: str, reason: str) -> bool:
         """End an active session; False when it was unknown or already ended."""
-        now = time.time()
-        with self._tx() as c:
+        now = self.clock.now()
+        with self.write() as c:
             cur = c.execute(
                 "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, updated_at=?, key_hash=NULL "
                 "WHERE session_id=? AND status='active'",
@@ -218,8 +235,8 @@ class Store:
 
     def end_idle_sessions(self, idle_s: float) -> list[str]:
         """End every active session untouched for `idle_s` seconds; return their ids."""
-        now = time.time()
-        with self._tx() as c:
+        now = self.clock.now()
+        with self.write() as c:
             rows = c.execute(
                 "SELECT session_id FROM sessions WHERE status='active' AND updated_at < ?", (now - idle_s,)
             ).fetchall()
@@ -232,8 +249,8 @@ class Store:
         return ids
 
     def get_session(self, session_id: str) -> SessionRow | None:
-        with self._lock:
-            row = self._conn.execute(
+        with self.read() as c:
+            row = c.execute(
                 "SELECT s.*, (SELECT COUNT(*) FROM turns t WHERE t.session_id=s.session_id) AS n "
                 "FROM sessions s WHERE session_id=?",
                 (session_id,),
@@ -249,15 +266,15 @@ class Store:
             args.append(status)
         sql += " ORDER BY created_at DESC, session_id LIMIT ? OFFSET ?"
         args += [limit, offset]
-        with self._lock:
-            rows = self._conn.execute(sql, args).fetchall()
+        with self.read() as c:
+            rows = c.execute(sql, args).fetchall()
         return [_session_row(r) for r in rows]
 
     # ------------------------------------------------------------------ turns
     def record_turn(self, turn: TurnRecord, session_source: str = "implicit", end_reason: str | None = None) -> str:
         """Insert one turn in one committed transaction: create (or reopen) its session first, and
         end the session afterwards when `end_reason` is given."""
-        with self._tx() as c:
+        with self.write() as c:
             row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
             if row is None:
                 c.execute(
@@ -309,34 +326,34 @@ class Store:
         return turn.turn_id
 
     def last_turn_id(self, session_id: str) -> str | None:
-        with self._lock:
-            row = self._conn.execute(
+        with self.read() as c:
+            row = c.execute(
                 "SELECT turn_id FROM turns WHERE session_id=? AND status='ok' ORDER BY seq DESC LIMIT 1",
                 (session_id,),
             ).fetchone()
         return None if row is None else str(row[0])
 
     def turn_session(self, turn_id: str) -> str | None:
-        with self._lock:
-            row = self._conn.execute("SELECT session_id FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
+        with self.read() as c:
+            row = c.execute("SELECT session_id FROM turns WHERE turn_id=?", (turn_id,)).fetchone()
         return None if row is None else str(row[0])
 
     def session_turns(self, session_id: str) -> list[dict[str, Any]]:
         """The turns of a session in order, decoded (the `show --json` turn shape plus timing)."""
-        with self._lock:
-            rows = self._conn.execute("SELECT * FROM turns WHERE session_id=? ORDER BY seq", (session_id,)).fetchall()
-            rewards = self._conn.execute(
+        with self.read() as c:
+            rows = c.execute("SELECT * FROM turns WHERE session_id=? ORDER BY seq", (session_id,)).fetchall()
+            rewards = c.execute(
                 "SELECT turn_id, value FROM rewards WHERE session_id=? AND turn_id IS NOT NULL ORDER BY reward_id",
                 (session_id,),
             ).fetchall()
         latest = {str(r["turn_id"]): float(r["value"]) for r in rewards}
-        return [_turn_dict(r, latest.get(str(r["turn_id"]))) for r in rows]
+        return [decode_turn(r).view(latest.get(str(r["turn_id"]))) for r in rows]
 
     # ------------------------------------------------------------------ rewards
     def add_reward(self, session_id: str, value: float, source: str, turn_id: str | None = None) -> int:
         """Attach a reward to a turn, or to the whole session when `turn_id` is None."""
-        now = time.time()
-        with self._tx() as c:
+        now = self.clock.now()
+        with self.write() as c:
             if c.execute("SELECT 1 FROM sessions WHERE session_id=?", (session_id,)).fetchone() is None:
                 raise StoreError(f"unknown session {session_id!r}")
             if turn_id is not None:
@@ -351,8 +368,8 @@ class Store:
             return int(cur.lastrowid or 0)
 
     def session_rewards(self, session_id: str) -> list[RewardRow]:
-        with self._lock:
-            rows = self._conn.execute(
+        with self.read() as c:
+            rows = c.execute(
                 "SELECT * FROM rewards WHERE session_id=? ORDER BY reward_id", (session_id,)
             ).fetchall()
         return [
@@ -387,8 +404,7 @@ class Store:
 
     def stats(self) -> dict[str, Any]:
         """Counts for `clawbridge status`."""
-        with self._lock:
-            c = self._conn
+        with self.read() as c:
             sessions = dict(c.execute("SELECT status, COUNT(*) FROM sessions GROUP BY status").fetchall())
             turns = dict(c.execute("SELECT turn_type, COUNT(*) FROM turns GROUP BY turn_type").fetchall())
             n_rewards = c.execute("SELECT COUNT(*) FROM rewards").fetchone()[0]
@@ -434,26 +450,3 @@ def _session_row(row: sqlite3.Row) -> SessionRow:
         ended_at=row["ended_at"],
         turn_count=int(row["n"]),
     )
-
-
-def _turn_dict(row: sqlite3.Row, reward: float | None) -> dict[str, Any]:
-    return {
-        "turn_id": row["turn_id"],
-        "seq": row["seq"],
-        "turn_type": row["turn_type"],
-        "status": row["status"],
-        "model": row["model"],
-        "prompt_token_ids": decode_ids(row["prompt_token_ids"]),
-        "completion_token_ids": decode_ids(row["completion_token_ids"]),
-        "completion_logprobs": decode_floats(row["completion_logprobs"]),
-        "policy_version": row["policy_version"],
-        "finish_reason": row["finish_reason"],
-        "reward": reward,
-        "request": json.loads(row["request_json"]),
-        "response": json.loads(row["response_json"]) if row["response_json"] else None,
-        "meta": json.loads(row["meta_json"]) if row["meta_json"] else {},
-        "created_at": row["created_at"],
-        "first_token_at": row["first_token_at"],
-        "completed_at": row["completed_at"],
-        "latency_ms": round((row["completed_at"] - row["created_at"]) * 1000.0, 3),
-    }

@@ -1,7 +1,7 @@
 """The trainer's view of the store: samples, steps and the traces advantages are computed from.
 
-Operates on a `Store`'s connection through its `_tx` (BEGIN IMMEDIATE ... COMMIT) and `_lock`, so
-it shares the Store's thread safety and never changes the Store's own methods.
+Operates on a `Store` through its `write()` (one BEGIN IMMEDIATE ... COMMIT transaction) and
+`read()` seam, so it shares the Store's thread safety and clock and never changes its own methods.
 
 Invariants:
 - When a turn becomes trainable: once its session has ENDED (any end reason), `ingest_ended`
@@ -24,13 +24,12 @@ Invariants:
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clawbridge.store.codec import decode_floats, decode_ids
 from clawbridge.store.store import Store, StoreError
+from clawbridge.store.turns import StoredTurn, decode_turn
 from clawbridge.store.versions import commit_in
 
 INGEST_MARGIN_S = 60.0
@@ -82,16 +81,6 @@ class SessionTrace:
 
 
 @dataclass(frozen=True)
-class TurnTokens:
-    """What a datum is built from, exactly as recorded."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    completion_logprobs: list[float]
-    policy_version: int
-
-
-@dataclass(frozen=True)
 class StepRow:
     """One row of `steps`."""
 
@@ -124,8 +113,8 @@ class TrainingStore:
         """Insert samples for ok main turns of sessions ended at or after `since - INGEST_MARGIN_S`.
 
         Returns (rows inserted, the new watermark to pass next time)."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             row = c.execute("SELECT MAX(ended_at) FROM sessions WHERE status='ended'").fetchone()
             watermark = max(since, float(row[0])) if row[0] is not None else since
             cur = c.execute(
@@ -139,8 +128,8 @@ class TrainingStore:
 
     def ready_samples(self) -> list[PendingSample]:
         """READY samples (see the module invariants), oldest first, a session's turns in order."""
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT sa.turn_id, sa.session_id, t.seq, sa.policy_version, s.task_id, s.source, "
                 "t.completion_tokens, sa.created_at FROM samples sa "
                 "JOIN turns t ON t.turn_id = sa.turn_id JOIN sessions s ON s.session_id = sa.session_id "
@@ -157,7 +146,7 @@ class TrainingStore:
     def drop_samples(self, turn_ids: Iterable[str], reason: str) -> int:
         """Mark unconsumed samples dropped; returns how many changed."""
         ids = list(turn_ids)
-        with self.store._tx() as c:
+        with self.store.write() as c:
             return sum(
                 c.execute(
                     "UPDATE samples SET dropped_reason=? WHERE turn_id=? AND consumed_step IS NULL "
@@ -169,8 +158,8 @@ class TrainingStore:
 
     def drop_unrewarded(self, wait_s: float) -> int:
         """Drop (`no_reward`) pending samples of sessions ended over `wait_s` ago without any reward."""
-        cutoff = time.time() - wait_s
-        with self.store._tx() as c:
+        cutoff = self.store.clock.now() - wait_s
+        with self.store.write() as c:
             return c.execute(
                 "UPDATE samples SET dropped_reason='no_reward' WHERE consumed_step IS NULL AND dropped_reason IS NULL "
                 "AND session_id IN (SELECT session_id FROM sessions WHERE status='ended' AND ended_at < ?) "
@@ -182,8 +171,7 @@ class TrainingStore:
     def session_traces(self, session_ids: Iterable[str]) -> dict[str, SessionTrace]:
         """Each session's ok turns (main and side) in order, with the latest reward per turn."""
         out: dict[str, SessionTrace] = {}
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             for sid in dict.fromkeys(session_ids):
                 s = c.execute("SELECT task_id, source FROM sessions WHERE session_id=?", (sid,)).fetchone()
                 if s is None:
@@ -214,27 +202,22 @@ class TrainingStore:
                 )
         return out
 
-    def turn_tokens(self, turn_ids: Sequence[str]) -> dict[str, TurnTokens]:
-        """Prompt ids, completion ids and logprobs exactly as recorded."""
-        out: dict[str, TurnTokens] = {}
-        with self.store._lock:
+    def turn_tokens(self, turn_ids: Sequence[str]) -> dict[str, StoredTurn]:
+        """The turns a batch is built from: prompt ids, completion ids and logprobs exactly as recorded."""
+        out: dict[str, StoredTurn] = {}
+        with self.store.read() as c:
             for tid in turn_ids:
-                r = self.store._conn.execute(
-                    "SELECT prompt_token_ids, completion_token_ids, completion_logprobs, policy_version "
-                    "FROM turns WHERE turn_id=?",
-                    (tid,),
-                ).fetchone()
+                r = c.execute("SELECT * FROM turns WHERE turn_id=?", (tid,)).fetchone()
                 if r is None:
                     raise StoreError(f"unknown turn {tid!r}")
-                out[tid] = TurnTokens(decode_ids(r[0]), decode_ids(r[1]), decode_floats(r[2]), int(r[3]))
+                out[tid] = decode_turn(r)
         return out
 
     def backlog(self, since: float = 0.0) -> int:
         """Datums on their way to the trainer: unconsumed, undropped samples; ok main turns of
         sessions ended at or after `since - INGEST_MARGIN_S` that are not samples yet; and, for
         every active session, its ok main turns (at least 1: a started session will bring one)."""
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             pending = c.execute(
                 "SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL AND dropped_reason IS NULL"
             ).fetchone()[0]
@@ -255,8 +238,7 @@ class TrainingStore:
         become trainable when the session ends), turns of ended sessions without any reward yet and
         when the first of them will be dropped, sessions the judge has not finished, and how many
         more ready datums the next step needs."""
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             active = c.execute(
                 "SELECT COUNT(DISTINCT s.session_id), COUNT(t.turn_id) FROM sessions s LEFT JOIN turns t "
                 "ON t.session_id = s.session_id AND t.turn_type='main' AND t.status='ok' WHERE s.status='active'"
@@ -288,16 +270,16 @@ class TrainingStore:
     # ------------------------------------------------------------------ steps
     def recover_interrupted(self) -> int:
         """Mark steps left `running` by a killed process as failed; their samples stay unconsumed."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             return c.execute(
                 "UPDATE steps SET status='failed', error=?, finished_at=? WHERE status='running'",
-                (INTERRUPTED_ERROR, time.time()),
+                (INTERRUPTED_ERROR, self.store.clock.now()),
             ).rowcount
 
     def begin_step(self) -> int:
         """Insert a `running` step row; returns its step number."""
-        with self.store._tx() as c:
-            cur = c.execute("INSERT INTO steps(status, started_at) VALUES('running', ?)", (time.time(),))
+        with self.store.write() as c:
+            cur = c.execute("INSERT INTO steps(status, started_at) VALUES('running', ?)", (self.store.clock.now(),))
             return int(cur.lastrowid or 0)
 
     def commit_step(
@@ -313,9 +295,9 @@ class TrainingStore:
         samples are consumed by it, and (with a checkpoint) its reserved policy version becomes
         committed (`clawbridge.store.versions`). Raises StoreError (nothing written) if a sample is
         not pending or the version is not reserved."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             if checkpoint is not None:
-                commit_in(c, policy_version, checkpoint, identity)
+                commit_in(c, policy_version, checkpoint, identity, self.store.clock.now())
             changed = 0
             for tid in turn_ids:
                 changed += c.execute(
@@ -330,17 +312,17 @@ class TrainingStore:
             cur = c.execute(
                 "UPDATE steps SET status='ok', policy_version=?, metrics_json=?, error=NULL, finished_at=?, "
                 "checkpoint=? WHERE step=? AND status='running'",
-                (policy_version, json.dumps(metrics), time.time(), checkpoint, step),
+                (policy_version, json.dumps(metrics), self.store.clock.now(), checkpoint, step),
             )
             if cur.rowcount != 1:
                 raise StoreError(f"step {step} is not running")
 
     def fail_step(self, step: int, error: str, metrics: dict[str, Any] | None = None) -> None:
         """Record the step as failed with its error; its samples are not touched."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             c.execute(
                 "UPDATE steps SET status='failed', error=?, metrics_json=?, finished_at=? WHERE step=?",
-                (error[:4000], json.dumps(metrics) if metrics else None, time.time(), step),
+                (error[:4000], json.dumps(metrics) if metrics else None, self.store.clock.now(), step),
             )
 
     def steps(self, limit: int = 20) -> list[StepRow]:
@@ -353,8 +335,8 @@ class TrainingStore:
         return rows[0] if rows else None
 
     def _select_steps(self, tail: str, args: tuple[Any, ...]) -> list[StepRow]:
-        with self.store._lock:
-            rows = self.store._conn.execute(
+        with self.store.read() as c:
+            rows = c.execute(
                 "SELECT st.*, (SELECT COUNT(*) FROM samples sa WHERE sa.consumed_step = st.step) AS n "
                 f"FROM steps st {tail}",
                 args,
@@ -376,8 +358,7 @@ class TrainingStore:
     def training_stats(self, recent: int = 10) -> dict[str, Any]:
         """The trainer section of `clawbridge status`: sample counts, step counts, recent steps,
         the last error."""
-        with self.store._lock:
-            c = self.store._conn
+        with self.store.read() as c:
             consumed = c.execute("SELECT COUNT(*) FROM samples WHERE consumed_step IS NOT NULL").fetchone()[0]
             pending = c.execute(
                 "SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL AND dropped_reason IS NULL"

@@ -1,6 +1,6 @@
 """Policy versions and the checkpoints behind them: the store owns the numbering.
 
-Operates on a `Store`'s connection through its `_tx` and `_lock`, like `clawbridge.store.training`.
+Operates on a `Store` through its `write()` / `read()` seam, like `clawbridge.store.training`.
 
 Invariants:
 - A version is RESERVED (a committed row) before any backend serves it, and the number is
@@ -31,7 +31,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,7 +72,7 @@ class VersionStore:
 
     def reserve(self, kind: VersionKind, step: int | None = None, source_version: int | None = None) -> int:
         """A new version number, greater than any this store has seen, committed as `reserved`."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             seen = c.execute(
                 "SELECT MAX(v) FROM (SELECT MAX(version) AS v FROM policy_versions "
                 "UNION ALL SELECT MAX(policy_version) FROM turns UNION ALL SELECT MAX(policy_version) FROM steps)"
@@ -82,19 +81,19 @@ class VersionStore:
             c.execute(
                 "INSERT INTO policy_versions(version, status, kind, step, source_version, created_at) "
                 "VALUES(?, 'reserved', ?, ?, ?, ?)",
-                (version, kind, step, source_version, time.time()),
+                (version, kind, step, source_version, self.store.clock.now()),
             )
         return version
 
     def commit(self, version: int, checkpoint: str, identity: dict[str, Any] | None) -> None:
         """Mark a reserved version committed with its checkpoint (rollback / restore versions)."""
-        with self.store._tx() as c:
-            commit_in(c, version, checkpoint, identity)
+        with self.store.write() as c:
+            commit_in(c, version, checkpoint, identity, self.store.clock.now())
 
     def commit_base(self, checkpoint: str, identity: dict[str, Any] | None) -> None:
         """Record version 0 (the base model) with the checkpoint of the untrained trainer state."""
-        now = time.time()
-        with self.store._tx() as c:
+        now = self.store.clock.now()
+        with self.store.write() as c:
             c.execute(
                 "INSERT INTO policy_versions(version, status, kind, checkpoint, identity_json, created_at, "
                 "committed_at) VALUES(0, 'committed', 'base', ?, ?, ?, ?) ON CONFLICT(version) DO UPDATE SET "
@@ -105,11 +104,11 @@ class VersionStore:
 
     def abandon_reserved(self) -> int:
         """Mark reservations left by an earlier process abandoned; returns how many."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             return c.execute("UPDATE policy_versions SET status='abandoned' WHERE status='reserved'").rowcount
 
     def abandon(self, version: int) -> None:
-        with self.store._tx() as c:
+        with self.store.write() as c:
             c.execute("UPDATE policy_versions SET status='abandoned' WHERE version=? AND status='reserved'", (version,))
 
     def last_committed(self) -> VersionRow | None:
@@ -155,8 +154,8 @@ class VersionStore:
             ).rowcount
 
     def _select(self, tail: str, args: tuple[Any, ...]) -> list[VersionRow]:
-        with self.store._lock:
-            rows = self.store._conn.execute(f"SELECT * FROM policy_versions {tail}", args).fetchall()
+        with self.store.read() as c:
+            rows = c.execute(f"SELECT * FROM policy_versions {tail}", args).fetchall()
         return [
             VersionRow(
                 version=int(r["version"]),
@@ -174,12 +173,12 @@ class VersionStore:
         ]
 
 
-def commit_in(c: Any, version: int, checkpoint: str, identity: dict[str, Any] | None) -> None:
+def commit_in(c: Any, version: int, checkpoint: str, identity: dict[str, Any] | None, now: float) -> None:
     """Inside an open transaction: reserved -> committed, with its checkpoint; StoreError otherwise."""
     cur = c.execute(
         "UPDATE policy_versions SET status='committed', checkpoint=?, identity_json=?, committed_at=? "
         "WHERE version=? AND status='reserved'",
-        (checkpoint, _dump(identity), time.time(), version),
+        (checkpoint, _dump(identity), now, version),
     )
     if cur.rowcount != 1:
         raise StoreError(f"policy version {version} is not reserved (abandoned by a restart?)")

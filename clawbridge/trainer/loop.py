@@ -179,7 +179,7 @@ class TrainerLoop:
         self._short_since: float | None = None
         """When fewer than batch_size ready samples were first seen (monotonic; None: none waiting)."""
         self._lock = asyncio.Lock()
-        self.background = Background("clawbridge-trainer")
+        self.background = Background("clawbridge-trainer", store.clock)
         """The loop's task (start / stop / notify)."""
 
     @classmethod
@@ -268,7 +268,7 @@ class TrainerLoop:
         if batch or not screened.usable:
             self._short_since = None
             return batch
-        now = time.monotonic()
+        now = self.store.clock.monotonic()  # the store's clock: tests move it (clawbridge.clock)
         if self._short_since is None:
             self._short_since = now
         if cfg.batch_wait_s <= 0 or now - self._short_since < cfg.batch_wait_s:
@@ -415,7 +415,7 @@ class TrainerLoop:
         since, wait = self._short_since, self.config.batch_wait_s
         if since is None or wait <= 0:
             return None
-        return round(max(0.0, wait - (time.monotonic() - since)), 2)
+        return round(max(0.0, wait - (self.store.clock.monotonic() - since)), 2)
 
     def status(self) -> dict[str, Any]:
         """The trainer section for `/rl/status` and `clawbridge status`."""

@@ -1,0 +1,101 @@
+"""Reading a recorded turn back: the one decoder of a `turns` row.
+
+Invariants:
+- Token ids and logprobs come back exactly as recorded (`clawbridge.store.codec`), bit for bit.
+- Every reader of turns (the session view, the reward worker's transcript, the trainer's datums,
+  exports) decodes rows here, from `SELECT * FROM turns`, so a turn reads the same everywhere.
+- Decoding never raises on what a client sent: a stored request that is not a JSON object reads
+  as `{}` (the store keeps what clients send; a reader must not fail on it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from clawbridge.store.codec import decode_floats, decode_ids
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    """One recorded turn, decoded."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    """The turn's position in its session."""
+    turn_type: str
+    """main | side"""
+    status: str
+    """ok | error | cancelled"""
+    model: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    policy_version: int
+    """The version that sampled the turn."""
+    finish_reason: str | None
+    request: dict[str, Any]
+    """The request body exactly as the client sent it (OpenAI or Anthropic shape, see `api`)."""
+    response: dict[str, Any] | None
+    meta: dict[str, Any]
+    created_at: float
+    first_token_at: float | None
+    completed_at: float
+
+    @property
+    def api(self) -> str:
+        """'openai' or 'anthropic' (from the turn's meta)."""
+        return str(self.meta.get("api", "openai"))
+
+    def view(self, reward: float | None) -> dict[str, Any]:
+        """The `clawbridge sessions show --json` turn shape, with timing and the latest reward."""
+        return {
+            "turn_id": self.turn_id,
+            "seq": self.seq,
+            "turn_type": self.turn_type,
+            "status": self.status,
+            "model": self.model,
+            "prompt_token_ids": self.prompt_ids,
+            "completion_token_ids": self.completion_ids,
+            "completion_logprobs": self.completion_logprobs,
+            "policy_version": self.policy_version,
+            "finish_reason": self.finish_reason,
+            "reward": reward,
+            "request": self.request,
+            "response": self.response,
+            "meta": self.meta,
+            "created_at": self.created_at,
+            "first_token_at": self.first_token_at,
+            "completed_at": self.completed_at,
+            "latency_ms": round((self.completed_at - self.created_at) * 1000.0, 3),
+        }
+
+
+def decode_turn(row: sqlite3.Row) -> StoredTurn:
+    """A `SELECT * FROM turns` row as a `StoredTurn`."""
+    try:
+        request = json.loads(row["request_json"])
+    except ValueError:
+        request = {}
+    return StoredTurn(
+        turn_id=str(row["turn_id"]),
+        session_id=str(row["session_id"]),
+        seq=int(row["seq"]),
+        turn_type=str(row["turn_type"]),
+        status=str(row["status"]),
+        model=str(row["model"]),
+        prompt_ids=decode_ids(row["prompt_token_ids"]),
+        completion_ids=decode_ids(row["completion_token_ids"]),
+        completion_logprobs=decode_floats(row["completion_logprobs"]),
+        policy_version=int(row["policy_version"]),
+        finish_reason=row["finish_reason"],
+        request=request if isinstance(request, dict) else {},
+        response=json.loads(row["response_json"]) if row["response_json"] else None,
+        meta=json.loads(row["meta_json"]) if row["meta_json"] else {},
+        created_at=float(row["created_at"]),
+        first_token_at=row["first_token_at"],
+        completed_at=float(row["completed_at"]),
+    )
