@@ -128,7 +128,7 @@ class VersionStore:
     def note_checkpoint(self, version: int, checkpoint: str) -> None:
         """A reserved version's checkpoint is written (not yet committed): if the step never
         commits, retention can still find and delete it."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             c.execute("UPDATE policy_versions SET checkpoint=? WHERE version=? AND status='reserved'",
                       (checkpoint, version))
 
@@ -147,10 +147,10 @@ class VersionStore:
 
     def mark_pruned(self, checkpoint: str) -> int:
         """Record that `checkpoint` was deleted (every version naming it); returns how many rows."""
-        with self.store._tx() as c:
+        with self.store.write() as c:
             return c.execute(
                 "UPDATE policy_versions SET pruned_at=? WHERE checkpoint=? AND pruned_at IS NULL",
-                (time.time(), checkpoint),
+                (self.store.clock.now(), checkpoint),
             ).rowcount
 
     def _select(self, tail: str, args: tuple[Any, ...]) -> list[VersionRow]:
