@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     engine: Literal["auto", "torch", "sglang"] = Field("auto", description="Local backend serving engine.")
     device: str = Field("auto", description="torch engine device: auto, cpu or cuda[:N].")
     dtype: str = Field("auto", description="torch engine dtype: auto, float32, bfloat16 or float16.")
+    engine_batch_decode: bool = Field(
+        True, description="Torch engine: run the decode steps of concurrent requests as one batched forward (several "
+        "times the tokens/s on CPU; logprobs equal unbatched ones to 1e-4; bench/engine_batching.py measures it)."
+    )
     engine_threads: int = Field(
         0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two cores; measured in bench/engine_threads.py)."
     )
@@ -117,7 +121,13 @@ class Settings(BaseSettings):
     max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (local backend; 0: off).")
     micro_batch_size: int = Field(8, description="Datums per forward/backward; larger batches accumulate (local).")
     train_world_size: int = Field(
-        1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process (local backend)."
+        1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process unless train_launcher says torchrun (local backend)."
+    )
+    train_launcher: Literal["auto", "inprocess", "torchrun"] = Field(
+        "auto",
+        description="How the local trainer runs at world size 1: inprocess (a thread of the proxy), torchrun (its own "
+        "process: no GIL shared with the in-process torch engine, so decoding and training overlap on CPU), or auto "
+        "(torchrun when the in-process torch engine serves on CPU, else inprocess). Larger world sizes always use torchrun.",
     )
 
     # --- trainer loop (section owned by clawbridge/trainer)

@@ -121,7 +121,10 @@ def test_greedy_is_deterministic_and_top_k_1_equals_greedy(engine: TorchEngine) 
     assert [t.token_id for t in k1] == [t.token_id for t in a]
 
 
-def test_seed_determinism_alone_and_under_concurrency(engine: TorchEngine) -> None:
+def test_seed_determinism_alone_and_under_concurrency(make_engine: Any) -> None:
+    """Unbatched decoding (`batch_decode=False`): a seeded request's tokens do not depend on its
+    neighbours at all. (Batched: see test_batched_decoding_matches_the_full_forward.)"""
+    engine = make_engine(max_running=8, max_queued=8, batch_decode=False)
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=1234)
 
     async def with_neighbours() -> list[int]:
@@ -136,6 +139,27 @@ def test_seed_determinism_alone_and_under_concurrency(engine: TorchEngine) -> No
     assert run(with_neighbours()) == alone
     other_seed = [t.token_id for t in run(collect(engine, PROMPT, SamplingParams(20, seed=4321)))[0]]
     assert other_seed != alone
+
+
+def test_batched_decoding_matches_the_full_forward(engine: TorchEngine) -> None:
+    """Eight concurrent requests of different prompt lengths decode as batches (left-padded
+    caches): every token's logprob still equals a full forward pass of its own sequence, alone."""
+    assert engine.batch_decode
+    prompts = [[i + 1, *PROMPT[: 3 + i]] for i in range(8)]
+    params = [SamplingParams(max_tokens=12, temperature=0.9, seed=50 + i, top_logprobs=2) for i in range(8)]
+
+    async def go() -> list[tuple[list[SampledToken], str]]:
+        return list(await asyncio.gather(*(collect(engine, p, q) for p, q in zip(prompts, params, strict=True))))
+
+    batched_steps_before = engine.batched_steps
+    results = run(go())
+    assert engine.batched_steps > batched_steps_before  # the batched path really ran
+    for prompt, q, (toks, _) in zip(prompts, params, results, strict=True):
+        ref = full_forward_logprobs(engine, prompt + [t.token_id for t in toks], q.temperature)
+        for i, tok in enumerate(toks):
+            assert tok.logprob == pytest.approx(ref[len(prompt) - 1 + i, tok.token_id].item(), abs=1e-4)
+            vals, best = torch.topk(ref[len(prompt) - 1 + i], 2)
+            assert [lp for _, lp in tok.top_logprobs] == pytest.approx(vals.tolist(), abs=1e-4)
 
 
 # ------------------------------------------------------------------------------ finish reasons

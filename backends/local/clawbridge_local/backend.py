@@ -35,6 +35,7 @@ from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
+from clawbridge_local.trainer.client import Launcher
 from clawbridge_local.training import LocalTrainer, resolve_model_folder
 
 log = logging.getLogger("clawbridge.local")
@@ -54,6 +55,16 @@ def engine_threads(setting: int) -> int:
 
 class EngineNotAvailable(RuntimeError):
     """The configured serving engine is not available in this build."""
+
+
+def trainer_launcher(settings: Settings, engine_name: str) -> Launcher:
+    """`train_launcher`, with `auto` resolved: a separate trainer process when the in-process torch
+    engine serves on CPU (engine and trainer threads in one process serialise on the GIL: a small
+    model's decode steps and training steps are mostly Python), else in-process."""
+    if settings.train_launcher != "auto":
+        return settings.train_launcher
+    on_cpu = settings.device == "cpu" or (settings.device == "auto" and not cuda_available())
+    return "torchrun" if engine_name == "torch" and on_cpu else "inprocess"
 
 
 def sglang_installed() -> bool:
@@ -116,6 +127,7 @@ class LocalBackend:
             max_running=s.max_running_requests,
             max_queued=s.max_queued_requests,
             progress=self._progress,
+            batch_decode=s.engine_batch_decode,
         )
 
     async def _start_sglang(self) -> None:
@@ -181,7 +193,8 @@ class LocalBackend:
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
         if self._trainer is None:
-            self._trainer = LocalTrainer(self.settings)
+            self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.settings, self.engine_name),
+                                         cpu_threads=engine_threads(self.settings.engine_threads))
         return self._trainer
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:

@@ -8,8 +8,12 @@ Threading:
   A round gives every running request one step (its prefill, or one decode token), so all running
   requests progress together. Requests past `max_running` wait, up to `max_queued` of them; past
   that `sample` raises `SamplerOverloaded` at once.
-- Requests run one at a time through the model (no padding, no batching), so a request's tokens
-  are the same whether or not other requests run beside it.
+- Prefills run one request at a time. Decode steps of running requests on the same weights run
+  as one batched forward (`clawbridge_local.batching`: left-padded caches, masked, explicit
+  positions) unless `batch_decode` is off. A request's logprobs then equal its unbatched ones up
+  to float summation order (<= 1e-4), so a seeded request's tokens are reproducible alone, and
+  with neighbours except where a draw falls within that distance of a boundary; with
+  `batch_decode` off they are the same whether or not other requests run beside it.
 
 Invariants:
 - The slot count (`in flight`) is requests accepted and not yet released; a request is released
@@ -54,7 +58,8 @@ from clawbridge.sampler import (
     SamplingParams,
 )
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
-from clawbridge_local.sampling import choose, make_generator
+from clawbridge_local.batching import can_batch, decode_batch, plan_batches
+from clawbridge_local.sampling import Choice, choose, make_generator
 from clawbridge_local.serving import WeightSource
 
 log = logging.getLogger("clawbridge.engine")
@@ -159,6 +164,7 @@ class TorchEngine:
         max_queued: int = 64,
         policy_version: int = 0,
         retry_after_s: float = 1.0,
+        batch_decode: bool = True,
     ) -> None:
         if max_running < 1 or max_queued < 0:
             raise ValueError("max_running must be >= 1 and max_queued >= 0")
@@ -170,6 +176,10 @@ class TorchEngine:
         self.max_running = max_running
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
+        self.batch_decode = batch_decode
+        """Batch the decode steps of running requests on the same weights (see `batching`)."""
+        self.batched_steps = 0
+        """Batched decode forwards run so far (each decodes one token for two or more requests)."""
         model.eval()
         self._lock = threading.Lock()
         self._current = _Weights(model, policy_version)
@@ -194,13 +204,15 @@ class TorchEngine:
         policy_version: int = 0,
         progress: bool = True,
         local_files_only: bool = True,
+        batch_decode: bool = True,
     ) -> TorchEngine:
         """Load `model` (a folder, or a cached HF id) and start the engine. Blocking."""
         dev = resolve_device(device)
         lm = load_causal_lm(
             model, dev, resolve_dtype(dtype, dev), local_files_only=local_files_only, progress=progress
         )
-        return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version)
+        return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version,
+                   batch_decode=batch_decode)
 
     # ------------------------------------------------------------------ asyncio side
 
@@ -302,12 +314,10 @@ class TorchEngine:
                         req = self._waiting.popleft()
                         if not req.cancelled:
                             self._running.append(req)
-                    for req in list(self._running):
-                        if req.cancelled:
-                            self._running.remove(req)
-                            req.cache = None
-                        else:
-                            self._step(req)
+                    for req in [r for r in self._running if r.cancelled]:
+                        self._running.remove(req)
+                        req.cache = None
+                    self._round()
         finally:  # shutdown, or a bug in this loop: nobody may wait forever
             self._closed = True
             for req in [*self._running, *self._waiting]:
@@ -336,6 +346,38 @@ class TorchEngine:
             elif isinstance(item, _Swap):
                 self._apply_swap(item)
 
+    def _round(self) -> None:
+        """One step for every running request: prefills one by one, then the decode steps of
+        requests on the same weights batched (`batching`), or one by one where they cannot be."""
+        decoders: dict[int, list[_Request]] = {}
+        for req in list(self._running):
+            if req.cache is None or not (self.batch_decode and can_batch(req.cache)):
+                self._step(req)
+            else:
+                decoders.setdefault(id(req.weights), []).append(req)
+        for group in decoders.values():
+            for part in plan_batches([r.cache.get_seq_length() for r in group]):
+                batch = [group[i] for i in part]
+                if len(batch) == 1:
+                    self._step(batch[0])
+                else:
+                    self._step_batch(batch)
+
+    def _step_batch(self, reqs: list[_Request]) -> None:
+        """Decode one token for each of `reqs` (same weights) in one forward."""
+        try:
+            logits = decode_batch(reqs[0].weights.model, [r.cache for r in reqs], [r.last_token for r in reqs],
+                                  self.device)
+            choices = [choose(logits[b], r.params, r.generator) for b, r in enumerate(reqs)]
+            self.batched_steps += 1
+        except Exception as e:  # a bug in this engine, not an unreachable model
+            log.exception("torch engine failed on a batched decode step")
+            for r in reqs:
+                self._finish(r, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
+            return
+        for r, choice in zip(reqs, choices, strict=True):
+            self._accept(r, choice)
+
     def _step(self, req: _Request) -> None:
         """Prefill (first call) or decode one token for `req`, and hand the token over."""
         model = req.weights.model
@@ -354,6 +396,10 @@ class TorchEngine:
             log.exception("torch engine failed on a decode step")
             self._finish(req, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
             return
+        self._accept(req, choice)
+
+    def _accept(self, req: _Request, choice: Choice) -> None:
+        """Hand `choice` to the request's stream and end the request if it stops here."""
         req.last_token = choice.token_id
         req.generated += 1
         self._emit(req, choice.to_sampled())

@@ -24,21 +24,22 @@ from typing import Any
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
-from clawbridge_local.trainer.client import FsdpTrainerClient
+from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
 CHECKPOINT_STATE = "trainer_state.json"
 """The file every complete checkpoint folder holds (written last, atomically)."""
 
 
-def trainer_config(settings: Settings, model_path: str) -> TrainerConfig:
+def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) -> TrainerConfig:
     """The FSDP trainer's configuration from clawbridge settings."""
     lora = None
     if settings.lora_rank > 0:
         lora = LoraSettings(rank=settings.lora_rank, alpha=float(settings.lora_alpha),
                             target_modules=tuple(settings.lora_target_modules))
     return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.effective_learning_rate,
-                         max_grad_norm=settings.max_grad_norm, micro_batch_size=settings.micro_batch_size)
+                         max_grad_norm=settings.max_grad_norm, micro_batch_size=settings.micro_batch_size,
+                         cpu_threads=cpu_threads)
 
 
 def resolve_model_folder(model: str) -> Path:
@@ -98,12 +99,13 @@ class LocalTrainer:
     """Owns the `FsdpTrainerClient` and makes engine weight updates from its exports. Blocking:
     async callers use `asyncio.to_thread`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, launcher: Launcher = "auto", cpu_threads: int = 0) -> None:
         self.settings = settings
         self.model_dir = resolve_model_folder(settings.model)
         self.work_dir = settings.state_path / "trainer" / "local"
         self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
-        self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir)), self.work_dir)
+        self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir), cpu_threads), self.work_dir,
+                                        launcher=launcher)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
             shutil.rmtree(partial, ignore_errors=True)
         self._base: dict[str, Any] | None = None

@@ -113,6 +113,8 @@ class FsdpTrainerClient:
         protocol.init_run_dir(run_dir, self.config.to_json())
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+        if self.config.cpu_threads > 0:
+            env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
         cmd = [
             self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",

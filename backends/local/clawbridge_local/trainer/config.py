@@ -65,6 +65,9 @@ class TrainerConfig:
     device: str = "auto"
     """auto: cuda (rank's local device) when available, else cpu."""
     seed: int = 0
+    cpu_threads: int = 0
+    """torch CPU threads of each torchrun rank (0: OMP_NUM_THREADS if set, else cores // world size).
+    The in-process trainer shares the proxy's setting."""
     """Seed for any randomness in model setup (LoRA init)."""
     step_timeout_s: float = 3600.0
     """Client side: a request without a response after this long kills the group."""
