@@ -125,9 +125,9 @@ class Settings(BaseSettings):
     )
     train_launcher: Literal["auto", "inprocess", "torchrun"] = Field(
         "auto",
-        description="How the local trainer runs at world size 1: inprocess (a thread of the proxy), torchrun (its own "
-        "process: no GIL shared with the in-process torch engine, so decoding and training overlap on CPU), or auto "
-        "(torchrun when the in-process torch engine serves on CPU, else inprocess). Larger world sizes always use torchrun.",
+        description="How the local trainer runs at world size 1: inprocess (auto: a thread of the proxy) or torchrun "
+        "(its own process). On CPU with the torch engine, torchrun lets decoding and training overlap instead of "
+        "taking turns on the GIL (the real demo uses it). Larger world sizes always use torchrun.",
     )
 
     # --- trainer loop (section owned by clawbridge/trainer)

@@ -328,6 +328,8 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         "CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_BASE_URL": judge.base_url,
         "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5",
         "CLAWBRIDGE_METHOD": "rl",
+        # its own process: the trainer's and the engine's Python would otherwise take turns on one GIL
+        "CLAWBRIDGE_TRAIN_LAUNCHER": "torchrun",
     }
     result = RealDemoResult()
     proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")

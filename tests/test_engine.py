@@ -158,7 +158,7 @@ def test_batched_decoding_matches_the_full_forward(engine: TorchEngine) -> None:
         ref = full_forward_logprobs(engine, prompt + [t.token_id for t in toks], q.temperature)
         for i, tok in enumerate(toks):
             assert tok.logprob == pytest.approx(ref[len(prompt) - 1 + i, tok.token_id].item(), abs=1e-4)
-            vals, best = torch.topk(ref[len(prompt) - 1 + i], 2)
+            vals, _ = torch.topk(ref[len(prompt) - 1 + i], 2)
             assert [lp for _, lp in tok.top_logprobs] == pytest.approx(vals.tolist(), abs=1e-4)
 
 

@@ -57,14 +57,11 @@ class EngineNotAvailable(RuntimeError):
     """The configured serving engine is not available in this build."""
 
 
-def trainer_launcher(settings: Settings, engine_name: str) -> Launcher:
-    """`train_launcher`, with `auto` resolved: a separate trainer process when the in-process torch
-    engine serves on CPU (engine and trainer threads in one process serialise on the GIL: a small
-    model's decode steps and training steps are mostly Python), else in-process."""
+def trainer_launcher(settings: Settings) -> Launcher:
+    """`train_launcher` for the trainer client: `auto` keeps world size 1 in-process."""
     if settings.train_launcher != "auto":
         return settings.train_launcher
-    on_cpu = settings.device == "cpu" or (settings.device == "auto" and not cuda_available())
-    return "torchrun" if engine_name == "torch" and on_cpu else "inprocess"
+    return "inprocess" if settings.train_world_size == 1 else "torchrun"
 
 
 def sglang_installed() -> bool:
@@ -193,7 +190,7 @@ class LocalBackend:
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
         if self._trainer is None:
-            self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.settings, self.engine_name),
+            self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.settings),
                                          cpu_threads=engine_threads(self.settings.engine_threads))
         return self._trainer
 

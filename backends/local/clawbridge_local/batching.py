@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F  # noqa: N812 - the usual torch alias
+import torch.nn.functional as F
 
 MAX_PADDED_TOKENS = 65_536
 """A batch's padded cache length x batch size is at most this; a group past it is split (the
@@ -65,7 +65,7 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[Any], last_tokens: Seq
         keys = torch.cat([F.pad(c.layers[li].keys, (0, 0, longest - n, 0)) for c, n in zip(caches, lengths, strict=True)])
         values = torch.cat([F.pad(c.layers[li].values, (0, 0, longest - n, 0)) for c, n in zip(caches, lengths, strict=True)])
         padded.append((keys, values))
-    batch_cache = DynamicCache(ddp_cache_data=padded)
+    batch_cache: Any = DynamicCache(ddp_cache_data=padded)  # its layers are DynamicLayers (can_batch)
     mask = torch.zeros(len(caches), longest + 1, dtype=torch.long, device=device)
     for b, n in enumerate(lengths):
         mask[b, longest - n:] = 1

@@ -57,8 +57,8 @@ from clawbridge.sampler import (
     SamplerUnavailable,
     SamplingParams,
 )
-from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.batching import can_batch, decode_batch, plan_batches
+from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.sampling import Choice, choose, make_generator
 from clawbridge_local.serving import WeightSource
 
