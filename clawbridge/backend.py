@@ -3,7 +3,8 @@
 Backends are plugins found through the `clawbridge.backends` entry-point group; the core never
 imports torch, tinker or fireworks. An entry point names a factory
 `create(settings: clawbridge.config.Settings) -> ServingBackend` (a `TrainingBackend` when the
-backend can train).
+backend can train); a factory with a `settings_model` attribute has its own options
+(`clawbridge.backend_settings`), validated by `load_backend` before the factory runs.
 
 Invariants:
 - `start()` is called once, before `sampler()` is used; `close()` once, at shutdown.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from clawbridge.backend_settings import check_backend_section
 from clawbridge.sampler import Sampler
 
 if TYPE_CHECKING:
@@ -326,6 +328,7 @@ def load_backend(name: str, settings: Settings) -> ServingBackend:
             )
         raise BackendNotInstalled(f"unknown backend {name!r}; installed backends: {installed}")
     factory: Any = eps[name].load()
+    check_backend_section(settings, name, getattr(factory, "settings_model", None))
     backend = factory(settings)
     if not isinstance(backend, ServingBackend):
         raise TypeError(f"entry point {name!r} returned {type(backend).__name__}, not a ServingBackend")

@@ -8,6 +8,7 @@ is what `clawbridge config show` prints.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -20,6 +21,9 @@ from pydantic_settings import (
 )
 
 DEFAULT_STATE_DIR = Path("~/.clawbridge")
+
+_SECRET_WORDS = re.compile(r"key|secret|token|password", re.IGNORECASE)
+"""Options of a backend section whose names match are masked by `masked_dump`."""
 
 LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
@@ -54,7 +58,16 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="debug, info, warning or error.")
 
     # --- model and backend
-    backend: Literal["local", "tinker", "fireworks"] = Field("local", description="Which backend serves and trains.")
+    backend: str = Field(
+        "local", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Which backend serves and trains: local, tinker, fireworks, or another installed in the "
+        "`clawbridge.backends` entry point group (checked when it is selected).",
+    )
+    backends: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per-backend option sections, TOML `[backends.<name>]` (environment: CLAWBRIDGE_<NAME>_<OPTION>), "
+        "read by the backend's own settings model and validated when it is selected (see clawbridge.backend_settings).",
+    )
     model: str = Field("", description="Model to serve: a local folder or a Hugging Face id.")
     served_model_name: str = Field("", description="Name the model answers to (default: the model's folder or id).")
     engine: Literal["auto", "torch", "sglang"] = Field("auto", description="Local backend serving engine.")
@@ -330,6 +343,11 @@ class Settings(BaseSettings):
                 out[name] = "***"
             elif isinstance(value, Path):
                 out[name] = str(value)
+            elif name == "backends":  # a backend's secrets are its own business: never print them
+                out[name] = {
+                    b: {k: "***" if _SECRET_WORDS.search(k) else v for k, v in section.items()}
+                    for b, section in value.items()
+                }
             else:
                 out[name] = value
         return out
