@@ -106,7 +106,10 @@ def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full CPU tensors of the trainable parameters (collective under FSDP: call on all ranks)."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     sd: dict[str, torch.Tensor] = dict(get_model_state_dict(model, options=opts))  # type: ignore[arg-type]
-    return sd
+    # A tied input embedding reappears under LoRA's lm_head.base_layer name (frozen, shared with the
+    # embedding); keep exactly the trainable parameters, as restore_checkpoint expects.
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in sd.items() if k in trainable}
 
 
 def _save_sharded(sd: dict[str, torch.Tensor], out: Path, max_shard: str = "5GB") -> None:
