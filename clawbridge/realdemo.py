@@ -330,6 +330,10 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         "CLAWBRIDGE_METHOD": "rl",
         # its own process: the trainer's and the engine's Python would otherwise take turns on one GIL
         "CLAWBRIDGE_TRAIN_LAUNCHER": "torchrun",
+        # one batch per step: 64 sessions make ~8 optimizer steps. Catching up in larger steps (the
+        # default token budget) trained the whole backlog in 2 steps once sessions outran the
+        # trainer, and a run learned nothing (preference 0.25 -> 0.25)
+        "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     }
     result = RealDemoResult()
     proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")
