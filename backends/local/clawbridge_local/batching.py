@@ -2,8 +2,9 @@
 
 Every running request of `TorchEngine` owns a transformers `DynamicCache` of batch size 1. A
 decode step of a small model on CPU is mostly per-layer overhead, not arithmetic, so running the
-decode steps of B requests as one forward costs little more than one of them (measured on
-SmolLM2-135M, 8 requests, one thread: 3.8x the tokens per second of eight separate steps).
+decode steps of B requests as one forward costs little more than one of them
+(`python bench/engine_batching.py --model smollm2`, 8 sampled requests x 32 tokens, one thread, quiet
+2-core box: 34.4 vs 12.7 tokens/s unbatched, 2.71x; logprobs within 3.2e-05).
 
 Invariants:
 - Exactness: request b's logits come from attention over exactly its own cached positions (the
