@@ -89,6 +89,18 @@ def test_group_baselines_grpo_style() -> None:
     assert same == [0.0, 0.0, 0.0] and not any(math.isnan(a) for a in same)
 
 
+def test_group_baseline_compares_a_turn_only_with_the_same_place_of_its_task() -> None:
+    # Two-turn sessions of one task, as in the judge demo: the first turns were judged (+1 / -1),
+    # the last turns have no next state and no verdict (0). Mixed into one group the last turns
+    # would all get +0.5 - whatever they sampled; by place they get 0, the first turns +-1.
+    firsts = [AdvantageItem(r, "t1", "task:t1", 0) for r in (1.0, -1.0, -1.0, -1.0)]
+    lasts = [AdvantageItem(0.0, "t1", "task:t1", 1) for _ in range(4)]
+    adv, _ = apply_baseline(firsts + lasts, "group_mean", RunningMeans())
+    assert adv == [1.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    std, _ = apply_baseline(firsts + lasts, "group_mean_std", RunningMeans())
+    assert std[4:] == [0.0] * 4 and sum(std[:4]) == pytest.approx(0.0)
+
+
 def test_token_sum_normalization_rules() -> None:
     assert token_scales([2, 3], "token_mean") == [0.2, 0.2]
     assert token_scales([2, 3], "sequence_mean") == [1 / 4, 1 / 6]

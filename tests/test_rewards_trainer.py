@@ -21,7 +21,7 @@ from clawbridge.store.training import SessionTrace, TraceTurn, TrainingStore
 from clawbridge.trainer import FakeTrainingBackend, TrainerConfig, TrainerLoop
 from clawbridge.trainer.advantages import RunningMeans, combined_rewards, mix_token_advantages, promote_best
 from clawbridge.trainer.datums import RewardMix, prepare_batch
-from tests.rewards_support import SYSTEM, assistant, openclaw_session, user
+from tests.rewards_support import SYSTEM, assistant, openclaw_session, record, user
 
 INFO = ModelInfo(name="tiny", tokenizer_path="unused", context_window=4096, max_output_tokens=64)
 
@@ -212,3 +212,26 @@ def test_local_backend_scores_with_the_base_model(tiny_model_dir: Path, tmp_path
     assert len(before[0]) == len(ids) and len(before[1]) == 2
     assert before[0] == pytest.approx(lps, abs=1e-4)
     assert after[0] == pytest.approx(before[0], abs=1e-6)
+
+
+def test_group_baseline_never_pays_a_later_turn_for_an_earlier_ones_verdict(tmp_path: Path) -> None:
+    # The judge demo's shape through the store: two-turn sessions of one task, the first turn judged
+    # (+1 accepted / -1 corrected; set through the API here), the last one without a reward. Grouped by place, the last
+    # turns get advantage 0 (nothing judged them) and only the first turns are pushed.
+    store = Store.open(tmp_path)
+    firsts = {}
+    for sid, verdict in (("a", 1.0), ("b", -1.0), ("c", -1.0), ("d", -1.0)):
+        store.ensure_session(sid, "header", task_id="t")
+        firsts[sid] = record(store, sid, [user("hi")], assistant("x"))
+        record(store, sid, [user("hi"), assistant("x"), user("ok")], assistant("y"), prompt=(1, 2, 3, 4, 5, 6, 7))
+        store.add_reward(sid, verdict, "api", firsts[sid])
+        store.end_session(sid, "end_session")
+    tstore = TrainingStore(store)
+    tstore.ingest_ended()
+    batch = tstore.ready_samples()
+    assert len(batch) == 8
+    pb = prepare_batch(tstore, batch, gamma=1.0, baseline="group_mean", normalization="sum",
+                       running=RunningMeans(), current_version=0, mix=RewardMix("rl"), merge=False)
+    advs = {d.turn_id: set(d.advantages[d.prompt_len - 1:]) for d in pb.datums}
+    assert {advs[firsts[s]].pop() for s in "abcd"} == {1.5, -0.5}
+    assert [a for tid, a in advs.items() if tid not in firsts.values()] == [{0.0}] * 4

@@ -36,6 +36,7 @@ from clawbridge.trainer.advantages import (
     combined_rewards,
     discounted_returns,
     mix_token_advantages,
+    turn_positions,
 )
 
 TurnType = Literal["main", "side"]
@@ -104,6 +105,7 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
         rewards = combined_rewards(trace, judge, settings.explicit_reward_rule, votes, settings.judge_promote_best)
         returns = dict(zip(trainable, discounted_returns([rewards[t] for t in trainable], settings.gamma),
                            strict=True))
+        positions = turn_positions(trace)
         consumed = observe.sample_states(sid)
         for t in turns:
             tid = t["turn_id"]
@@ -125,7 +127,8 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
             }
             records.append(rec)
             if tid in returns:
-                item = AdvantageItem(returns[tid], session.task_id, baseline_key(session.task_id, session.source))
+                item = AdvantageItem(returns[tid], session.task_id, baseline_key(session.task_id, session.source),
+                                     positions[tid])
                 sig = signals.get(tid)
                 items.append((rec, item, None if sig is None else sig.teacher_logprobs))
     advantages, _ = apply_baseline([i for _, i, _ in items], settings.baseline, RunningMeans())

@@ -18,8 +18,14 @@ The rules, applied in this order and identically whatever the backend:
      when the session has a task id, else `source:<source>`), the current batch included. The
      running sums advance only when a step commits, and are saved with it (a restart goes on
      from the last committed step's sums; see `clawbridge.trainer.loop`).
-   - `group_mean`: datums of the batch whose sessions share a task id form a group (GRPO-style);
-     baseline = the group's mean return. Datums without a task id use `running_mean`.
+   - `group_mean`: turns of the batch whose sessions share a task id AND that hold the same place
+     among their session's trainable turns (the first with the first, the second with the second)
+     form a group (GRPO-style); baseline = the group's mean return. A return is never compared
+     with another place's: with gamma > 0 an earlier turn's return sums more rewards, and a later
+     turn often has no verdict of its own (a judge has no next state for a session's last turn),
+     so a mixed group hands every later turn the same nonzero advantage whatever it sampled; at
+     a high learning rate that alone sharpened the policy into one repeated token (the judge
+     demo, 1 run in 4 before this rule). Turns without a task id use `running_mean`.
    - `group_mean_std`: `group_mean`, then divided by (the group's population std + 1e-6).
 4. NORMALIZATION (`NormalizationRule`). Every backend's loss is the plain SUM over masked tokens
    of all datums of the batch (see `clawbridge_local.losses`, Tinker's `loss = -sum`), with no
@@ -106,6 +112,11 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     return out
 
 
+def turn_positions(trace: SessionTrace) -> dict[str, int]:
+    """Each trainable turn's place among its session's trainable turns (0: the first), by turn id."""
+    return {t.turn_id: i for i, t in enumerate(t for t in trace.turns if t.trainable)}
+
+
 def session_returns(trace: SessionTrace, gamma: float) -> dict[str, float]:
     """Rules 1 + 2 for one session: each trainable turn's return, by turn id."""
     immediate = immediate_rewards(trace)
@@ -147,6 +158,9 @@ class AdvantageItem:
     """The session's task id (None: no group)."""
     key: str
     """`baseline_key(...)` for running means."""
+    position: int = 0
+    """The turn's place among its session's trainable turns (0: the first); group_* baselines
+    compare only turns of the same task at the same place (rule 3)."""
 
 
 def apply_baseline(
@@ -158,16 +172,16 @@ def apply_baseline(
         return [i.ret for i in items], fallback
     if rule == "running_mean":
         return [i.ret - fallback.mean(i.key) for i in items], fallback
-    groups: dict[str, list[float]] = {}
+    groups: dict[tuple[str, int], list[float]] = {}
     for i in items:
         if i.group_id is not None:
-            groups.setdefault(i.group_id, []).append(i.ret)
+            groups.setdefault((i.group_id, i.position), []).append(i.ret)
     out: list[float] = []
     for i in items:
         if i.group_id is None:
             out.append(i.ret - fallback.mean(i.key))
             continue
-        values = groups[i.group_id]
+        values = groups[(i.group_id, i.position)]
         mean = sum(values) / len(values)
         adv = i.ret - mean
         if rule == "group_mean_std":

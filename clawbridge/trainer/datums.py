@@ -48,6 +48,7 @@ from clawbridge.trainer.advantages import (
     discounted_returns,
     mix_token_advantages,
     token_scales,
+    turn_positions,
 )
 from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums
 
@@ -148,6 +149,7 @@ def prepare_batch(
     """Read the traces and tokens of `batch` and build its datums (see the module invariants)."""
     traces = tstore.session_traces(s.session_id for s in batch)
     returns: dict[str, float] = {}
+    positions: dict[str, int] = {}
     session_totals: list[float] = []
     signals = RewardStore(tstore.store).turn_signals(
         t.turn_id for tr in traces.values() for t in tr.turns if t.trainable
@@ -158,8 +160,10 @@ def prepare_batch(
         rewards = combined_rewards(trace, judge, mix.explicit_rule, means, mix.promote_best)
         ids = [t.turn_id for t in trace.turns if t.trainable]
         returns.update(zip(ids, discounted_returns([rewards[i] for i in ids], gamma), strict=True))
+        positions.update(turn_positions(trace))
         session_totals.append(sum(rewards.values()))
-    items = [AdvantageItem(returns[s.turn_id], s.task_id, baseline_key(s.task_id, s.source)) for s in batch]
+    items = [AdvantageItem(returns[s.turn_id], s.task_id, baseline_key(s.task_id, s.source), positions[s.turn_id])
+             for s in batch]
     advantages, new_running = apply_baseline(items, baseline, running)
     tokens = tstore.turn_tokens([s.turn_id for s in batch])
     lengths = [len(tokens[s.turn_id].completion_ids) for s in batch]
