@@ -153,6 +153,14 @@ def _system_text(blocks: list[dict[str, Any]], where: str) -> str | list[dict[st
     return _text_parts(texts)
 
 
+def _string(block: dict[str, Any], key: str, at: str) -> str:
+    """`block[key]`, which must be a string (else a 400 naming `at.key`)."""
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise invalid(f"{at}.{key}: must be a string", at)
+    return value
+
+
 def _user_messages(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """A user turn's blocks, in order: tool results as `tool` messages, runs of text as `user` messages."""
     out: list[dict[str, Any]] = []
@@ -167,9 +175,7 @@ def _user_messages(blocks: list[dict[str, Any]], where: str) -> list[dict[str, A
         kind = block.get("type")
         at = f"{where}.content.{j}"
         if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise invalid(f"{at}.text: must be a string", at)
-            texts.append(block["text"])
+            texts.append(_string(block, "text", at))
         elif kind == "tool_result":
             tool_use_id = block.get("tool_use_id")
             if not isinstance(tool_use_id, str) or not tool_use_id:
@@ -193,13 +199,9 @@ def _assistant_message(blocks: list[dict[str, Any]], where: str) -> dict[str, An
         kind = block.get("type")
         at = f"{where}.content.{j}"
         if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise invalid(f"{at}.text: must be a string", at)
-            texts.append(block["text"])
+            texts.append(_string(block, "text", at))
         elif kind == "thinking":
-            if not isinstance(block.get("thinking"), str):
-                raise invalid(f"{at}.thinking: must be a string", at)
-            thoughts.append(block["thinking"])
+            thoughts.append(_string(block, "thinking", at))
         elif kind == "redacted_thinking":
             continue  # opaque data from another provider's model: nothing this model can read
         elif kind == "tool_use":
