@@ -94,11 +94,14 @@ class JudgeServer:
 
             def _send(self, code: int, obj: Any) -> None:
                 data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller timed out and went away (a loaded machine): it retries; no traceback
 
             def do_GET(self) -> None:
                 self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
