@@ -23,9 +23,9 @@ The rules, applied in this order and identically whatever the backend:
      form a group (GRPO-style); baseline = the group's mean return. A return is never compared
      with another place's: with gamma > 0 an earlier turn's return sums more rewards, and a later
      turn often has no verdict of its own (a judge has no next state for a session's last turn),
-     so a mixed group hands every later turn the same nonzero advantage whatever it sampled; at
-     a high learning rate that alone sharpened the policy into one repeated token (the judge
-     demo, 1 run in 4 before this rule). Turns without a task id use `running_mean`.
+     so a mixed group hands every later turn the same nonzero advantage whatever it sampled: a
+     push toward whatever the policy already says, which sharpens it without any signal. Turns
+     without a task id use `running_mean`.
    - `group_mean_std`: `group_mean`, then divided by (the group's population std + 1e-6).
 4. NORMALIZATION (`NormalizationRule`). Every backend's loss is the plain SUM over masked tokens
    of all datums of the batch (see `clawbridge_local.losses`, Tinker's `loss = -sum`), with no
