@@ -74,6 +74,9 @@ class DemoConfig:
     """api: the reward is set through /rl/set_reward; judge: only the judge's verdicts."""
     accept_threshold: float = 0.4
     """judge: the scripted user accepts an answer with at least this share of target tokens."""
+    settings: dict[str, str] = field(default_factory=dict)
+    """Extra CLAWBRIDGE_* variables for the proxy (they win over the demo's own), e.g.
+    {"CLAWBRIDGE_LOSS": "ppo"}: how `bench/stability.py` compares training settings."""
 
     @property
     def lr(self) -> float:
@@ -195,6 +198,7 @@ def _start_proxy(model_dir: Path, state_dir: Path, port: int, cfg: DemoConfig,
             "CLAWBRIDGE_JUDGE_MODEL": "rule-based", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.2",
             "CLAWBRIDGE_METHOD": "rl",  # the tiny base model is no teacher: OPD would add noise only
         })
+    env.update(cfg.settings)
     return launch_proxy(model_dir, state_dir, port, env, served_name="tiny")
 
 
