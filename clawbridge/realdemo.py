@@ -2,9 +2,10 @@
 
 SmolLM2-135M-Instruct (`clawbridge model get`, cached) is served by `clawbridge up` (local
 backend, LoRA, training on). A scripted user asks everyday questions; each answer is answered in
-the same session by the user: "Thanks, that helps." when it is short (finished within
-`short_tokens` tokens), else "Too long. Keep it short."; the agent answers that too and the session
-ends. No reward is set by hand: the proxy's judge worker reads each turn's next state (the user's
+the same session by the user, as a person would: "Too long. Keep it short." unless it finished within
+`short_tokens` tokens; else "No, that's wrong." when the question has a known answer
+(`TRAIN_ANSWERS`) and the answer names none of it; else "Thanks, that helps.". The agent answers
+that too and the session ends. No reward is set by hand: the proxy's judge worker reads each turn's next state (the user's
 reply) and asks the RULE-BASED judge endpoint (`clawbridge.devtools.judge_server`: keyword rules,
 not a language model), whose +1 / -1 verdicts are the only rewards. The trainer trains LoRA and
 publishes in the background.
@@ -23,6 +24,7 @@ training, held-out and fact prompts are disjoint (checked at import).
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -86,10 +88,50 @@ FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """Factual questions with the names an answer must contain (any of them, case-insensitive)."""
 
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+TRAIN_ANSWERS: dict[str, frozenset[str]] = {
+    "Give me a word that rhymes with cat.": _words("hat bat mat rat sat fat pat that flat chat brat spat vat gnat splat format"),
+    "What is a synonym for happy?": _words("joyful glad cheerful content delighted pleased joyous elated merry jolly thrilled ecstatic"),
+    "What is 5 plus 7?": frozenset({"12", "twelve"}),
+    "Give me a word that rhymes with tree.": _words("bee see free three knee tea sea me he she we key flea glee fee sree agree degree"),
+    "What is a synonym for fast?": _words("quick rapid swift speedy hasty fleet brisk"),
+    "What is 9 minus 4?": frozenset({"5", "five"}),
+    "What is the opposite of hot?": _words("cold cool chilly freezing icy"),
+    "Name a color.": _words("red blue green yellow orange purple pink black white brown gray grey violet"),
+    "What day comes after Monday?": frozenset({"tuesday"}),
+    "What is a synonym for smart?": _words("intelligent clever bright brilliant wise sharp brainy"),
+    "What is 3 times 3?": frozenset({"9", "nine"}),
+    "Name a fruit that is yellow.": _words("banana bananas lemon lemons pineapple mango papaya grapefruit"),
+}
+"""The words a right answer names (any one, as a whole word, case-insensitive); a training question
+not listed here has no wrong answer (How are you today?, a name for a cat, ...). Only training
+questions are checked: the user would also say so when a short answer is wrong, so the reward
+asks for short AND right, not for the shortest text (a user who only ever said "too long" taught
+the model to answer one odd word, and the fact check fell: README, "The real demo")."""
+
+
+def names_answer(prompt: str, text: str) -> bool:
+    """Whether `text` is a right answer to training question `prompt` (always, if it has no key)."""
+    words = TRAIN_ANSWERS.get(prompt)
+    return words is None or bool(words & set(re.findall(r"[a-z0-9]+", text.lower())))
+
+
+assert set(TRAIN_ANSWERS) <= set(TRAIN_PROMPTS)
 assert not (set(TRAIN_PROMPTS) & set(HELD_OUT)) and not (set(TRAIN_PROMPTS) & {q for q, _ in FACTS})
 
 THANKS = "Thanks, that helps."
 COMPLAINT = "Too long. Keep it short."
+WRONG = "No, that's wrong."
+
+
+def user_reply(prompt: str, text: str, short: bool) -> str:
+    """What the scripted user says to an answer (see the module docstring)."""
+    if not short:
+        return COMPLAINT
+    return THANKS if names_answer(prompt, text) else WRONG
 
 
 @dataclass(frozen=True)
@@ -118,6 +160,8 @@ class RealDemoConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     seed: int = 0
+    settings: dict[str, str] = field(default_factory=dict)
+    """Extra CLAWBRIDGE_* variables for the proxy (they win over the demo's own)."""
 
     @property
     def sessions(self) -> int:
@@ -166,6 +210,8 @@ class TrainEpisode:
     policy_version: int
     tokens: int
     short: bool
+    thanked: bool = False
+    """The user said thanks (short and, where the question has a known answer, right)."""
 
 
 @dataclass
@@ -222,15 +268,16 @@ def _episode(base: str, admin: str, index: int, cfg: RealDemoConfig) -> TrainEpi
     c = resp.choices[0]
     n = resp.usage.completion_tokens if resp.usage else 0
     short = c.finish_reason == "stop" and n <= cfg.short_tokens
+    reply = user_reply(prompt, c.message.content or "", short)
     history: list[Any] = [{"role": "user", "content": prompt},
                           {"role": "assistant", "content": c.message.content or ""},
-                          {"role": "user", "content": THANKS if short else COMPLAINT}]
+                          {"role": "user", "content": reply}]
     client.chat.completions.create(model="default", messages=history, max_tokens=cfg.reply_max_tokens,
                                    temperature=1.0, seed=cfg.seed * 100_003 + index + 7)
     httpx.post(f"{base}/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"},
                timeout=60).raise_for_status()
     version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
-    return TrainEpisode(index, version, n, short)
+    return TrainEpisode(index, version, n, short, reply == THANKS)
 
 
 def _status(base: str, admin: str) -> dict[str, Any]:
@@ -289,7 +336,7 @@ def plot(result: RealDemoResult, path: Path) -> Path | None:
     ax1.set_title("held-out prompts")
     eps = sorted(result.episodes, key=lambda e: e.index)
     ax2.scatter([e.index for e in eps], [e.tokens for e in eps], s=10, alpha=0.5,
-                c=["C2" if e.short else "C3" for e in eps])
+                c=["C2" if e.thanked else "C3" for e in eps])
     ax2.axhline(b.short_tokens, color="grey", lw=1, ls="--", label=f"short = stops within {b.short_tokens} tokens")
     ax2.set_xlabel("training session")
     ax2.set_ylabel("answer tokens (green: user thanked)")
@@ -335,6 +382,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         # trainer, and a run learned nothing (preference 0.25 -> 0.25)
         "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     }
+    env.update(cfg.settings)
     result = RealDemoResult()
     proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")
     try:

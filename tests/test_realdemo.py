@@ -20,12 +20,15 @@ from clawbridge.realdemo import (
     FACTS,
     HELD_OUT,
     THANKS,
+    TRAIN_ANSWERS,
     TRAIN_PROMPTS,
+    WRONG,
     Answer,
     Evaluation,
     RealDemoConfig,
     _settled,
     run_real_demo,
+    user_reply,
 )
 from clawbridge.rewards.judge import judge_messages
 
@@ -39,9 +42,22 @@ OPT_IN = "CLAWBRIDGE_REAL_DEMO_TEST"
 
 def test_the_users_replies_are_the_judges_signal() -> None:
     answer = {"role": "assistant", "content": "A word that rhymes with cat is hat. Other words are bat, mat..."}
-    for reply, score in ((COMPLAINT, -1), (THANKS, 1)):
+    for reply, score in ((COMPLAINT, -1), (WRONG, -1), (THANKS, 1)):
         prompt = judge_messages(TRAIN_PROMPTS[0], answer, [{"role": "user", "content": reply}])[1]["content"]
         assert rule_based_verdict(prompt)[0] == score
+
+
+def test_the_user_asks_for_short_and_right() -> None:
+    q = "What is 5 plus 7?"
+    assert TRAIN_ANSWERS[q] == {"12", "twelve"}
+    assert user_reply(q, "5 plus 7 is 12.", short=True) == THANKS
+    assert user_reply(q, "Twelve!", short=True) == THANKS
+    assert user_reply(q, "It is 112.", short=True) == WRONG  # whole words only
+    assert user_reply(q, "Cat.", short=True) == WRONG
+    assert user_reply(q, "5 plus 7 is 12, because ...", short=False) == COMPLAINT  # long comes first
+    open_question = "How are you today?"
+    assert open_question in TRAIN_PROMPTS and open_question not in TRAIN_ANSWERS
+    assert user_reply(open_question, "Fine.", short=True) == THANKS
 
 
 def test_prompt_sets_are_disjoint_and_measures_count_what_they_say() -> None:

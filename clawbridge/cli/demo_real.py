@@ -16,7 +16,16 @@ by more than this (3 of 12 questions)."""
 def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int,
         console: Console, err: Console) -> None:
     from clawbridge.models import ModelFetchError
-    from clawbridge.realdemo import COMPLAINT, THANKS, TRAIN_PROMPTS, RealDemoConfig, run_real_demo, samples
+    from clawbridge.realdemo import (
+        COMPLAINT,
+        THANKS,
+        TRAIN_ANSWERS,
+        TRAIN_PROMPTS,
+        WRONG,
+        RealDemoConfig,
+        run_real_demo,
+        samples,
+    )
 
     base = RealDemoConfig()
     cfg = RealDemoConfig(lora_rank=base.lora_rank if lora_rank is None else lora_rank,
@@ -24,9 +33,10 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
     console.print(f"demo: SmolLM2-135M-Instruct, local backend, LoRA rank {cfg.lora_rank} (0: full fine-tuning), "
                   f"learning rate {cfg.learning_rate:g}, {cfg.sessions} sessions over {len(TRAIN_PROMPTS)} "
                   f"questions; output in {out_dir}")
-    console.print(f"the scripted user says {THANKS!r} to an answer that ends within {cfg.short_tokens} tokens and "
-                  f"{COMPLAINT!r} to the others; a RULE-BASED judge (keyword rules, not a language model) reads "
-                  "that reply (the next state) and gives +1 / -1; nothing else is rewarded")
+    console.print(f"the scripted user says {COMPLAINT!r} to an answer that does not end within {cfg.short_tokens} "
+                  f"tokens, {WRONG!r} to a short one that misses the known answer ({len(TRAIN_ANSWERS)} of the "
+                  f"questions have one), and {THANKS!r} to the others; a RULE-BASED judge (keyword rules, not a "
+                  "language model) reads that reply (the next state) and gives +1 / -1; nothing else is rewarded")
 
     def say(line: str) -> None:
         console.print(line, highlight=False, soft_wrap=True)
