@@ -21,18 +21,28 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from clawbridge.backend_settings import check_backend_section
+from pydantic import BaseModel
+
+from clawbridge.backend_settings import (
+    BackendSettingsError,
+    backend_section,
+    check_backend_section,
+    masked_section,
+)
 from clawbridge.sampler import Sampler
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
 
 ENTRY_POINT_GROUP = "clawbridge.backends"
+
+log = logging.getLogger(__name__)
 
 # Which pip package provides each known backend, for the "install X" message.
 KNOWN_BACKEND_PACKAGES: dict[str, str] = {
@@ -314,6 +324,51 @@ class BackendNotInstalled(RuntimeError):
 def available_backends() -> dict[str, metadata.EntryPoint]:
     """Backends installed in this environment, by name."""
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def settings_models() -> dict[str, type[BaseModel] | None]:
+    """Each installed backend's settings model (None: it declares none), by name. A backend whose
+    entry point fails to import is left out (`load_backend` reports it when it is selected)."""
+    out: dict[str, type[BaseModel] | None] = {}
+    for name, ep in sorted(available_backends().items()):
+        try:
+            out[name] = getattr(ep.load(), "settings_model", None)
+        except Exception as exc:  # a broken plugin must not hide the others
+            log.warning("backend %r could not be loaded to read its options: %s", name, exc)
+    return out
+
+
+def shown_backend_options(settings: Settings) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """What `clawbridge config show` prints for the backends: each installed backend's resolved
+    options (defaults, TOML section, environment, flags) and every other configured section as
+    written, secrets masked; plus the problems found (a bad option of a backend not selected)."""
+    shown: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    models = settings_models()
+    for name in sorted(set(models) | set(settings.backends)):
+        model = models.get(name)
+        if model is None:
+            if name in settings.backends:
+                shown[name] = masked_section(settings.backends[name])
+            continue
+        try:
+            shown[name] = masked_section(backend_section(settings, name, model))
+        except BackendSettingsError as exc:
+            problems.append(str(exc))
+            shown[name] = masked_section(settings.backends.get(name, {}))
+    return shown, problems
+
+
+def trained_model(settings: Settings, name: str) -> str:
+    """The base model backend `name` trains: its own `base_model` option when its settings model
+    has one and it is set (tinker's `[backends.tinker] base_model`), else `settings.model`."""
+    ep = available_backends().get(name)
+    model = getattr(ep.load(), "settings_model", None) if ep is not None else None
+    if model is not None and "base_model" in model.model_fields:
+        own = getattr(backend_section(settings, name, model), "base_model", "")
+        if own:
+            return str(own)
+    return settings.model
 
 
 def load_backend(name: str, settings: Settings) -> ServingBackend:

@@ -2,19 +2,28 @@
 `[backends.<name>]` and its environment variables `CLAWBRIDGE_<NAME>_<FIELD>`.
 
 This is how a backend installed by entry point (group `clawbridge.backends`), including a
-third-party one, gets options without the core's `Settings` knowing them.
+third-party one, and the bundled tinker and fireworks backends get options without the core's
+`Settings` knowing them.
 
 Invariants:
 - A backend declares its options by giving its entry-point factory a `settings_model` attribute:
   a pydantic `BaseModel` subclass (unknown options are refused here whatever its `extra`). It reads them with
   `backend_section(settings, name, model)`.
-- Sources, highest first: the environment `CLAWBRIDGE_<NAME>_<FIELD>` (`env_prefix(name)`: the
-  backend name upper-cased, `-` and `.` as `_`), then the TOML section `Settings.backends[name]`,
-  then the model's defaults. Environment values of list or dict fields are JSON.
+- Sources, highest first: flags (`Settings.backend_flags`, set by the CLI through
+  `load_settings(backend_flags=...)`), the environment, then the TOML section
+  `Settings.backends[name]`, then the model's defaults. A field's environment variable is
+  `CLAWBRIDGE_<NAME>_<FIELD>` (`env_prefix(name)`: the backend name upper-cased, `-` and `.` as
+  `_`), or the names it lists itself in `json_schema_extra={"env": [...]}` (first set wins: how
+  `api_key` keeps reading `TINKER_API_KEY`). Environment values of list or dict fields are JSON.
 - Validated when the backend is selected (`clawbridge.backend.load_backend`), before its factory
   runs: a bad value or an unknown option raises `BackendSettingsError` naming
   `backends.<name>.<field>` and its environment variable. A section given to a backend that
   declares no settings model is refused the same way, so a mistyped option never passes silently.
+- An option that moved from the flat `Settings` into a backend's section (`tinker_base_url` ->
+  `[backends.tinker] base_url`) is refused at the top level with `OptionMoved`, whose message
+  names where it went (`moved_option`) and no value; its environment variable did not change.
+- Secrets are never shown: `masked_section` prints a `SecretStr` field, or any option whose name
+  says key/secret/token/password, as `***`.
 """
 
 from __future__ import annotations
@@ -25,16 +34,27 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, get_origin
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
 
 M = TypeVar("M", bound=BaseModel)
 
+SECRET_WORDS = re.compile(r"key|secret|token|password", re.IGNORECASE)
+"""Options whose names match are masked by `masked_section` (and by `Settings.masked_dump`)."""
+
 
 class BackendSettingsError(ValueError):
     """A backend's section (TOML or environment) does not fit its settings model."""
+
+
+class OptionMoved(Exception):
+    """A backend's old flat top-level option was given (`moved_option` says where it went).
+
+    Deliberately not a `ValueError`: pydantic would wrap that in a `ValidationError` that prints
+    every input value, the keys among them."""
 
 
 def env_prefix(name: str) -> str:
@@ -47,14 +67,22 @@ def _is_structured(annotation: Any) -> bool:
     return origin in (list, dict, tuple, set)
 
 
-def _values(name: str, model: type[BaseModel] | None, section: Mapping[str, Any],
+def env_names(name: str, field_name: str, info: FieldInfo) -> list[str]:
+    """The environment variables that set option `field_name` of backend `name`, highest first."""
+    extra = info.json_schema_extra
+    listed = extra.get("env") if isinstance(extra, dict) else None
+    if isinstance(listed, list) and listed:
+        return [str(v) for v in listed]
+    return [env_prefix(name) + field_name.upper()]
+
+
+def _values(name: str, model: type[BaseModel] | None, settings: Settings,
             environ: Mapping[str, str]) -> dict[str, Any]:
-    values = dict(section)
+    values = dict(settings.backends.get(name, {}))
     if model is None:
         return values
-    prefix = env_prefix(name)
     for field_name, info in model.model_fields.items():
-        raw = environ.get(prefix + field_name.upper())
+        var, raw = next(((v, environ[v]) for v in env_names(name, field_name, info) if v in environ), ("", None))
         if raw is None:
             continue
         if _is_structured(info.annotation):
@@ -62,18 +90,18 @@ def _values(name: str, model: type[BaseModel] | None, section: Mapping[str, Any]
                 values[field_name] = json.loads(raw)
             except ValueError:
                 raise BackendSettingsError(
-                    f"{prefix}{field_name.upper()}: expected JSON (a list or object), got {raw[:80]!r}"
+                    f"{var}: expected JSON (a list or object), got {raw[:80]!r}"
                 ) from None
         else:
             values[field_name] = raw
+    values.update(settings.backend_flags.get(name, {}))
     return values
 
 
 def backend_section(settings: Settings, name: str, model: type[M], *,
                     environ: Mapping[str, str] | None = None) -> M:
     """Backend `name`'s options as `model` (module invariants); raises `BackendSettingsError`."""
-    values = _values(name, model, settings.backends.get(name, {}), os.environ if environ is None else environ)
-    prefix = env_prefix(name)
+    values = _values(name, model, settings, os.environ if environ is None else environ)
     unknown = sorted(set(values) - set(model.model_fields))
     if unknown:
         raise BackendSettingsError(
@@ -87,7 +115,9 @@ def backend_section(settings: Settings, name: str, model: type[M], *,
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
             top = str(err["loc"][0]) if err["loc"] else ""
-            problems.append(f"backends.{name}.{field} (env {prefix}{top.upper()}): {err['msg']}")
+            info = model.model_fields.get(top)
+            env = " or ".join(env_names(name, top, info)) if info else env_prefix(name) + top.upper()
+            problems.append(f"backends.{name}.{field} (env {env}): {err['msg']}")
         raise BackendSettingsError(f"backend {name!r} settings: " + "; ".join(problems)) from None
 
 
@@ -102,3 +132,32 @@ def check_backend_section(settings: Settings, name: str, model: type[BaseModel] 
             )
         return
     backend_section(settings, name, model)
+
+
+def masked_section(section: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """A section as plain values with its secrets masked (module invariants): `***` for a set
+    secret, `None` for an unset one."""
+    items = section.model_dump().items() if isinstance(section, BaseModel) else section.items()
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if isinstance(value, SecretStr) or (value is not None and SECRET_WORDS.search(key)):
+            out[key] = "***"
+        else:
+            out[key] = value
+    return out
+
+
+def moved_option(key: str) -> str | None:
+    """Where a flat top-level option of a backend went (`tinker_base_url` -> `[backends.tinker]
+    base_url`), as the message that refuses it; None when `key` names no backend's option."""
+    from clawbridge.backend import KNOWN_BACKEND_PACKAGES, available_backends
+
+    names = set(KNOWN_BACKEND_PACKAGES) | set(available_backends())
+    for backend in sorted(names, key=len, reverse=True):
+        stem = re.sub(r"[^A-Za-z0-9]", "_", backend).lower() + "_"
+        if key.lower().startswith(stem) and len(key) > len(stem):
+            option = key[len(stem):]
+            return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
+                    f"`[backends.{backend}]` in the TOML file (its environment variable "
+                    f"{env_prefix(backend)}{option.upper()} is unchanged)")
+    return None

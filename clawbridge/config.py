@@ -1,18 +1,22 @@
 """Configuration: every option from CLI flag > environment (`CLAWBRIDGE_*`) > TOML file > default.
 
-Backend keys come from their usual variables (`TINKER_API_KEY`, `FIREWORKS_API_KEY`,
-`FIREWORKS_ACCOUNT_ID`). Secrets are `SecretStr` so they never print by accident; `masked_dump`
-is what `clawbridge config show` prints.
+Invariants:
+- `Settings` holds the options the core reads. A backend's own options (tinker, fireworks, a
+  third-party one) live in its settings model, filled from `[backends.<name>]` and
+  `CLAWBRIDGE_<NAME>_*` (`clawbridge.backend_settings`); a flat top-level key of a backend
+  (`tinker_base_url`) is refused naming where it moved, never silently ignored.
+- Secrets are `SecretStr` so they never print by accident; `masked_dump` (with
+  `backend_settings.masked_section` for the backend sections) is what `clawbridge config show`
+  prints.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,10 +24,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-DEFAULT_STATE_DIR = Path("~/.clawbridge")
+from clawbridge.backend_settings import masked_section
 
-_SECRET_WORDS = re.compile(r"key|secret|token|password", re.IGNORECASE)
-"""Options of a backend section whose names match are masked by `masked_dump`."""
+DEFAULT_STATE_DIR = Path("~/.clawbridge")
 
 LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
@@ -50,6 +53,8 @@ class Settings(BaseSettings):
 
     # Where the TOML file is read from; set by `--config` or CLAWBRIDGE_CONFIG.
     _toml_path: ClassVar[Path | None] = None
+    # CLI flags that set a backend's option (`up --yes`: fireworks `yes`); see `backend_flags`.
+    _backend_flags: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
     # --- server
     host: str = Field("127.0.0.1", description="Address to bind. Non-loopback needs keys set in the environment.")
@@ -234,58 +239,18 @@ class Settings(BaseSettings):
         "offered) gives up after this long, so `up` says what is wrong in seconds.",
     )
 
-    # --- tinker backend (section owned by backends/tinker)
-    tinker_base_url: str = Field("", description="Tinker API URL (default: TINKER_BASE_URL, else Tinker's production API).")
-    tinker_base_model: str = Field("", description="Tinker base model to train, e.g. Qwen/Qwen3-8B (default: the model).")
-    tinker_step_timeout_s: float = Field(900.0, description="forward_backward + optim_step longer than this fail (transient).")
-    tinker_sample_timeout_s: float = Field(300.0, description="A Tinker sample call longer than this gets 504.")
-    tinker_publish_timeout_s: float = Field(600.0, description="Saving weights for the sampler longer than this fails.")
-    tinker_max_retries: int = Field(3, description="Retries of a transient Tinker failure (429, timeout, connection) before giving up.")
-    tinker_retry_backoff_s: float = Field(1.0, description="First wait between Tinker retries; doubles each retry.")
-    tinker_telemetry: bool = Field(False, description="Send the Tinker SDK's telemetry to Tinker (off by default).")
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_options(cls, data: Any) -> Any:
+        """A backend's old flat key (`tinker_base_url = ...`) says where it moved (module invariants)."""
+        if isinstance(data, dict):
+            from clawbridge.backend_settings import OptionMoved, moved_option
 
-    # --- fireworks backend (section owned by backends/fireworks)
-    fireworks_base_url: str = Field("https://api.fireworks.ai", description="Fireworks control-plane API URL.")
-    fireworks_inference_url: str = Field("", description="Fireworks inference gateway URL (default: fireworks_base_url).")
-    fireworks_hotload_url: str = Field("", description="Fireworks hot-load gateway URL (default: fireworks_base_url).")
-    fireworks_trainer_gateway_url: str = Field("", description="Fireworks trainer gateway URL (default: fireworks_base_url).")
-    fireworks_training_shape: str = Field(
-        "", description="Training shape, accounts/<a>/trainingShapes/<s>[/versions/<v>]; needed to create a trainer."
-    )
-    fireworks_trainer_job: str = Field("", description="Existing trainer job id to reuse (never deleted by clawbridge).")
-    fireworks_deployment: str = Field("", description="Existing hot-load deployment id to reuse (never deleted).")
-    fireworks_region: str = Field("", description="Region for a created trainer and deployment (default: any).")
-    fireworks_yes: bool = Field(False, description="Consent to create billable Fireworks trainer jobs and deployments.")
-    fireworks_delete_on_shutdown: bool = Field(
-        False, description="At shutdown, delete the trainer job and deployment clawbridge created (never reused ones)."
-    )
-    fireworks_grad_accumulation_normalization: Literal["num_loss_tokens", "num_sequences", "none"] = Field(
-        "none",
-        description="How optim_step normalizes the summed loss; 'none' because the trainer loop already folds "
-        "its normalization (advantage_normalization) into the advantages, the same for every backend.",
-    )
-    fireworks_grad_clip_norm: float = Field(1.0, description="Adam global gradient-norm clip (0: off).")
-    fireworks_weight_decay: float = Field(0.0, description="Adam decoupled weight decay.")
-    fireworks_poll_interval_s: float = Field(5.0, description="Polling interval while a trainer or deployment starts.")
-    fireworks_trainer_timeout_s: float = Field(3600.0, description="Wait for a trainer job to become ready.")
-    fireworks_deployment_timeout_s: float = Field(5400.0, description="Wait for a deployment to become ready.")
-    fireworks_step_timeout_s: float = Field(900.0, description="Wait for one forward_backward + optim_step.")
-    fireworks_hotload_timeout_s: int = Field(600, description="Wait for a hot load onto the deployment.")
-    fireworks_retry_budget_s: float = Field(60.0, description="Total backoff on 425/429 for one sampling call.")
-    fireworks_telemetry: bool = Field(False, description="Let the Fireworks training SDK send its telemetry.")
-
-    # --- hosted backends: keys from their usual variables
-    tinker_api_key: SecretStr | None = Field(
-        None, description="Tinker API key.", validation_alias=AliasChoices("TINKER_API_KEY", "CLAWBRIDGE_TINKER_API_KEY", "tinker_api_key")
-    )
-    fireworks_api_key: SecretStr | None = Field(
-        None, description="Fireworks API key.", validation_alias=AliasChoices("FIREWORKS_API_KEY", "CLAWBRIDGE_FIREWORKS_API_KEY", "fireworks_api_key")
-    )
-    fireworks_account_id: str | None = Field(
-        None,
-        description="Fireworks account id.",
-        validation_alias=AliasChoices("FIREWORKS_ACCOUNT_ID", "CLAWBRIDGE_FIREWORKS_ACCOUNT_ID", "fireworks_account_id"),
-    )
+            unknown = [k for k in data if isinstance(k, str) and k not in cls.model_fields]
+            moved = [m for m in (moved_option(k) for k in unknown) if m]
+            if moved:
+                raise OptionMoved("; ".join(moved))
+        return data
 
     @field_validator("report_to")
     @classmethod
@@ -308,6 +273,12 @@ class Settings(BaseSettings):
         if toml_path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
         return tuple(sources)
+
+    @property
+    def backend_flags(self) -> dict[str, dict[str, Any]]:
+        """Backend options set by CLI flags, by backend name: they win over the environment
+        (`clawbridge.backend_settings`)."""
+        return self._backend_flags
 
     @property
     def state_path(self) -> Path:
@@ -344,17 +315,16 @@ class Settings(BaseSettings):
             elif isinstance(value, Path):
                 out[name] = str(value)
             elif name == "backends":  # a backend's secrets are its own business: never print them
-                out[name] = {
-                    b: {k: "***" if _SECRET_WORDS.search(k) else v for k, v in section.items()}
-                    for b, section in value.items()
-                }
+                out[name] = {b: masked_section(section) for b, section in value.items()}
             else:
                 out[name] = value
         return out
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Build Settings from CLI overrides (None values ignored), env, and the TOML file."""
+def load_settings(config_file: Path | None = None, *, backend_flags: dict[str, dict[str, Any]] | None = None,
+                  **overrides: Any) -> Settings:
+    """Build Settings from CLI overrides (None values ignored), env, and the TOML file.
+    `backend_flags` are CLI flags that set a backend's options (`{"fireworks": {"yes": True}}`)."""
     if config_file is None and os.environ.get("CLAWBRIDGE_CONFIG"):
         config_file = Path(os.environ["CLAWBRIDGE_CONFIG"])
     if config_file is not None and not config_file.expanduser().is_file():
@@ -362,6 +332,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     clean = {k: v for k, v in overrides.items() if v is not None}
     Settings._toml_path = config_file.expanduser() if config_file else None
     try:
-        return Settings(**clean)
+        settings = Settings(**clean)
     finally:
         Settings._toml_path = None
+    settings._backend_flags = {b: dict(opts) for b, opts in (backend_flags or {}).items() if opts}
+    return settings

@@ -45,7 +45,7 @@ class ServiceProbe:
     """Auth headers (never printed)."""
     timeout_s: float
     url_fix: str
-    """How to fix an unreachable URL, e.g. "check tinker_base_url (CLAWBRIDGE_TINKER_BASE_URL)"."""
+    """How to fix an unreachable URL, e.g. "check [backends.tinker] base_url (CLAWBRIDGE_TINKER_BASE_URL)"."""
     key_fix: str
     """How to fix a refused key."""
 

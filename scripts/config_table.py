@@ -1,10 +1,12 @@
-"""The README's configuration tables, one per section of `Settings`, generated so the two never drift.
+"""The README's configuration tables, one per section of `Settings` and one per bundled backend's
+own settings, generated so the two never drift.
 
 `python scripts/config_table.py` prints them; `--write` replaces the block between the README's
 markers. `tests/test_readme.py` fails when the README's block differs from what this prints.
 
 Sections are the `# --- <section>` comments of `clawbridge/config.py`: each option belongs to the
-section whose comment comes last before it.
+section whose comment comes last before it. Then each bundled backend (`KNOWN_BACKEND_PACKAGES`,
+installed, with a settings model) gets a table of its `[backends.<name>]` options.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from pydantic import AliasChoices
+from pydantic import AliasChoices, BaseModel
+from pydantic.fields import FieldInfo
 
+from clawbridge.backend import KNOWN_BACKEND_PACKAGES, settings_models
+from clawbridge.backend_settings import env_names
 from clawbridge.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +54,18 @@ def sections() -> list[tuple[str, list[str]]]:
     return out
 
 
+def backend_sections() -> list[tuple[str, type[BaseModel]]]:
+    """(backend name, its settings model) for each bundled backend that declares one."""
+    models = settings_models()
+    return [(name, model) for name in KNOWN_BACKEND_PACKAGES if (model := models.get(name)) is not None]
+
+
+def _row(name: str, field: FieldInfo, env: str) -> str:
+    default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+    shown = "(secret)" if "key" in name and default is None else json.dumps(default, default=str)
+    return f"| `{name}` | {env} | `{shown}` | {field.description or ''} |"
+
+
 def row(name: str) -> str:
     field = Settings.model_fields[name]
     alias = field.validation_alias
@@ -56,9 +73,11 @@ def row(name: str) -> str:
         env = ", ".join(f"`{a}`" for a in alias.choices if isinstance(a, str) and a.isupper())
     else:
         env = f"`CLAWBRIDGE_{name.upper()}`"
-    default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
-    shown = "(secret)" if "key" in name and default is None else json.dumps(default, default=str)
-    return f"| `{name}` | {env} | `{shown}` | {field.description or ''} |"
+    return _row(name, field, env)
+
+
+def backend_row(backend: str, name: str, field: FieldInfo) -> str:
+    return _row(name, field, ", ".join(f"`{e}`" for e in env_names(backend, name, field)))
 
 
 def tables() -> str:
@@ -66,6 +85,10 @@ def tables() -> str:
     lines = [BEGIN]
     for title, names in sections():
         lines += ["", f"**{title[0].upper() + title[1:]}**", "", *HEADER, *(row(n) for n in names)]
+    for backend, model in backend_sections():
+        lines += ["", f"**{backend[0].upper() + backend[1:]} backend: TOML `[backends.{backend}]`** "
+                  f"(section owned by backends/{backend})", "", *HEADER,
+                  *(backend_row(backend, n, f) for n, f in model.model_fields.items())]
     return "\n".join([*lines, "", END])
 
 

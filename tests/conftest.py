@@ -9,7 +9,8 @@ persists across test runs; about 1.5 minutes the first time). Skipped, with the 
 package index cannot be reached or torch/gguf are missing. Treat it as read-only.
 
 Every test runs with HOME pointing at a fresh temporary folder and without any `CLAWBRIDGE_*`
-variable from the developer's environment (`_isolated_home`), so nothing reads or writes
+variable or hosted-service key (`TINKER_API_KEY`, ...; a live test asks for them back with the
+`live_service_env` fixture) from the developer's environment (`_isolated_home`), so nothing reads or writes
 ~/.clawbridge and the defaults under test are the real defaults (`CLAWBRIDGE_MODEL_CACHE` and
 `CLAWBRIDGE_CACHE`, where converted models and the Node/openclaw toolchain are cached, stay).
 """
@@ -78,14 +79,31 @@ def tiny_chatml_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
+HOSTED_SERVICE_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "FIREWORKS_API_KEY", "FIREWORKS_ACCOUNT_ID")
+"""The hosted services' own variables, which the tinker and fireworks backends read over their TOML
+sections and over `Settings(backends=...)` (`clawbridge.backend_settings`): no test sees the
+developer's, except a live test that asks for them (`live_service_env`)."""
+LIVE_SERVICE_ENV = {k: os.environ[k] for k in HOSTED_SERVICE_VARS if os.environ.get(k)}
+"""The developer's hosted-service keys, as they were when the tests were collected."""
+
+
+@pytest.fixture
+def live_service_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Give a live test (one that talks to the real Tinker or Fireworks) the developer's keys back."""
+    for name, value in LIVE_SERVICE_ENV.items():
+        monkeypatch.setenv(name, value)
+    return dict(LIVE_SERVICE_ENV)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """HOME is an empty temporary folder and no CLAWBRIDGE_* variable leaks in (subprocesses too)."""
+    """HOME is an empty temporary folder and no CLAWBRIDGE_* or hosted-service variable leaks in
+    (subprocesses too)."""
     keep = {"CLAWBRIDGE_MODEL_CACHE", "CLAWBRIDGE_CACHE"}
     # The downloaded toolchain (Node, openclaw) is a cache, not state: it stays where it was found.
     monkeypatch.setenv("CLAWBRIDGE_CACHE", os.environ.get("CLAWBRIDGE_CACHE") or str(Path.home() / ".cache"))
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
-    for name in [k for k in os.environ if k.startswith("CLAWBRIDGE_") and k not in keep]:
+    for name in [k for k in os.environ if (k.startswith("CLAWBRIDGE_") and k not in keep) or k in HOSTED_SERVICE_VARS]:
         monkeypatch.delenv(name)
     yield home

@@ -36,7 +36,8 @@ def test_config_show_precedence_and_masking(tmp_path: Path) -> None:
               env={"CLAWBRIDGE_MODEL": "from-env", "TINKER_API_KEY": "tinker-secret", "FIREWORKS_ACCOUNT_ID": "acct"})
     conf = json.loads(out.stdout)
     assert conf["port"] == 9001 and conf["model"] == "from-env" and conf["state_dir"] == str(tmp_path)
-    assert conf["api_key"] == "***" and conf["tinker_api_key"] == "***" and conf["fireworks_account_id"] == "acct"
+    assert conf["api_key"] == "***" and conf["backends"]["tinker"]["api_key"] == "***"
+    assert conf["backends"]["fireworks"]["account_id"] == "acct"
     assert "secret" not in out.stdout + out.stderr
     bad = cli("config", "show", "--config", str(tmp_path / "missing.toml"), check=False)
     assert bad.returncode == 2 and "not found" in bad.stderr

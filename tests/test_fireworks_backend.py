@@ -41,20 +41,25 @@ def fake() -> Iterator[tuple[FakeFireworks, ServerThread]]:
         yield fw, srv
 
 
-def make_settings(url: str, state: Path, **kw: Any) -> Settings:
+def make_settings(url: str, state: Path, fireworks: dict[str, Any] | None = None, **kw: Any) -> Settings:
+    """Settings for a backend against `url`; `fireworks` overrides options of `[backends.fireworks]`."""
+    section: dict[str, Any] = dict(
+        api_key="fw-test-key",
+        account_id="acct-test",
+        base_url=url,
+        training_shape=SHAPE,
+        yes=True,
+        poll_interval_s=0.05,
+        retry_budget_s=5.0,
+        step_timeout_s=30.0,
+    )
+    section.update(fireworks or {})
     base: dict[str, Any] = dict(
         backend="fireworks",
         model=MODEL,
         tokenizer="/nonexistent/local-tokenizer",
         state_dir=state,
-        fireworks_api_key="fw-test-key",
-        fireworks_account_id="acct-test",
-        fireworks_base_url=url,
-        fireworks_training_shape=SHAPE,
-        fireworks_yes=True,
-        fireworks_poll_interval_s=0.05,
-        fireworks_retry_budget_s=5.0,
-        fireworks_step_timeout_s=30.0,
+        backends={"fireworks": {k: v for k, v in section.items() if v is not None}},
         request_timeout_s=10.0,
         lora_rank=8,
         learning_rate=3e-5,
@@ -206,7 +211,7 @@ def test_start_train_publish_sample(fake: tuple[FakeFireworks, ServerThread], tm
 
 def test_consent_refused_creates_nothing(fake: tuple[FakeFireworks, ServerThread], tmp_path: Path) -> None:
     fw, srv = fake
-    backend = FireworksBackend(make_settings(srv.url, tmp_path, fireworks_yes=False), notify=lambda m: None)
+    backend = FireworksBackend(make_settings(srv.url, tmp_path, {"yes": False}), notify=lambda m: None)
     with pytest.raises(ConsentRequired) as err:
         asyncio.run(backend.start())
     msg = str(err.value)
@@ -311,7 +316,7 @@ def test_sampler_retries_425_and_429_then_maps_errors(
 
     async def run() -> None:
         backend = await started(
-            make_settings(srv.url, tmp_path, fireworks_retry_budget_s=2.5, request_timeout_s=2.0)
+            make_settings(srv.url, tmp_path, {"retry_budget_s": 2.5}, request_timeout_s=2.0)
         )
         try:
             sampler = backend.sampler()
@@ -355,7 +360,7 @@ def test_restart_restores_what_it_is_told(fake: tuple[FakeFireworks, ServerThrea
 
     async def second() -> None:
         # no consent needed: everything it uses already exists and was created by clawbridge
-        backend = await started(make_settings(srv.url, tmp_path, fireworks_yes=False))
+        backend = await started(make_settings(srv.url, tmp_path, {"yes": False}))
         try:
             assert not fw.bodies("trainer.load_weights")  # the trainer loop restores, never start()
             hotloads = fw.ops().count("hotload")
@@ -387,7 +392,7 @@ def test_delete_on_shutdown_only_what_was_created(
 
     asyncio.run(run())  # creates both
     dep_id = next(iter(fw.deployments))
-    asyncio.run(run(fireworks_deployment=dep_id, fireworks_delete_on_shutdown=True))
+    asyncio.run(run(fireworks={"deployment": dep_id, "delete_on_shutdown": True}))
     assert fw.ops().count("job.delete") == 1
     assert "deployment.delete" not in fw.ops()  # the user named it: never deleted
     assert dep_id in fw.deployments
@@ -398,17 +403,17 @@ def test_doctor_checks(fake: tuple[FakeFireworks, ServerThread], tmp_path: Path)
     checks = doctor_checks(make_settings(srv.url, tmp_path))
     assert all(ok for ok, _ in checks), checks
     bad = doctor_checks(
-        make_settings(srv.url, tmp_path, fireworks_api_key=None, fireworks_account_id="other")
+        make_settings(srv.url, tmp_path, {"api_key": None, "account_id": "other"})
     )
     assert any(not ok and "FIREWORKS_API_KEY" in msg for ok, msg in bad)
-    wrong = doctor_checks(make_settings(srv.url, tmp_path, fireworks_account_id="other"))
+    wrong = doctor_checks(make_settings(srv.url, tmp_path, {"account_id": "other"}))
     assert any(not ok and "not the key's account" in msg for ok, msg in wrong)
 
 
 @pytest.mark.skipif(
     not os.environ.get("FIREWORKS_API_KEY"), reason="FIREWORKS_API_KEY is not set: live test skipped"
 )
-def test_live_doctor() -> None:
+def test_live_doctor(live_service_env: dict[str, str]) -> None:
     checks = doctor_checks(Settings.model_validate({"backend": "fireworks"}))
     assert all(ok for ok, msg in checks if "reachable" in msg or "API key" in msg), checks
 

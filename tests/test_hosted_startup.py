@@ -88,7 +88,7 @@ def assert_refused(r: subprocess.CompletedProcess[str], *phrases: str) -> str:
 def test_tinker_connection_refused(tmp_path: Path) -> None:
     port = closed_port()
     out = assert_refused(tinker_up(tmp_path, f"http://127.0.0.1:{port}"),
-                         "tinker: unreachable", f"127.0.0.1:{port}", "connection refused", "tinker_base_url")
+                         "tinker: unreachable", f"127.0.0.1:{port}", "connection refused", "[backends.tinker] base_url")
     assert "good-key" not in out
 
 
@@ -131,7 +131,7 @@ def fireworks_up(state: Path, url: str, key: str = "fw-test-key", model: str = F
 def test_fireworks_connection_refused(tmp_path: Path) -> None:
     port = closed_port()
     assert_refused(fireworks_up(tmp_path, f"http://127.0.0.1:{port}"),
-                   "fireworks: unreachable", f"127.0.0.1:{port}", "connection refused", "fireworks_base_url")
+                   "fireworks: unreachable", f"127.0.0.1:{port}", "connection refused", "[backends.fireworks] base_url")
 
 
 def test_fireworks_no_answer(tmp_path: Path, silent_port: int) -> None:
@@ -157,5 +157,5 @@ def test_fireworks_model_unknown(tmp_path: Path, fireworks: tuple[FakeFireworks,
 def test_fireworks_named_deployment_missing(tmp_path: Path, fireworks: tuple[FakeFireworks, ServerThread]) -> None:
     fw, srv = fireworks
     assert_refused(fireworks_up(tmp_path, srv.url, CLAWBRIDGE_FIREWORKS_DEPLOYMENT="dep-gone"),
-                   "fireworks: model unknown", "deployment dep-gone does not exist", "fireworks_deployment")
+                   "fireworks: model unknown", "deployment dep-gone does not exist", "[backends.fireworks] deployment")
     assert not fw.ops("job.create") and not fw.ops("deployment.create")

@@ -51,16 +51,18 @@ def server() -> Iterator[TinkerProtocolServer]:
     srv.stop()
 
 
-def make_settings(server: TinkerProtocolServer, state_dir: Path, **kw: Any) -> Settings:
+def make_settings(server: TinkerProtocolServer, state_dir: Path, tinker: dict[str, Any] | None = None,
+                  **kw: Any) -> Settings:
+    """Settings for a backend against `server`; `tinker` overrides options of `[backends.tinker]`."""
+    section: dict[str, Any] = {"base_url": server.base_url, "api_key": "tml-test-key", "retry_backoff_s": 0.05}
+    section.update(tinker or {})
     base: dict[str, Any] = dict(
         model=MODEL,
         tokenizer="/nonexistent/tokenizer",  # only handed to the proxy; the backend never loads it
-        tinker_base_url=server.base_url,
-        tinker_api_key="tml-test-key",
+        backends={"tinker": {k: v for k, v in section.items() if v is not None}},
         state_dir=state_dir,
         learning_rate=3e-5,
         lora_rank=8,
-        tinker_retry_backoff_s=0.05,
     )
     base.update(kw)
     return Settings.model_validate(base)
@@ -271,7 +273,7 @@ def test_step_timeout_is_transient(server: TinkerProtocolServer, tmp_path: Path)
             await b.train_step([datum([40])], LossConfig())
         return time.monotonic() - t0, b.step
 
-    elapsed, step = run(server, tmp_path, body, tinker_step_timeout_s=1.0)
+    elapsed, step = run(server, tmp_path, body, tinker={"step_timeout_s": 1.0})
     assert 0.9 <= elapsed < 5
     assert step == 0
 
@@ -338,7 +340,7 @@ def test_sample_timeout_maps_to_sampler_timeout(server: TinkerProtocolServer, tm
         with pytest.raises(SamplerTimeout):
             await b.sampler().sample(PROMPT, SamplingParams(max_tokens=2))
 
-    run(server, tmp_path, body, tinker_sample_timeout_s=1.0)
+    run(server, tmp_path, body, tinker={"sample_timeout_s": 1.0})
 
 
 def test_fake_sampling_client_stream_cut_at_stop() -> None:
@@ -399,7 +401,7 @@ def test_telemetry_off_unless_enabled(server: TinkerProtocolServer, tmp_path: Pa
     async def body(b: TinkerBackend) -> None:
         await b.train_step([datum([40])], LossConfig())
 
-    kw = {"tinker_telemetry": True} if enabled else {}
+    kw = {"tinker": {"telemetry": True}} if enabled else {}
     run(server, tmp_path, body, **kw)
     assert os.environ["TINKER_TELEMETRY"] == ("1" if enabled else "0")
     assert (server.telemetry_posts > 0) == enabled
@@ -410,17 +412,17 @@ def test_doctor_checks(server: TinkerProtocolServer, tmp_path: Path) -> None:
     assert all(good for good, _ in ok), ok
     assert any("reached" in line for _, line in ok)
 
-    no_key = doctor_checks(make_settings(server, tmp_path, tinker_api_key=None))
+    no_key = doctor_checks(make_settings(server, tmp_path, tinker={"api_key": None}))
     assert (
         False,
         "TINKER_API_KEY is not set: export TINKER_API_KEY=tml-... (from the Tinker console)",
     ) in no_key
 
-    wrong_model = doctor_checks(make_settings(server, tmp_path, tinker_base_model="nope/model"))
+    wrong_model = doctor_checks(make_settings(server, tmp_path, tinker={"base_model": "nope/model"}))
     assert any(not good and "does not offer 'nope/model'" in line for good, line in wrong_model)
 
     server.api_keys = {"tml-test-key"}
-    refused = doctor_checks(make_settings(server, tmp_path, tinker_api_key="tml-revoked-key"))
+    refused = doctor_checks(make_settings(server, tmp_path, tinker={"api_key": "tml-revoked-key"}))
     assert any(not good and "tinker: bad key" in line and "HTTP 401" in line for good, line in refused)
     assert not any("revoked" in line for _, line in refused)
 
@@ -428,7 +430,7 @@ def test_doctor_checks(server: TinkerProtocolServer, tmp_path: Path) -> None:
 @pytest.mark.skipif(
     not os.environ.get("TINKER_API_KEY"), reason="TINKER_API_KEY is not set; live Tinker test skipped"
 )
-def test_live_tinker(tmp_path: Path) -> None:
+def test_live_tinker(tmp_path: Path, live_service_env: dict[str, str]) -> None:
     base_model = os.environ.get("CLAWBRIDGE_TINKER_BASE_MODEL", "Qwen/Qwen3-4B-Instruct-2507")
     settings = Settings.model_validate(
         {"model": base_model, "tokenizer": base_model, "state_dir": tmp_path, "lora_rank": 8}
@@ -459,7 +461,7 @@ def test_close_never_raises_when_the_server_is_gone(tmp_path: Path) -> None:
     srv.start()
 
     async def main() -> None:
-        backend = TinkerBackend(make_settings(srv, tmp_path, tinker_max_retries=0))
+        backend = TinkerBackend(make_settings(srv, tmp_path, tinker={"max_retries": 0}))
         await backend.start()
         await backend.save_checkpoint("v00000000-base")  # a training session exists to finish
         srv.stop()

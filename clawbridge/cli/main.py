@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clawbridge.config import Settings, load_settings
@@ -58,11 +59,12 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config fi
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
 
 
-def _settings(config: Path | None, **overrides: Any) -> Settings:
+def _settings(config: Path | None, *, backend_flags: dict[str, dict[str, Any]] | None = None,
+              **overrides: Any) -> Settings:
     try:
-        return load_settings(config, **overrides)
+        return load_settings(config, backend_flags=backend_flags, **overrides)
     except Exception as exc:  # pydantic errors, missing file
-        err.print(f"[red]configuration error:[/red] {exc}")
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -103,8 +105,9 @@ def up(
     One server per state dir: a second `up` on the same one exits at once, naming the first."""
     settings = _settings(config, backend=backend, model=model, served_model_name=served_model_name,
                          engine=engine, tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
-                         log_level=log_level, fireworks_yes=True if yes else None, report_to=report_to, train=train,
-                         batch_size=batch_size, learning_rate=learning_rate, lora_rank=lora_rank, method=method)
+                         log_level=log_level, report_to=report_to, train=train,
+                         batch_size=batch_size, learning_rate=learning_rate, lora_rank=lora_rank, method=method,
+                         backend_flags={"fireworks": {"yes": True}} if yes else None)
     if not settings.model:
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)
@@ -122,11 +125,11 @@ def up(
         pass
     except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, StateDirBusy, PortInUse, CheckpointMismatch,
             ServiceProbeFailed, FileNotFoundError, OSError) as exc:
-        err.print(f"[red]cannot start:[/red] {exc}", soft_wrap=True, highlight=False)
+        err.print(f"[red]cannot start:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)
         logging.getLogger("clawbridge").debug("start-up failed", exc_info=True)
-        err.print(f"[red]cannot start:[/red] {type(exc).__name__}: {exc}")
+        err.print(f"[red]cannot start:[/red] {type(exc).__name__}: {escape(str(exc))}")
         raise typer.Exit(1) from None
 
 
@@ -488,7 +491,7 @@ def doctor(
     settings = _settings(config, state_dir=state_dir)
     checks = run_doctor(settings, backend)
     for ok, line in checks:
-        console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + line, highlight=False, soft_wrap=True)
+        console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + escape(line), highlight=False, soft_wrap=True)
     if not all(ok for ok, _ in checks):
         raise typer.Exit(1)
 
@@ -556,15 +559,33 @@ def config_show(
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Print the resolved configuration (flags > CLAWBRIDGE_* env > TOML > defaults), secrets masked."""
+    """Print the resolved configuration (flags > CLAWBRIDGE_* env > TOML > defaults), secrets masked.
+
+    `backends` holds each installed backend's options (TOML `[backends.<name>]`, environment
+    `CLAWBRIDGE_<NAME>_<OPTION>`) as that backend would read them."""
+    from clawbridge.backend import settings_models, shown_backend_options
+    from clawbridge.backend_settings import env_names
+
     settings = _settings(config, state_dir=state_dir)
     dump = settings.masked_dump()
+    dump["backends"], problems = shown_backend_options(settings)
+    for problem in problems:
+        err.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(dump, indent=2))
         return
     table = Table("option", "value", "env var")
+    models = settings_models()
     for k, v in dump.items():
-        table.add_row(k, json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
+        if k != "backends":
+            table.add_row(k, json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
+            continue
+        for name, section in v.items():
+            model = models.get(name)
+            for option, value in section.items():
+                info = model.model_fields.get(option) if model is not None else None
+                env = ", ".join(env_names(name, option, info)) if info is not None else ""
+                table.add_row(f"backends.{name}.{option}", json.dumps(value), env)
     console.print(table)
 
 

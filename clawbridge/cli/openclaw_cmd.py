@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from clawbridge.address import base_url_for
 from clawbridge.config import load_settings
@@ -40,7 +41,7 @@ def _settings_state_and_url(config: Path | None, state_dir: Path | None) -> tupl
     try:
         settings = load_settings(config, state_dir=state_dir)
     except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     return settings.state_path, base_url_for(settings.host, settings.port)
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from clawbridge.config import load_settings
 
@@ -25,7 +26,7 @@ def _db(state_dir: Path | None, config: Path | None) -> Path:
     try:
         settings = load_settings(config, state_dir=state_dir)
     except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     return settings.state_path / DB_FILENAME
 

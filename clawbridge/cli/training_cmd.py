@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clawbridge.config import load_settings
@@ -35,7 +36,7 @@ def _store(state_dir: Path | None, config: Path | None):  # type: ignore[no-unty
     try:
         settings = load_settings(config, state_dir=state_dir)
     except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     path = settings.state_path / DB_FILENAME
     if not path.exists():

@@ -17,6 +17,8 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clawbridge.backend import trained_model
+
 if TYPE_CHECKING:
     from clawbridge.config import Settings
 
@@ -59,7 +61,7 @@ def _safetensors_header(path: Path) -> bytes:
 
 def checkpoint_identity(settings: Settings, backend: str) -> dict[str, Any]:
     """The identity recorded with every checkpoint trained under these settings."""
-    model = settings.tinker_base_model if backend == "tinker" and settings.tinker_base_model else settings.model
+    model = trained_model(settings, backend)
     folder = Path(model).expanduser()
     local = folder.is_dir()
     lora = settings.lora_rank > 0

@@ -5,7 +5,7 @@ Invariants:
   resources; seconds, not the SDK's minutes of retries), then plans, and creates nothing billable
   without consent (see provision.py).
 - `train_step` submits `forward_backward` and `optim_step` back to back (the SDK orders them by
-  sequence id) and waits for both with `fireworks_step_timeout_s`; it returns metrics or raises,
+  sequence id) and waits for both with `[backends.fireworks] step_timeout_s`; it returns metrics or raises,
   and the step counter and manifest move only after both succeeded.
 - `publish` = `WeightSyncer.save_and_hotload(name)`; the returned snapshot identity is recorded
   under the next int version in the manifest (atomically) before the sampler serves it. The
@@ -56,6 +56,7 @@ from clawbridge_fireworks.sdk import (
     TrainerJobManager,
     WeightSyncer,
 )
+from clawbridge_fireworks.settings import FireworksSettings, fireworks_settings
 
 DEFAULT_CONTEXT_WINDOW = 32768
 
@@ -92,6 +93,8 @@ class FireworksBackend:
 
     def __init__(self, settings: Settings, notify: Callable[[str], None] = _stderr) -> None:
         self.settings = settings
+        self.opts: FireworksSettings = fireworks_settings(settings)
+        """This backend's own options (`[backends.fireworks]`, `CLAWBRIDGE_FIREWORKS_*`)."""
         self.notify = notify
         self.manifest_path = Manifest.path_in(settings.state_path)
         self.manifest = Manifest()
@@ -109,10 +112,10 @@ class FireworksBackend:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def _api_key(self) -> str:
-        key = self.settings.fireworks_api_key
-        if key is None or not key.get_secret_value():
+        key = self.opts.api_key_value()
+        if not key:
             raise prov.ProvisionError("FIREWORKS_API_KEY is not set; export your Fireworks API key")
-        return key.get_secret_value()
+        return key
 
     async def start(self) -> None:
         s = self.settings
@@ -122,7 +125,7 @@ class FireworksBackend:
             raise prov.ProvisionError(
                 "set tokenizer to a local folder or Hugging Face id matching the Fireworks base model"
             )
-        if not s.fireworks_telemetry:
+        if not self.opts.telemetry:
             os.environ.setdefault("TINKER_TELEMETRY", "0")
         await probe(s, api_key)
         self.manifest = Manifest.load(self.manifest_path)
@@ -136,27 +139,27 @@ class FireworksBackend:
             api_key=api_key,
             context_window=self._model_info.context_window if self._model_info else DEFAULT_CONTEXT_WINDOW,
             timeout_s=s.request_timeout_s,
-            retry_budget_s=s.fireworks_retry_budget_s,
+            retry_budget_s=self.opts.retry_budget_s,
             version=self.manifest.version,
         )
         self.notify(f"ready: policy version {self.manifest.version}, step {self.manifest.step}")
 
     def _start_blocking(self, api_key: str) -> None:
-        s = self.settings
-        base = s.fireworks_base_url
+        s, o = self.settings, self.opts
+        base = o.base_url
         self._trainer_mgr = TrainerJobManager(
-            api_key=api_key, base_url=base, trainer_gateway_url=s.fireworks_trainer_gateway_url or None
+            api_key=api_key, base_url=base, trainer_gateway_url=o.trainer_gateway_url or None
         )
         self._deploy_mgr = _GatedDeploymentManager(
             api_key=api_key,
             base_url=base,
-            inference_url=s.fireworks_inference_url or None,
-            hotload_api_url=s.fireworks_hotload_url or None,
+            inference_url=o.inference_url or None,
+            hotload_api_url=o.hotload_url or None,
         )
         account = self._deploy_mgr.account_id
-        if s.fireworks_account_id and s.fireworks_account_id != account:
+        if o.account_id and o.account_id != account:
             raise prov.ProvisionError(
-                f"FIREWORKS_API_KEY belongs to account {account}, but FIREWORKS_ACCOUNT_ID is {s.fireworks_account_id}"
+                f"FIREWORKS_API_KEY belongs to account {account}, but FIREWORKS_ACCOUNT_ID is {o.account_id}"
             )
         plan = prov.make_plan(s, self.manifest, self._trainer_mgr, self._deploy_mgr)
         self.notify(prov.describe(plan, s))
@@ -198,7 +201,7 @@ class FireworksBackend:
             deploy_mgr=self._deploy_mgr,
             deployment_id=done.deployment.deployment_id,
             base_model=s.model,
-            hotload_timeout=s.fireworks_hotload_timeout_s,
+            hotload_timeout=o.hotload_timeout_s,
             lora_rank=s.lora_rank,
         )
 
@@ -233,7 +236,7 @@ class FireworksBackend:
             self.notify(f"close: {type(e).__name__}: {e}")
 
     def _close_blocking(self) -> None:
-        if self.settings.fireworks_delete_on_shutdown and self._trainer_mgr and self._deploy_mgr:
+        if self.opts.delete_on_shutdown and self._trainer_mgr and self._deploy_mgr:
             prov.cleanup(self.manifest, self._trainer_mgr, self._deploy_mgr, self.notify)
             self.manifest.save(self.manifest_path)
         for closeable in (self._service, self._trainer_mgr, self._deploy_mgr):
@@ -249,8 +252,8 @@ class FireworksBackend:
         s = self.settings
         return AdamParams(
             learning_rate=s.effective_learning_rate,
-            weight_decay=s.fireworks_weight_decay,
-            grad_clip_norm=s.fireworks_grad_clip_norm,
+            weight_decay=self.opts.weight_decay,
+            grad_clip_norm=self.opts.grad_clip_norm,
         )
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
@@ -273,13 +276,13 @@ class FireworksBackend:
         self, data: list[Any], loss_fn: str, loss_cfg: dict[str, float] | None
     ) -> tuple[dict[str, float], dict[str, float]]:
         assert self._training is not None
-        timeout = self.settings.fireworks_step_timeout_s
+        timeout = self.opts.step_timeout_s
         deadline = time.monotonic() + timeout
         fb = self._training.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]
         opt = self._training.optim_step(
             self._adam(),
             grad_accumulation_normalization=GradAccNormalization(
-                self.settings.fireworks_grad_accumulation_normalization
+                self.opts.grad_accumulation_normalization
             ),
         )
         fb_out = fb.result(timeout=timeout)
@@ -321,7 +324,7 @@ class FireworksBackend:
 
     async def _save_checkpoint_locked(self, name: str) -> str:
         assert self._training is not None
-        timeout = self.settings.fireworks_step_timeout_s
+        timeout = self.opts.step_timeout_s
         training = self._training
         result = await asyncio.to_thread(lambda: training.save_state(name).result(timeout=timeout))
         path = str(result.path)
@@ -337,7 +340,7 @@ class FireworksBackend:
         with the checkpoint): hot-loaded again unless the deployment already serves that version's
         snapshot."""
         assert self._training is not None and self._sampler is not None
-        timeout = self.settings.fireworks_step_timeout_s
+        timeout = self.opts.step_timeout_s
         training = self._training
         async with self._lock:
             await asyncio.to_thread(lambda: training.load_state_with_optimizer(path).result(timeout=timeout))
@@ -400,7 +403,7 @@ class FireworksBackend:
         if self._base_scorer is None:
             self._base_scorer = self._service.create_base_training_client(self.settings.model)
         client = self._base_scorer
-        timeout = self.settings.fireworks_step_timeout_s
+        timeout = self.opts.step_timeout_s
         try:
             return client.forward(data, SCORING_LOSS_FN).result(timeout=timeout)
         except Exception:
@@ -413,5 +416,8 @@ class FireworksBackend:
 
 
 def create(settings: Settings) -> FireworksBackend:
-    """Entry point `clawbridge.backends:fireworks`."""
+    """Entry point `clawbridge.backends:fireworks`; its options are `FireworksSettings`."""
     return FireworksBackend(settings)
+
+
+create.settings_model = FireworksSettings  # type: ignore[attr-defined]

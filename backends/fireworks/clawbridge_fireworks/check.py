@@ -13,6 +13,8 @@ from __future__ import annotations
 from clawbridge.config import Settings
 from clawbridge.probe import ServiceProbe, ServiceProbeFailed
 
+from .settings import NAME, fireworks_settings
+
 
 def _short(resource: str) -> str:
     return resource.rsplit("/", 1)[-1]
@@ -21,33 +23,33 @@ def _short(resource: str) -> str:
 async def probe(settings: Settings, api_key: str) -> list[str]:
     """Check the control plane with `api_key`; return the accounts the key belongs to. Raises
     `ServiceProbeFailed` saying what is wrong."""
-    s = settings
+    s, o = settings, fireworks_settings(settings)
     p = ServiceProbe(
-        "fireworks", s.fireworks_base_url, {"Authorization": f"Bearer {api_key}", "X-Api-Key": api_key},
+        "fireworks", o.base_url, {"Authorization": f"Bearer {api_key}", "X-Api-Key": api_key},
         s.probe_timeout_s,
-        url_fix="check fireworks_base_url (CLAWBRIDGE_FIREWORKS_BASE_URL) and the network",
+        url_fix=f"check [backends.{NAME}] base_url (CLAWBRIDGE_FIREWORKS_BASE_URL) and the network",
         key_fix="set FIREWORKS_API_KEY to a key from https://fireworks.ai/account/api-keys",
     )
     resp = await p.call("GET", "/v1/accounts?pageSize=2")
     if resp.status_code != 200:
         raise p.unexpected(resp, "listing the key's accounts")
     accounts = [str(a.get("name", "")).removeprefix("accounts/") for a in resp.json().get("accounts") or []]
-    account = s.fireworks_account_id or (accounts[0] if accounts else "")
+    account = o.account_id or (accounts[0] if accounts else "")
 
     model = s.model
     if model.startswith("accounts/") and "/models/" in model:
         resp = await p.call("GET", f"/v1/{model}", auth_checked=False)
         if resp.status_code in (403, 404):
             raise ServiceProbeFailed(
-                "fireworks", "model unknown", f"{s.fireworks_base_url} does not offer base model {model!r} "
+                "fireworks", "model unknown", f"{o.base_url} does not offer base model {model!r} "
                 f"(HTTP {resp.status_code})", "set --model to a Fireworks base model, e.g. "
                 "accounts/fireworks/models/qwen3-8b",
             )
         if resp.status_code != 200:
             raise p.unexpected(resp, f"looking up model {model}")
 
-    named = (("deployment", "deployments", s.fireworks_deployment, "fireworks_deployment"),
-             ("trainer job", "rlorTrainerJobs", s.fireworks_trainer_job, "fireworks_trainer_job"))
+    named = (("deployment", "deployments", o.deployment, "deployment"),
+             ("trainer job", "rlorTrainerJobs", o.trainer_job, "trainer_job"))
     for what, collection, name, setting in named:
         if not name or not account:
             continue
@@ -55,7 +57,7 @@ async def probe(settings: Settings, api_key: str) -> list[str]:
         if resp.status_code == 404:
             raise ServiceProbeFailed(
                 "fireworks", "model unknown", f"{what} {name} does not exist in account {account}",
-                f"fix {setting} (CLAWBRIDGE_{setting.upper()}) or unset it to let clawbridge create one",
+                f"fix [backends.{NAME}] {setting} (CLAWBRIDGE_FIREWORKS_{setting.upper()}) or unset it to let clawbridge create one",
             )
         if resp.status_code != 200:
             raise p.unexpected(resp, f"looking up {what} {name}")

@@ -9,16 +9,22 @@ from __future__ import annotations
 import asyncio
 from importlib import metadata
 
+from clawbridge.backend_settings import BackendSettingsError
 from clawbridge.config import Settings
 from clawbridge.probe import ServiceProbeFailed
 from clawbridge_fireworks import PINNED_SDK_VERSION
 from clawbridge_fireworks.check import probe
+from clawbridge_fireworks.settings import NAME, fireworks_settings
 
 
 def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[bool, str]]:
     """Key, account, SDK version, training shape and reachability, one line each."""
     checks: list[tuple[bool, str]] = []
-    key = settings.fireworks_api_key.get_secret_value() if settings.fireworks_api_key else ""
+    try:
+        opts = fireworks_settings(settings)
+    except BackendSettingsError as e:
+        return [(False, str(e))]
+    key = opts.api_key_value()
     checks.append(
         (True, "FIREWORKS_API_KEY is set")
         if key
@@ -28,8 +34,8 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
         )
     )
     checks.append(
-        (True, f"FIREWORKS_ACCOUNT_ID is {settings.fireworks_account_id}")
-        if settings.fireworks_account_id
+        (True, f"FIREWORKS_ACCOUNT_ID is {opts.account_id}")
+        if opts.account_id
         else (
             False,
             "FIREWORKS_ACCOUNT_ID is not set: export your account id (used to check the key's account)",
@@ -50,8 +56,8 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
                 f"fireworks-ai is {version}, tested with {PINNED_SDK_VERSION}: pip install fireworks-ai=={PINNED_SDK_VERSION}",
             )
         )
-    if not (settings.fireworks_training_shape or settings.fireworks_trainer_job):
-        checks.append((False, "neither fireworks_training_shape nor fireworks_trainer_job is set: set one"))
+    if not (opts.training_shape or opts.trainer_job):
+        checks.append((False, f"neither [backends.{NAME}] training_shape nor trainer_job is set: set one"))
     if not key:
         return checks
     try:
@@ -60,13 +66,13 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
         checks.append((False, str(e)))
         return checks
     checks.append(
-        (True, f"{settings.fireworks_base_url} reachable; key belongs to {', '.join(accounts) or '?'}")
+        (True, f"{opts.base_url} reachable; key belongs to {', '.join(accounts) or '?'}")
     )
-    if settings.fireworks_account_id and accounts and settings.fireworks_account_id not in accounts:
+    if opts.account_id and accounts and opts.account_id not in accounts:
         checks.append(
             (
                 False,
-                f"FIREWORKS_ACCOUNT_ID {settings.fireworks_account_id} is not the key's account {accounts}",
+                f"FIREWORKS_ACCOUNT_ID {opts.account_id} is not the key's account {accounts}",
             )
         )
     return checks

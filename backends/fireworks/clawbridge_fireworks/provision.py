@@ -1,7 +1,7 @@
 """Start-up planning and provisioning of the trainer job and hot-load deployment.
 
 Invariants:
-- Nothing billable is created or resumed without consent (`fireworks_yes`): `make_plan` decides
+- Nothing billable is created or resumed without consent (`[backends.fireworks] yes`): `make_plan` decides
   what would be created, `require_consent` refuses with the plan (what, and what it costs to keep
   running) when consent is missing. Reusing a running resource needs no consent.
 - Resources the user names are reused, never created, never deleted. Resources clawbridge created
@@ -31,6 +31,7 @@ from clawbridge_fireworks.sdk import (
     TrainerServiceEndpoint,
     TrainingShapeProfile,
 )
+from clawbridge_fireworks.settings import fireworks_settings
 
 APPROX_USD_PER_GPU_HOUR: dict[str, float] = {
     "NVIDIA_A100_80GB": 2.9,
@@ -55,7 +56,7 @@ _BAD_DEPLOYMENT_STATES = frozenset({"FAILED", "DELETED", "DELETING"})
 
 
 class ConsentRequired(RuntimeError):
-    """Creating billable resources needs `--yes` / `fireworks_yes = true`."""
+    """Creating billable resources needs `--yes` / `[backends.fireworks] yes = true`."""
 
 
 class ProvisionError(RuntimeError):
@@ -92,18 +93,19 @@ class Provisioned:
 
 
 def resolve_profile(settings: Settings, trainer_mgr: TrainerJobManager) -> TrainingShapeProfile | None:
-    """Resolve `fireworks_training_shape` and check LoRA vs full against `lora_rank`."""
-    if not settings.fireworks_training_shape:
+    """Resolve `[backends.fireworks] training_shape` and check LoRA vs full against `lora_rank`."""
+    shape = fireworks_settings(settings).training_shape
+    if not shape:
         return None
-    profile = trainer_mgr.resolve_training_profile(settings.fireworks_training_shape)
+    profile = trainer_mgr.resolve_training_profile(shape)
     if settings.lora_rank > 0 and not profile.supports_lora:
         raise ProvisionError(
-            f"training shape {settings.fireworks_training_shape} is full-parameter "
+            f"training shape {shape} is full-parameter "
             f"(trainer mode {profile.trainer_mode or 'unknown'}); set lora_rank = 0 or pick a LoRA shape"
         )
     if settings.lora_rank == 0 and profile.supports_lora:
         raise ProvisionError(
-            f"training shape {settings.fireworks_training_shape} is a LoRA shape; set lora_rank > 0 "
+            f"training shape {shape} is a LoRA shape; set lora_rank > 0 "
             "or pick a full-parameter shape"
         )
     return profile
@@ -116,10 +118,11 @@ def make_plan(
     if not settings.model:
         raise ProvisionError("set model to the Fireworks base model, e.g. accounts/fireworks/models/qwen3-8b")
     profile = resolve_profile(settings, trainer_mgr)
+    opts = fireworks_settings(settings)
 
     trainer_id, trainer_action = "", "create"
-    named_trainer = bool(settings.fireworks_trainer_job)
-    candidate = settings.fireworks_trainer_job or manifest.created_trainer_job
+    named_trainer = bool(opts.trainer_job)
+    candidate = opts.trainer_job or manifest.created_trainer_job
     if candidate:
         job = trainer_mgr.try_get(candidate)
         state = str((job or {}).get("state", ""))
@@ -133,14 +136,14 @@ def make_plan(
     if trainer_action == "create":
         if profile is None:
             raise ProvisionError(
-                "set fireworks_training_shape (accounts/<a>/trainingShapes/<s>) to create a trainer job, "
-                "or fireworks_trainer_job to reuse one"
+                "set [backends.fireworks] training_shape (accounts/<a>/trainingShapes/<s>) to create a trainer "
+                "job, or [backends.fireworks] trainer_job to reuse one"
             )
         trainer_id = f"clawbridge-{uuid.uuid4().hex[:10]}"
 
     deployment_id, deployment_action = "", "create"
-    named_deployment = bool(settings.fireworks_deployment)
-    dcandidate = settings.fireworks_deployment or manifest.created_deployment
+    named_deployment = bool(opts.deployment)
+    dcandidate = opts.deployment or manifest.created_deployment
     if dcandidate:
         info = deploy_mgr.get(dcandidate)
         if info is None or info.state in _BAD_DEPLOYMENT_STATES:
@@ -153,8 +156,8 @@ def make_plan(
     if deployment_action == "create":
         if profile is None or not profile.deployment_shape:
             raise ProvisionError(
-                "set fireworks_training_shape (its deployment shape is used) to create a deployment, "
-                "or fireworks_deployment to reuse one"
+                "set [backends.fireworks] training_shape (its deployment shape is used) to create a deployment, "
+                "or [backends.fireworks] deployment to reuse one"
             )
         deployment_id = f"clawbridge-{uuid.uuid4().hex[:10]}"
     return Plan(
@@ -202,25 +205,26 @@ def describe(plan: Plan, settings: Settings) -> str:
             f"  - create deployment {plan.deployment_id} (deployment shape {shape}, 1 replica, hot load from the "
             "trainer): billed per GPU-hour while its replica is up, even when idle"
         )
-    if settings.fireworks_delete_on_shutdown:
+    if fireworks_settings(settings).delete_on_shutdown:
         lines.append(
-            "  At shutdown clawbridge deletes what it created (fireworks_delete_on_shutdown = true)."
+            "  At shutdown clawbridge deletes what it created ([backends.fireworks] delete_on_shutdown = true)."
         )
     else:
         lines.append(
-            "  Nothing is deleted at shutdown; set fireworks_delete_on_shutdown = true to delete what clawbridge created."
+            "  Nothing is deleted at shutdown; set [backends.fireworks] delete_on_shutdown = true to delete what "
+            "clawbridge created."
         )
     lines.append(f"  Prices are estimates; see {PRICING_URL}.")
     return "\n".join(lines)
 
 
 def require_consent(plan: Plan, settings: Settings) -> None:
-    """Refuse a billable plan without `fireworks_yes`."""
-    if plan.billable and not settings.fireworks_yes:
+    """Refuse a billable plan without `[backends.fireworks] yes`."""
+    if plan.billable and not fireworks_settings(settings).yes:
         raise ConsentRequired(
             describe(plan, settings)
             + "\nRefusing to create or resume billable Fireworks resources without consent: "
-            "run with --yes, or set fireworks_yes = true (CLAWBRIDGE_FIREWORKS_YES=1)."
+            "run with --yes, or set [backends.fireworks] yes = true (CLAWBRIDGE_FIREWORKS_YES=1)."
         )
 
 
@@ -233,7 +237,8 @@ def provision(
 ) -> Provisioned:
     """Carry out the plan; block until the trainer and the deployment are ready."""
     require_consent(plan, settings)
-    poll = settings.fireworks_poll_interval_s
+    opts = fireworks_settings(settings)
+    poll = opts.poll_interval_s
     created_trainer = ""
     if plan.trainer_action == "create":
         assert plan.profile is not None
@@ -245,22 +250,22 @@ def provision(
                 learning_rate=settings.effective_learning_rate,
                 training_shape_ref=plan.profile.training_shape,
                 display_name=f"clawbridge {plan.trainer_job_id}"[:63],
-                region=settings.fireworks_region or None,
+                region=opts.region or None,
                 requested_job_id=plan.trainer_job_id,
             ),
             poll_interval_s=poll,
-            timeout_s=settings.fireworks_trainer_timeout_s,
+            timeout_s=opts.trainer_timeout_s,
         )
         created_trainer = endpoint.job_id
     elif plan.trainer_action == "resume":
         notify(f"resuming trainer job {plan.trainer_job_id}")
         endpoint = trainer_mgr.resume_and_wait(
-            plan.trainer_job_id, poll_interval_s=poll, timeout_s=settings.fireworks_trainer_timeout_s
+            plan.trainer_job_id, poll_interval_s=poll, timeout_s=opts.trainer_timeout_s
         )
     else:
         notify(f"connecting to trainer job {plan.trainer_job_id}")
         endpoint = trainer_mgr.wait_for_existing(
-            plan.trainer_job_id, poll_interval_s=poll, timeout_s=settings.fireworks_trainer_timeout_s
+            plan.trainer_job_id, poll_interval_s=poll, timeout_s=opts.trainer_timeout_s
         )
 
     created_deployment = ""
@@ -272,7 +277,7 @@ def provision(
                 deployment_id=plan.deployment_id,
                 base_model=settings.model,
                 profile=plan.profile,
-                region=settings.fireworks_region or None,
+                region=opts.region or None,
                 min_replica_count=1,
                 max_replica_count=1,
                 hot_load_trainer_job=endpoint.job_name,
@@ -283,7 +288,7 @@ def provision(
         )
         created_deployment = info.deployment_id
     info = deploy_mgr.wait_for_ready(
-        plan.deployment_id, timeout_s=settings.fireworks_deployment_timeout_s, poll_interval_s=poll
+        plan.deployment_id, timeout_s=opts.deployment_timeout_s, poll_interval_s=poll
     )
     if info.hot_load_trainer_job and info.hot_load_trainer_job != endpoint.job_name:
         raise ProvisionError(

@@ -2,7 +2,7 @@
 
 Invariants:
 - One `ServiceClient` per backend, created in a worker thread (its constructor blocks on HTTP),
-  never on the event loop. Telemetry is decided before it exists (`settings.tinker_telemetry`).
+  never on the event loop. Telemetry is decided before it exists (`[backends.tinker] telemetry`).
 - `train_step` submits `forward_backward` and `optim_step` back to back (so Tinker can run them
   in one clock cycle), then awaits both under one explicit deadline and returns the metrics the
   server reported. It is not re-submitted on failure: `TinkerRequestFailed` (permanent) or
@@ -52,6 +52,7 @@ from .sdk import (
     TrainingClient,
 )
 from .service import ClientLedger, probe, release, release_recorded
+from .settings import TinkerSettings, tinker_settings
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ class TinkerBackend:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.base_model = settings.tinker_base_model or settings.model
+        self.opts: TinkerSettings = tinker_settings(settings)
+        """This backend's own options (`[backends.tinker]`, `CLAWBRIDGE_TINKER_*`)."""
+        self.base_model = self.opts.base_model or settings.model
         self.step = 0
         """Training steps completed (restored from the manifest on resume)."""
         self.policy_version = 0
@@ -97,12 +100,12 @@ class TinkerBackend:
     async def start(self) -> None:
         s = self.settings
         if not self.base_model:
-            raise ValueError("set tinker_base_model (or model) to the Tinker base model to train")
+            raise ValueError("set [backends.tinker] base_model (or model) to the Tinker base model to train")
         if not s.tokenizer_source:
             raise ValueError("set tokenizer (or model) to a local folder or id the tokenizer loads from")
-        api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
-        configure_telemetry(s.tinker_telemetry)
-        base_url = s.tinker_base_url or None
+        api_key = self.opts.api_key_value()
+        configure_telemetry(self.opts.telemetry)
+        base_url = self.opts.base_url or None
         probed = await probe(base_url, api_key, self.base_model, s.probe_timeout_s)
         self._context_window = probed.context_length or DEFAULT_CONTEXT_WINDOW
         await release_recorded(self.clients, base_url, api_key, s.probe_timeout_s)
@@ -113,7 +116,7 @@ class TinkerBackend:
             lambda: service.create_sampling_client(
                 base_model=self.base_model, retry_config=self._retry_config()
             ).result_async(),
-            s.tinker_publish_timeout_s,
+            self.opts.publish_timeout_s,
         )
         self._sampler = TinkerSampler(client, self.policy_version, self._limits())
 
@@ -154,7 +157,7 @@ class TinkerBackend:
         loss_fn, loss_cfg = loss_fn_and_config(loss)
         data = [to_tinker_datum(d) for d in batch]
         adam = AdamParams(learning_rate=self.settings.effective_learning_rate)
-        timeout = self.settings.tinker_step_timeout_s
+        timeout = self.opts.step_timeout_s
         async with self._lock:
             fb_future = tc.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]
             optim_future = tc.optim_step(adam)
@@ -194,7 +197,7 @@ class TinkerBackend:
                 lambda: tc.save_weights_and_get_sampling_client(
                     retry_config=self._retry_config()
                 ).result_async(),
-                self.settings.tinker_publish_timeout_s,
+                self.opts.publish_timeout_s,
             )
             target = self.policy_version + 1 if version is None else version
             sampler.swap(client, target)
@@ -210,7 +213,7 @@ class TinkerBackend:
             saved = await self._retry(
                 f"save_state {name!r}",
                 lambda: tc.save_state(name).result_async(),
-                self.settings.tinker_publish_timeout_s,
+                self.opts.publish_timeout_s,
             )
             await fault_point("checkpoint.mid")
             manifest = load_manifest(self.manifest_file) or Manifest(self.base_model, self.settings.lora_rank)
@@ -223,15 +226,15 @@ class TinkerBackend:
     async def delete_checkpoint(self, path: str) -> None:
         """Delete a saved state on the service (`RestClient.delete_checkpoint_from_tinker_path`)
         and drop it from the manifest (`clawbridge.backend.CheckpointDeleter`)."""
-        s = self.settings
         if self._rest is None:
-            api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
-            self._rest = await asyncio.to_thread(RestClient, base_url=s.tinker_base_url or None, api_key=api_key)
+            self._rest = await asyncio.to_thread(
+                RestClient, base_url=self.opts.base_url or None, api_key=self.opts.api_key_value()
+            )
         rest = self._rest
         await self._retry(
             f"delete checkpoint {path}",
             lambda: rest.delete_checkpoint_from_tinker_path(path).result_async(),
-            s.tinker_publish_timeout_s,
+            self.opts.publish_timeout_s,
         )
         async with self._lock:
             manifest = load_manifest(self.manifest_file)
@@ -252,7 +255,7 @@ class TinkerBackend:
                 f"{path} is not in {self.manifest_file}; only checkpoints saved here can be resumed"
             )
         target = entry.policy_version if version is None else version
-        timeout = self.settings.tinker_publish_timeout_s
+        timeout = self.opts.publish_timeout_s
         async with self._lock:
             old = self._training
             tc = self._recorded(await self._retry(
@@ -293,7 +296,7 @@ class TinkerBackend:
         tc: TrainingClient = await self._retry(
             "create LoRA training client",
             lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
-            s.tinker_publish_timeout_s,
+            self.opts.publish_timeout_s,
         )
         self._training = self._recorded(tc)
         return tc
@@ -309,33 +312,31 @@ class TinkerBackend:
         if not tc.model_id:
             return
         s = self.settings
-        api_key = s.tinker_api_key.get_secret_value() if s.tinker_api_key else None
-        await release(self.clients, s.tinker_base_url or None, api_key, str(tc.model_id), s.probe_timeout_s)
+        await release(self.clients, self.opts.base_url or None, self.opts.api_key_value(), str(tc.model_id),
+                      s.probe_timeout_s)
 
     def _limits(self) -> SamplerLimits:
-        s = self.settings
         return SamplerLimits(
             context_window=self._context_window,
-            timeout_s=s.tinker_sample_timeout_s,
-            max_retries=s.tinker_max_retries,
-            backoff_s=s.tinker_retry_backoff_s,
+            timeout_s=self.opts.sample_timeout_s,
+            max_retries=self.opts.max_retries,
+            backoff_s=self.opts.retry_backoff_s,
         )
 
     def _retry_config(self) -> RetryConfig:
         # The SDK's stuck detection is only a backstop: our own wall-clock bound (retry_transient)
         # must fire first so a hang is reported as a timeout, not as a connection error. At equal
         # bounds the two raced and the SDK's "No progress made" APIConnectionError sometimes won.
-        timeout = self.settings.tinker_sample_timeout_s
+        timeout = self.opts.sample_timeout_s
         return RetryConfig(progress_timeout=timeout + max(2.0, 0.5 * timeout))
 
     async def _retry(self, what: str, call: Any, timeout_s: float) -> Any:
-        s = self.settings
         return await retry_transient(
             what,
             call,
             timeout_s=timeout_s,
-            max_retries=s.tinker_max_retries,
-            backoff_s=s.tinker_retry_backoff_s,
+            max_retries=self.opts.max_retries,
+            backoff_s=self.opts.retry_backoff_s,
         )
 
     # ---- rewards: the base model as OPD teacher (clawbridge.backend.LogprobScorer)
@@ -349,7 +350,7 @@ class TinkerBackend:
         kept apart from the serving sampler."""
         if self._service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
-        service, timeout = self._service, self.settings.tinker_sample_timeout_s
+        service, timeout = self._service, self.opts.sample_timeout_s
         client = self._base_scorer
         if client is None:
             client = await self._retry(
@@ -357,7 +358,7 @@ class TinkerBackend:
                 lambda: service.create_sampling_client(
                     base_model=self.base_model, retry_config=self._retry_config()
                 ).result_async(),
-                self.settings.tinker_publish_timeout_s,
+                self.opts.publish_timeout_s,
             )
             self._base_scorer = client
         out: list[list[float]] = []
@@ -397,5 +398,8 @@ class TinkerBackend:
 
 
 def create(settings: Settings) -> TinkerBackend:
-    """Entry point (`clawbridge.backends`: tinker)."""
+    """Entry point (`clawbridge.backends`: tinker); its options are `TinkerSettings`."""
     return TinkerBackend(settings)
+
+
+create.settings_model = TinkerSettings  # type: ignore[attr-defined]

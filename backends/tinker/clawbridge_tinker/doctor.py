@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import asyncio
 
+from clawbridge.backend_settings import BackendSettingsError
 from clawbridge.config import Settings
 from clawbridge.probe import ServiceProbeFailed
 
 from .sdk import PINNED_VERSION, tinker
 from .service import probe, resolve_base_url
+from .settings import tinker_settings
 
 
 def doctor_checks(settings: Settings, timeout_s: float = 20.0) -> list[tuple[bool, str]]:
     """(ok, one-line message) for the key, the SDK version, the model settings and reachability."""
     checks: list[tuple[bool, str]] = []
-    key = settings.tinker_api_key.get_secret_value() if settings.tinker_api_key else ""
+    try:
+        opts = tinker_settings(settings)
+    except BackendSettingsError as e:
+        return [(False, str(e))]
+    key = opts.api_key_value() or ""
     if not key:
         checks.append(
             (False, "TINKER_API_KEY is not set: export TINKER_API_KEY=tml-... (from the Tinker console)")
@@ -41,20 +47,20 @@ def doctor_checks(settings: Settings, timeout_s: float = 20.0) -> list[tuple[boo
             )
         )
 
-    base_model = settings.tinker_base_model or settings.model
+    base_model = opts.base_model or settings.model
     if not base_model:
-        checks.append((False, "no base model: set --tinker-base-model (or --model), e.g. Qwen/Qwen3-8B"))
+        checks.append((False, "no base model: set [backends.tinker] base_model (or --model), e.g. Qwen/Qwen3-8B"))
     if not settings.tokenizer_source:
         checks.append(
             (False, "no tokenizer: set --tokenizer to a local folder or id with the base model's tokenizer")
         )
 
-    url = resolve_base_url(settings.tinker_base_url or None)
+    url = resolve_base_url(opts.base_url or None)
     if not key:
         checks.append((False, f"did not try to reach {url}: no key"))
         return checks
     try:
-        probed = asyncio.run(probe(settings.tinker_base_url or None, key, None, timeout_s))
+        probed = asyncio.run(probe(opts.base_url or None, key, None, timeout_s))
     except ServiceProbeFailed as e:
         checks.append((False, str(e)))
         return checks

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://tinker.thinkingmachines.dev/services/tinker-prod"
 """The SDK's production URL (`tinker.lib.base_url.DEFAULT_BASE_URL`), used when neither
-`tinker_base_url` nor TINKER_BASE_URL is set."""
+`[backends.tinker] base_url` nor TINKER_BASE_URL is set."""
 
 
 def resolve_base_url(base_url: str | None) -> str:
@@ -62,7 +62,7 @@ async def probe(base_url: str | None, api_key: str | None, base_model: str | Non
     url = resolve_base_url(base_url)
     p = ServiceProbe(
         "tinker", url, _headers(api_key), timeout_s,
-        url_fix="check tinker_base_url (CLAWBRIDGE_TINKER_BASE_URL) or TINKER_BASE_URL, and the network",
+        url_fix="check [backends.tinker] base_url (CLAWBRIDGE_TINKER_BASE_URL) or TINKER_BASE_URL, and the network",
         key_fix="set TINKER_API_KEY to a key from the Tinker console (it starts with tml-)",
     )
     if not api_key:
@@ -82,7 +82,7 @@ async def probe(base_url: str | None, api_key: str | None, base_model: str | Non
             return Probed(names, int(m["max_context_length"]) if m.get("max_context_length") else None)
     raise ServiceProbeFailed(
         "tinker", "model unknown", f"{url} does not offer base model {base_model!r}",
-        f"set tinker_base_model (or --model) to one of: {', '.join(names) or '(none offered)'}",
+        f"set [backends.tinker] base_model (or --model) to one of: {', '.join(names) or '(none offered)'}",
     )
 
 
