@@ -105,8 +105,16 @@ class TrainerCore:
         with torch.no_grad(), self._autocast():
             if self.config.lora is not None:
                 peft_model: Any = self.model
-                with peft_model.disable_adapter():
-                    return token_logprobs(self.model, c)
+                # peft's disable_adapter() turns requires_grad off on the adapters and back on when it
+                # exits, but under FSDP2 it left a tied lm_head's adapter frozen: that adapter stopped
+                # training after the first KL step and fell out of every checkpoint. Restore it here.
+                trainable = [p for p in self.model.parameters() if p.requires_grad]
+                try:
+                    with peft_model.disable_adapter():
+                        return token_logprobs(self.model, c)
+                finally:
+                    for p in trainable:
+                        p.requires_grad_(True)
             if self._reference is None:
                 self._reference = model_io.build_reference(self.config)
                 self._place(self._reference)
