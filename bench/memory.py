@@ -75,8 +75,7 @@ def child(name: str, model_dir: Path, batch_file: Path, work: Path) -> dict[str,
     import transformers  # noqa: F401
     from clawbridge_local.trainer.batch import read_batch
     from clawbridge_local.trainer.client import FsdpTrainerClient
-    from clawbridge_local.trainer.config import TrainerConfig
-    from train_throughput import BETAS, EPS, LORA, LR, MAX_GRAD_NORM, PlainLoop
+    from train_throughput import LORA, PlainLoop, trainer_config
 
     from clawbridge.backend import LossConfig
 
@@ -92,16 +91,7 @@ def child(name: str, model_dir: Path, batch_file: Path, work: Path) -> dict[str,
             plain.step(batch, loss)
     elif name.startswith("trainer"):
         world = int(name.split("-")[1])
-        cfg = TrainerConfig(
-            model_path=str(model_dir),
-            lora=lora,
-            learning_rate=LR,
-            betas=BETAS,
-            eps=EPS,
-            max_grad_norm=MAX_GRAD_NORM,
-            micro_batch_size=1024,
-        )
-        client = FsdpTrainerClient(cfg, work, launcher="inprocess" if world == 1 else "torchrun")
+        client = FsdpTrainerClient(trainer_config(model_dir, lora), work, launcher="inprocess" if world == 1 else "torchrun")
         client.start(world)
         for _ in range(STEPS):
             client.train_step(batch, loss)

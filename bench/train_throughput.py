@@ -164,19 +164,16 @@ class Runner:
     last_loss: float = float("nan")
 
 
+def trainer_config(model_dir: Path, lora: LoraSettings | None) -> TrainerConfig:
+    """The trainer under measurement: the plain loop's optimizer settings, one micro-batch per step."""
+    return TrainerConfig(model_path=str(model_dir), lora=lora, learning_rate=LR, betas=BETAS, eps=EPS,
+                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024)
+
+
 def fsdp_runner(
     name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int
 ) -> Runner:
-    cfg = TrainerConfig(
-        model_path=str(model_dir),
-        lora=lora,
-        learning_rate=LR,
-        betas=BETAS,
-        eps=EPS,
-        max_grad_norm=MAX_GRAD_NORM,
-        micro_batch_size=1024,
-    )
-    client = FsdpTrainerClient(cfg, work, launcher="inprocess" if world == 1 else "torchrun")
+    client = FsdpTrainerClient(trainer_config(model_dir, lora), work, launcher="inprocess" if world == 1 else "torchrun")
     t0 = time.perf_counter()
     with env(OMP_NUM_THREADS=str(max(1, threads // world))):
         client.start(world)
