@@ -85,7 +85,8 @@ def up(
     served_model_name: Annotated[str | None, typer.Option(help="Name the model answers to.")] = None,
     engine: Annotated[str | None, typer.Option(help="local backend engine: auto, torch or sglang.")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder or id (default: the model).")] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Consent to create billable hosted resources (fireworks).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Consent to create billable hosted resources (fireworks: "
+                                      "sets \\[backends.fireworks] yes, over CLAWBRIDGE_FIREWORKS_YES).")] = False,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8400).")] = None,
     state_dir: StateOpt = None,
