@@ -155,9 +155,11 @@ class Settings(BaseSettings):
         "(turns merged into one sequence count one each).",
     )
     loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
-        "importance_sampling", description="Policy-gradient loss (Tinker / Fireworks semantics). importance_sampling: "
-        "the ratio to the recorded sampler logprob weights each token, unclipped (the global grad-norm clip bounds a "
-        "step); cispo clips that weight to [1 - clip_low, 1 + clip_high]; ppo zeroes the gradient of clipped tokens.",
+        "cispo", description="Policy-gradient loss (Tinker / Fireworks semantics). cispo (default): the ratio to the "
+        "recorded sampler logprob weights each token, clipped to [1 - clip_low, 1 + clip_high] (every token keeps its "
+        "gradient; a token the policy already pushed far cannot pull itself further); importance_sampling: the same "
+        "weight unclipped (on stale data it collapsed a run in 8 under load; README, 'Stale data'); ppo zeroes the "
+        "gradient of clipped tokens.",
     )
     clip_low: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio floor is 1 - clip_low.")
     clip_high: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio ceiling is 1 + clip_high.")
