@@ -144,7 +144,7 @@ class StoreCollector(Collector):
         trained.add_metric([], samples["trained"])
         yield trained
         dropped = CounterMetricFamily("clawbridge_samples_dropped", "Samples dropped, by reason.", labels=["reason"])
-        for reason in sorted(set(samples["dropped"]) | {"stale", "no_reward", "empty"}):
+        for reason in sorted(set(samples["dropped"]) | {"stale", "no_reward", "empty", "no_signal"}):
             dropped.add_metric([reason], samples["dropped"].get(reason, 0))
         yield dropped
         votes = CounterMetricFamily("clawbridge_judge_calls", "Judge calls (votes), by outcome.", labels=["outcome"])

@@ -476,3 +476,31 @@ def test_importance_weight_keeps_stale_samples_and_drops_only_past_the_user_boun
     assert report.metrics["staleness_max"] == 7.0
     assert consumed(store)[ancient[0]] is None
     assert TrainingStore(store).training_stats()["samples"]["dropped"] == {"stale": 1}
+
+
+def test_a_batch_without_signal_is_not_a_step(store: Store) -> None:
+    # Every session of the task rewarded alike: under a group baseline every advantage is 0. Such a
+    # batch is not sent (an optimizer step on zeros still moves the weights by Adam's momentum): its
+    # samples are dropped as no_signal, no step row, no new version; the next batch with a signal trains.
+    b = backend()
+    loop = loop_for(store, b, batch_size=2, baseline="group_mean")
+    for sid in ("a", "b"):
+        store.ensure_session(sid, "header", task_id="t")
+        rewarded_session(store, sid, reward=1.0)
+    assert run(loop.run_once()) is None
+    assert b.batches == [] and TrainingStore(store).steps() == [] and b.fake_sampler.version == 0
+    with store.read() as c:
+        assert {r[0] for r in c.execute("SELECT dropped_reason FROM samples")} == {"no_signal"}
+    for sid, reward in (("c", 1.0), ("d", 0.0)):
+        store.ensure_session(sid, "header", task_id="u")
+        rewarded_session(store, sid, reward=reward)
+    report = run(loop.run_once())
+    assert report is not None and report.ok and b.fake_sampler.version == 1
+    assert report.metrics["dropped_no_signal"] == 2.0
+    # A KL penalty is a signal of its own: the same zero-advantage batch then trains.
+    kl = loop_for(store, backend(), batch_size=2, baseline="group_mean", loss=LossConfig(kl_coef=0.1))
+    for sid in ("e", "f"):
+        store.ensure_session(sid, "header", task_id="v")
+        rewarded_session(store, sid, reward=1.0)
+    kl_report = run(kl.run_once())
+    assert kl_report is not None and kl_report.ok

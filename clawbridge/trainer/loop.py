@@ -26,6 +26,12 @@ Invariants:
   (> 0). Under
   `'drop'` a sample more than `max_off_policy_steps` behind is dropped. Dropped samples get
   `dropped_reason='stale'` and are counted in the next step's metrics.
+- No step without a learning signal: a batch whose every advantage is 0 (all answers of each
+  group rewarded alike: a policy that has converged, or collapsed) and no KL term is not sent; its
+  samples are dropped as `no_signal` and no version is published. An optimizer step on zeros is
+  not a no-op: Adam's momentum (and weight decay) kept moving the weights in an old direction at
+  the learning rate, and the tiny judge demo drifted from every answer accepted to every answer
+  corrected in 9 such steps (CI, 0.387 -> 0.057), where a group baseline has nothing to learn from.
 - A trainer that falls behind trains larger steps: when more than `batch_size` samples are
   ready, a batch takes as many as fit in `max_batch_tokens` sampled tokens (`select_batch`).
 - A session's turns whose prompts extend each other train as one datum (`merge_turns`,
@@ -171,7 +177,7 @@ class TrainerLoop:
         self.last_report: StepReport | None = None
         self._watermark = 0.0
         self._recovered = False
-        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0}
+        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0, "no_signal": 0}
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -233,7 +239,17 @@ class TrainerLoop:
             batch = await asyncio.to_thread(self._collect)
             if not batch:
                 return None
-            return await self._step(batch)
+            try:
+                prepared: PreparedBatch | None = await asyncio.to_thread(self._prepare, batch)
+            except Exception:
+                prepared = None  # _step prepares again and records the failure as a failed step
+            if prepared is not None and not self._has_signal(prepared):
+                n = await asyncio.to_thread(self.tstore.drop_samples, (s.turn_id for s in batch), "no_signal")
+                self._dropped["no_signal"] += n
+                log.info("skipped a batch of %d turn(s) without a learning signal (every advantage 0): "
+                         "no optimizer step, no new version", n)
+                return None
+            return await self._step(batch, prepared)
 
     def _collect(self) -> list[PendingSample]:
         cfg = self.config
@@ -300,7 +316,15 @@ class TrainerLoop:
             merge=cfg.merge_turns,
         )
 
-    async def _step(self, batch: list[PendingSample]) -> StepReport:
+    def _has_signal(self, prepared: PreparedBatch) -> bool:
+        """Whether a step on `prepared` would push the policy anywhere: some advantage is nonzero,
+        or a KL penalty pulls toward the base. (A step on nothing but zeros is not a no-op: Adam's
+        momentum and weight decay still move the weights, lr-sized, in an old direction.)"""
+        if self.config.loss.kl_coef > 0:
+            return True
+        return any(a != 0.0 for d in prepared.datums for a, m in zip(d.advantages, d.mask, strict=True) if m)
+
+    async def _step(self, batch: list[PendingSample], prepared_in: PreparedBatch | None = None) -> StepReport:
         turn_ids = tuple(s.turn_id for s in batch)
         step = await asyncio.to_thread(self.tstore.begin_step)
         self._in_step = True
@@ -308,7 +332,8 @@ class TrainerLoop:
         keeper = self.keeper
         version: int | None = None
         try:
-            prepared = await asyncio.to_thread(self._prepare, batch)
+            prepared: PreparedBatch = (
+                prepared_in if prepared_in is not None else await asyncio.to_thread(self._prepare, batch))
             metrics.update(prepared.metrics)
             await keeper.ensure_base()
             keeper.dirty = True  # from here on the trainer state may hold this step's update
@@ -387,6 +412,7 @@ class TrainerLoop:
                 "dropped_stale": float(self._dropped["stale"]),
                 "dropped_empty": float(self._dropped["empty"]),
                 "dropped_no_reward": float(self._dropped["no_reward"]),
+                "dropped_no_signal": float(self._dropped["no_signal"]),
                 "normalization": self.config.normalization,
                 "baseline": self.config.baseline,
             }
