@@ -26,9 +26,11 @@ Invariants:
   (> 0). Under
   `'drop'` a sample more than `max_off_policy_steps` behind is dropped. Dropped samples get
   `dropped_reason='stale'` and are counted in the next step's metrics.
-- No step without a learning signal: a batch whose every advantage is 0 (all answers of each
-  group rewarded alike: a policy that has converged, or collapsed) and no KL term is not sent; its
-  samples are dropped as `no_signal` and no version is published. An optimizer step on zeros is
+- No step without a learning signal: under a group baseline, a batch of grouped turns (each with
+  a task id) whose every advantage is 0
+  (all answers of each group rewarded alike: a policy that has converged, or collapsed) and no KL
+  term is not sent; its samples are dropped as `no_signal` and no version is published (the
+  fallback running means it computed are kept in memory and saved with the next committed step). An optimizer step on zeros is
   not a no-op: Adam's momentum (and weight decay) kept moving the weights in an old direction at
   the learning rate, and the tiny judge demo drifted from every answer accepted to every answer
   corrected in 9 such steps (CI, 0.387 -> 0.057), where a group baseline has nothing to learn from.
@@ -243,9 +245,10 @@ class TrainerLoop:
                 prepared: PreparedBatch | None = await asyncio.to_thread(self._prepare, batch)
             except Exception:
                 prepared = None  # _step prepares again and records the failure as a failed step
-            if prepared is not None and not self._has_signal(prepared):
+            if prepared is not None and not self._has_signal(batch, prepared):
                 n = await asyncio.to_thread(self.tstore.drop_samples, (s.turn_id for s in batch), "no_signal")
                 self._dropped["no_signal"] += n
+                self.running_means = prepared.running  # saved with the next committed step
                 log.info("skipped a batch of %d turn(s) without a learning signal (every advantage 0): "
                          "no optimizer step, no new version", n)
                 return None
@@ -316,12 +319,17 @@ class TrainerLoop:
             merge=cfg.merge_turns,
         )
 
-    def _has_signal(self, prepared: PreparedBatch) -> bool:
+    def _has_signal(self, batch: list[PendingSample], prepared: PreparedBatch) -> bool:
         """Whether a step on `prepared` would push the policy anywhere: some advantage is nonzero,
         or a KL penalty pulls toward the base. (A step on nothing but zeros is not a no-op: Adam's
-        momentum and weight decay still move the weights, lr-sized, in an old direction.)"""
-        if self.config.loss.kl_coef > 0:
-            return True
+        momentum and weight decay still move the weights, lr-sized, in an old direction.) Judged
+        only when every turn of the batch is in a group (a task id under a group baseline): there a
+        group rewarded alike is the no-signal case, while a running-mean baseline (also the group
+        baselines' fallback for turns without a task id) is state that must advance with each batch
+        (its first sample under a key always gets advantage 0), so such batches still step."""
+        grouped = self.config.baseline in ("group_mean", "group_mean_std") and all(s.task_id for s in batch)
+        if self.config.loss.kl_coef > 0 or not grouped:
+            return True  # a running-mean baseline's state advances only with a committed step
         return any(a != 0.0 for d in prepared.datums for a, m in zip(d.advantages, d.mask, strict=True) if m)
 
     async def _step(self, batch: list[PendingSample], prepared_in: PreparedBatch | None = None) -> StepReport:
