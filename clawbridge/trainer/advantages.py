@@ -80,6 +80,9 @@ from clawbridge.store.training import SessionTrace
 BaselineRule = Literal["none", "running_mean", "group_mean", "group_mean_std"]
 NormalizationRule = Literal["token_mean", "sequence_mean", "sum"]
 
+GROUP_BASELINES: frozenset[str] = frozenset({"group_mean", "group_mean_std"})
+"""The baseline rules that compare turns within a group (a task id and a place, rule 3)."""
+
 STD_EPS = 1e-6
 """Added to the group std before dividing (group_mean_std)."""
 

@@ -27,13 +27,13 @@ Invariants:
   `'drop'` a sample more than `max_off_policy_steps` behind is dropped. Dropped samples get
   `dropped_reason='stale'` and are counted in the next step's metrics.
 - No step without a learning signal: under a group baseline, a batch of grouped turns (each with
-  a task id) whose every advantage is 0
-  (all answers of each group rewarded alike: a policy that has converged, or collapsed) and no KL
-  term is not sent; its samples are dropped as `no_signal` and no version is published (the
-  fallback running means it computed are kept in memory and saved with the next committed step). An optimizer step on zeros is
-  not a no-op: Adam's momentum (and weight decay) kept moving the weights in an old direction at
-  the learning rate, and the tiny judge demo drifted from every answer accepted to every answer
-  corrected in 9 such steps (CI, 0.387 -> 0.057), where a group baseline has nothing to learn from.
+  a task id) whose every advantage is 0 (all answers of each group rewarded alike: a policy that
+  has converged, or collapsed) and no KL term is not sent; its samples are dropped as `no_signal`
+  and no version is published (the fallback running means it computed are kept in memory and
+  saved with the next committed step). An optimizer step on zeros is not a no-op: Adam's momentum
+  (and weight decay) kept moving the weights in an old direction at the learning rate, and the
+  tiny judge demo drifted from every answer accepted to every answer corrected in 9 such steps
+  (CI, 0.387 -> 0.057), where a group baseline has nothing to learn from.
 - A trainer that falls behind trains larger steps: when more than `batch_size` samples are
   ready, a batch takes as many as fit in `max_batch_tokens` sampled tokens (`select_batch`).
 - A session's turns whose prompts extend each other train as one datum (`merge_turns`,
@@ -63,7 +63,7 @@ from clawbridge.background import Background
 from clawbridge.faults import fault_point
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
-from clawbridge.trainer.advantages import BaselineRule, NormalizationRule, RunningMeans
+from clawbridge.trainer.advantages import GROUP_BASELINES, BaselineRule, NormalizationRule, RunningMeans
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
 from clawbridge.trainer.merge import MergeStats
@@ -282,7 +282,7 @@ class TrainerLoop:
             )
         if screened.empty:
             self._dropped["empty"] += self.tstore.drop_samples((s.turn_id for s in screened.empty), "empty")
-        whole_groups = cfg.baseline in ("group_mean", "group_mean_std")
+        whole_groups = cfg.baseline in GROUP_BASELINES
         batch = select_batch(screened.usable, cfg.batch_size, whole_groups, cfg.max_batch_tokens)
         if batch or not screened.usable:
             self._short_since = None
@@ -327,7 +327,7 @@ class TrainerLoop:
         group rewarded alike is the no-signal case, while a running-mean baseline (also the group
         baselines' fallback for turns without a task id) is state that must advance with each batch
         (its first sample under a key always gets advantage 0), so such batches still step."""
-        grouped = self.config.baseline in ("group_mean", "group_mean_std") and all(s.task_id for s in batch)
+        grouped = self.config.baseline in GROUP_BASELINES and all(s.task_id for s in batch)
         if self.config.loss.kl_coef > 0 or not grouped:
             return True  # a running-mean baseline's state advances only with a committed step
         return any(a != 0.0 for d in prepared.datums for a, m in zip(d.advantages, d.mask, strict=True) if m)
