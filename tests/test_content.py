@@ -55,3 +55,22 @@ def test_the_runtime_line_is_read_from_any_text_part() -> None:
     msgs = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}, {"type": "text", "text": line}]}]
     assert parse_runtime_session(msgs) == "agent:main:explicit:s1"
     assert parse_runtime_session([{"role": "user", "content": None}]) is None
+
+
+def test_an_adapter_reads_its_own_part_types_by_the_same_rules() -> None:
+    from clawbridge.proxy.responses_request import RESPONSES_PART_FIELDS, input_messages
+
+    parts = [{"type": "output_text", "text": "The answer "}, {"type": "refusal", "refusal": "is no."}]
+    assert content_text(parts, fields=RESPONSES_PART_FIELDS, join="") == "The answer is no."
+    with pytest.raises(ContentError) as info:
+        content_text(parts)  # a refusal part is not chat-completions text
+    assert info.value.index == 1 and info.value.field is None
+    with pytest.raises(ContentError) as info:
+        content_text([{"type": "text", "text": "a"}, {"type": "refusal"}], fields=RESPONSES_PART_FIELDS)
+    assert (info.value.index, info.value.field) == (1, "refusal")
+    # the Responses reader joins one message's parts as pieces of one text, summaries by paragraphs
+    msgs = input_messages([
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "a"}, {"type": "summary_text", "text": "b"}]},
+        {"type": "message", "role": "assistant", "content": parts},
+    ])
+    assert msgs == [{"role": "assistant", "reasoning_content": "a\n\nb", "content": "The answer is no."}]

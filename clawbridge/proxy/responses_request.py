@@ -21,10 +21,12 @@ Invariants:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from clawbridge.content import TEXT_PART_FIELDS, ContentError, content_text
 from clawbridge.proxy.errors import ApiError
 
 _REFUSED_FIELDS = {
@@ -120,26 +122,21 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
 
 
 # ---------------------------------------------------------------------- input items
-def _part_text(part: Any, i: int, j: int) -> str:
-    if not isinstance(part, dict):
-        raise invalid(f"input[{i}].content[{j}] must be an object", f"input.{i}.content.{j}")
-    kind = part.get("type")
-    field = "refusal" if kind == "refusal" else "text"
-    if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal"):
-        if isinstance(part.get(field), str):
-            return str(part[field])
-        raise invalid(f"input[{i}].content[{j}]: a {kind} part needs a string {field!r}",
-                      f"input.{i}.content.{j}.{field}")
-    raise invalid(f"input[{i}].content[{j}]: content type {kind!r} is not served; only text is",
-                  f"input.{i}.content.{j}")
+RESPONSES_PART_FIELDS: Mapping[str, str] = {
+    **TEXT_PART_FIELDS, "summary_text": "text", "reasoning_text": "text", "refusal": "refusal"}
+"""The Responses API's text-carrying parts and the key of each one's text (`clawbridge.content`)."""
 
 
-def _content_text(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(_part_text(p, i, j) for j, p in enumerate(content))
-    raise invalid(f"input[{i}].content must be a string or a list of parts", f"input.{i}.content")
+def _content_text(content: Any, i: int, *, key: str = "content", join: str = "") -> str:
+    """Item `i`'s content (a string or a list of text parts) as text, by `clawbridge.content`'s
+    rules with this API's part types; a message's parts are pieces of one text, joined with `""`."""
+    if content is None:
+        raise invalid(f"input[{i}].{key} must be a string or a list of parts", f"input.{i}.{key}")
+    try:
+        return content_text(content, f"input[{i}].{key}", fields=RESPONSES_PART_FIELDS, join=join)
+    except ContentError as e:
+        param = ".".join(str(x) for x in ("input", i, key, e.index, e.field) if x is not None)
+        raise invalid(str(e), param) from e
 
 
 class _Messages:
@@ -190,7 +187,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             parts = item.get("content") or item.get("summary") or []
             if not isinstance(parts, list):
                 raise invalid(f"input[{i}].summary must be a list of parts", f"input.{i}.summary")
-            text = "\n\n".join(_part_text(p, i, j) for j, p in enumerate(parts))
+            text = _content_text(parts, i, join="\n\n")
             pending = msgs.assistant(new_if=("content", "tool_calls", "reasoning_content"))
             pending["reasoning_content"] = text
         elif kind == "function_call":
