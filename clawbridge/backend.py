@@ -359,6 +359,15 @@ def shown_backend_options(settings: Settings) -> tuple[dict[str, dict[str, Any]]
     return shown, problems
 
 
+def resolved_config(settings: Settings) -> tuple[dict[str, Any], list[str]]:
+    """Every option as the run will use it, secrets masked: `Settings.masked_dump` with `backends`
+    replaced by each installed backend's resolved options (`shown_backend_options`), plus the
+    problems found. What `clawbridge config show`, the dashboard and the W&B run config show."""
+    dump = settings.masked_dump()
+    dump["backends"], problems = shown_backend_options(settings)
+    return dump, problems
+
+
 def trained_model(settings: Settings, name: str) -> str:
     """The base model backend `name` trains: its own `base_model` option when its settings model
     has one and it is set (tinker's `[backends.tinker] base_model`), else `settings.model`."""

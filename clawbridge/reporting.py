@@ -222,6 +222,8 @@ def build_reporter(settings: Settings, store: Store) -> StepReporter | None:
         if name == "tensorboard":
             sinks.append(TensorBoardSink(base / "tensorboard"))
         else:
+            from clawbridge.backend import resolved_config
+
             sinks.append(WandbSink(settings.wandb_project, base / "wandb",
-                                   {k: v for k, v in settings.masked_dump().items() if v != "***"}))
+                                   {k: v for k, v in resolved_config(settings)[0].items() if v != "***"}))
     return StepReporter(store, sinks, poll_interval_s=settings.trainer_poll_interval_s)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from clawbridge_fireworks.settings import FireworksSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 from clawbridge.dashboard.auth import COOKIE
@@ -98,6 +99,8 @@ def test_login_cookie_is_httponly_strict_and_gives_the_data(trained: TrainedProx
     assert [(r["version"], r["kind"]) for r in ck["rows"]] == [(2, "step"), (1, "step"), (0, "base")]
     assert all(r["checkpoint"] for r in ck["rows"]) and "clawbridge rollback" in ck["note"]
     assert doc["config"]["metrics_key"] == "***" and doc["config"]["admin_key"] is None  # from a file, unset here
+    # each installed backend's options as it would resolve them (defaults included), not only TOML sections
+    assert doc["config"]["backends"]["fireworks"]["base_url"] == FireworksSettings().base_url
     assert trained.admin not in c.get("/dashboard/api/overview").text
 
     sessions = c.get("/dashboard/api/sessions").json()["sessions"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clawbridge_fireworks.settings import FireworksSettings
 from pydantic import ValidationError
 
 from clawbridge.config import Settings
@@ -96,6 +97,7 @@ def test_steps_reach_tensorboard_and_wandb_and_a_hung_tracker_never_blocks_train
         (init,) = fake.inits
         assert init["project"] == "clawbridge" and init["dir"] == str(runs / "wandb")
         assert init["config"]["batch_size"] == 2 and "***" not in init["config"].values()
+        assert init["config"]["backends"]["fireworks"]["base_url"] == FireworksSettings().base_url  # resolved
     finally:
         fake.release.set()
         t.proxy.stop()

@@ -355,12 +355,11 @@ def config_show(
 
     `backends` holds each installed backend's options (TOML `[backends.<name>]`, environment
     `CLAWBRIDGE_<NAME>_<OPTION>`) as that backend would read them."""
-    from clawbridge.backend import settings_models, shown_backend_options
+    from clawbridge.backend import resolved_config, settings_models
     from clawbridge.backend_settings import env_names
 
     settings = settings_or_exit(config, state_dir=state_dir)
-    dump = settings.masked_dump()
-    dump["backends"], problems = shown_backend_options(settings)
+    dump, problems = resolved_config(settings)
     for problem in problems:
         err.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     if as_json:

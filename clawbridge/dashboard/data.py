@@ -30,8 +30,11 @@ _STEP_FIELDS = ("loss", "kl", "clip_fraction", "reward_mean", "datums", "tokens"
 
 
 def masked_config(settings: Settings) -> dict[str, Any]:
-    """Every option, with anything secret masked (`***` when set, None when not)."""
-    out = settings.masked_dump()
+    """Every option as resolved (backends' sections included), with anything secret masked
+    (`***` when set, None when not)."""
+    from clawbridge.backend import resolved_config
+
+    out, _ = resolved_config(settings)
     for name, value in out.items():
         if _SECRET_NAME.search(name.lower()) and value not in (None, "", "***"):
             out[name] = "***"
