@@ -180,6 +180,49 @@ def test_a_short_batch_trains_after_batch_wait_s(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_group_is_trained_whole_once_its_sessions_settle(tmp_path: Path) -> None:
+    # A group baseline compares a task's sessions: ready samples of a task with a session still
+    # active, or ended but unrewarded, wait for it (up to batch_wait_s), so the group is one batch.
+    clock = FakeClock()
+    store = Store.open(tmp_path, clock)
+    b = backend()
+    loop = loop_for(store, b, batch_size=2, baseline="group_mean", batch_wait_s=30.0)
+    for sid in ("a", "b", "c"):
+        store.ensure_session(sid, "header", task_id="t")
+    ready = [rewarded_session(store, sid, reward=1.0)[0] for sid in ("a", "b")]
+    late = record(store, "c")  # c is still active: its verdict may differ from a's and b's
+    assert run(loop.run_once()) is None and b.batches == []
+    assert loop.status()["waiting"]["held_for_group"] == 2
+    store.end_session("c", "end_session")  # ended without a reward yet: still unsettled
+    assert run(loop.run_once()) is None and loop.status()["waiting"]["held_for_group"] == 2
+    store.add_reward("c", 0.0, "api", late)
+    report = run(loop.run_once())
+    assert report is not None and report.ok and sorted(report.turn_ids) == sorted([*ready, late])
+    assert loop.status()["waiting"]["held_for_group"] == 0
+
+    # The hold is bounded: a session that never settles lets the rest train after batch_wait_s.
+    for sid in ("d", "e", "f"):
+        store.ensure_session(sid, "header", task_id="u")
+    first = [rewarded_session(store, sid, reward=r)[0] for sid, r in (("d", 1.0), ("e", 0.0))]
+    record(store, "f")
+    assert run(loop.run_once()) is None
+    clock.advance(29.0)
+    assert run(loop.run_once()) is None
+    clock.advance(1.0)
+    report = run(loop.run_once())
+    assert report is not None and report.ok and sorted(report.turn_ids) == sorted(first)
+    # Without a wait (batch_wait_s 0) nothing is held: the old behaviour.
+    for sid in ("g", "h"):
+        store.ensure_session(sid, "header", task_id="v")
+    now = [rewarded_session(store, sid, reward=r)[0] for sid, r in (("g", 1.0), ("h", 0.0))]
+    store.ensure_session("i", "header", task_id="v")
+    record(store, "i")
+    eager = loop_for(store, backend(), batch_size=2, baseline="group_mean")
+    report = run(eager.run_once())
+    assert report is not None and sorted(report.turn_ids) == sorted(now)
+    store.close()
+
+
 def test_settings_turn_short_batches_on_by_default() -> None:
     assert TrainerConfig.from_settings(Settings()).batch_wait_s == 30.0
 

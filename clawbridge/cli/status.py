@@ -139,6 +139,9 @@ def waiting_line(w: dict[str, Any]) -> str:
                      f"unrewarded ones are dropped from {when})")
     if w.get("sessions_waiting_for_judge"):
         parts.append(f"the judge on {w['sessions_waiting_for_judge']} session(s)")
+    if w.get("held_for_group"):
+        parts.append(f"the rest of their task group for {w['held_for_group']} ready turn(s) (a group baseline "
+                     "compares a task's sessions; held up to batch_wait_s)")
     need = w["datums_until_next_step"]
     head = (f"next step: {need} more rewarded turn(s) needed ({w['ready_datums']} ready)" if need
             else f"next step: ready ({w['ready_datums']} turn(s))")

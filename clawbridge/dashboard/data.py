@@ -61,6 +61,10 @@ def waiting_for(state: ProxyState, counts: dict[str, int], samples: dict[str, An
         out.append(f"{counts['active_sessions']} session(s) still active: their turns become samples when they end")
     if trainer.config.wait_for_judge and counts["sessions_not_judged"]:
         out.append(f"the judge has {counts['sessions_not_judged']} ended session(s) left to finish")
+    held = (status.get("waiting") or {}).get("held_for_group")
+    if held:
+        out.append(f"{held} ready sample(s) wait for the rest of their task group (a group baseline compares "
+                   f"a task's sessions; held up to {trainer.config.batch_wait_s:g} s)")
     if not trainer.running:
         out.append("the trainer loop is not running")
     return out

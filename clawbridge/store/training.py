@@ -15,6 +15,8 @@ Invariants:
   samples in ONE transaction, and refuses (rolls back) if any sample was already consumed or
   dropped. A failed, cancelled or killed step leaves its samples untouched; a `running` row left by
   a killed process is marked failed by `recover_interrupted`.
+- A task is UNSETTLED (`unsettled_tasks`) while one of its sessions is active or has pending
+  samples that are not READY; its READY samples may still wait for the rest of their group.
 - With `wait_for_judge` (a judge is configured), a sample is READY only once the judge has also
   finished its session (`reward_sessions`, see `clawbridge.store.rewards`), and `no_reward` drops
   wait for that too. Judge verdicts (rewards with source `judge`) are NOT part of `SessionTrace`:
@@ -142,6 +144,21 @@ class TrainingStore:
             PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]))
             for r in rows
         ]
+
+    def unsettled_tasks(self) -> set[str]:
+        """Task ids with a session that may still add a sample to its group: a session still active,
+        or an ended one whose pending samples are not READY yet (no reward, or the judge has not
+        finished it). A group baseline compares a task's sessions with each other, so the trainer
+        holds a task's ready samples while it is unsettled (`clawbridge.trainer.loop`)."""
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT DISTINCT task_id FROM sessions WHERE status='active' AND task_id IS NOT NULL "
+                "UNION SELECT DISTINCT s.task_id FROM samples sa JOIN sessions s ON s.session_id = sa.session_id "
+                "WHERE sa.consumed_step IS NULL AND sa.dropped_reason IS NULL AND s.task_id IS NOT NULL "
+                "AND NOT (EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = sa.session_id)"
+                + self._judged.format("sa") + ")"
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def drop_samples(self, turn_ids: Iterable[str], reason: str) -> int:
         """Mark unconsumed samples dropped; returns how many changed."""
