@@ -155,8 +155,7 @@ async def _backend(model_dir: Path, work: Path, batch: list[Any]) -> None:
         {
             "model": str(model_dir),
             "state_dir": str(work),
-            "device": "cpu",
-            "dtype": "float32",
+            "backends": {"local": {"device": "cpu", "dtype": "float32"}},
             "lora_rank": 8,
             "lora_alpha": 16.0,
         }

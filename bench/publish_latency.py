@@ -92,12 +92,10 @@ async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) 
             {
                 "model": str(model_dir),
                 "state_dir": state,
-                "device": "cpu",
-                "dtype": "float32",
+                "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 4}},
                 "lora_rank": lora_rank,
                 "lora_alpha": 16.0,
                 "learning_rate": 1e-4,
-                "max_running_requests": 4,
             }
         )
         backend = LocalBackend(settings, progress=False)

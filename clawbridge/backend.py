@@ -5,6 +5,9 @@ imports torch, tinker or fireworks. An entry point names a factory
 `create(settings: clawbridge.config.Settings) -> ServingBackend` (a `TrainingBackend` when the
 backend can train); a factory with a `settings_model` attribute has its own options
 (`clawbridge.backend_settings`), validated by `load_backend` before the factory runs.
+A backend may also name that model in the `clawbridge.backend_settings` group (same name, value
+`package.settings:Model`), so its options can be listed (`settings_models`, `clawbridge config
+show`) without importing the backend itself, with torch or its SDK.
 
 Invariants:
 - `start()` is called once, before `sampler()` is used; `close()` once, at shutdown.
@@ -17,6 +20,9 @@ Invariants:
   step (`clawbridge.trainer.checkpoints`).
 - Checkpoints belong to the trainer loop: a backend only saves (`save_checkpoint`) and restores
   (`restore_checkpoint`) them when told, and never restores one by itself at `start()`.
+- Listing settings models loads only the `clawbridge.backend_settings` entry points; a backend
+  that declares none there is loaded for its factory's `settings_model` instead. Where both are
+  declared they name the same class (`load_backend` warns otherwise and uses the factory's).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ if TYPE_CHECKING:
     from clawbridge.config import Settings
 
 ENTRY_POINT_GROUP = "clawbridge.backends"
+SETTINGS_ENTRY_POINT_GROUP = "clawbridge.backend_settings"
+"""Entry points naming a backend's settings model directly (module invariants)."""
 
 log = logging.getLogger(__name__)
 
@@ -326,16 +334,48 @@ def available_backends() -> dict[str, metadata.EntryPoint]:
     return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _light_entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=SETTINGS_ENTRY_POINT_GROUP)}
+
+
+def settings_model(name: str) -> type[BaseModel] | None:
+    """Installed backend `name`'s settings model (None: it declares none, or is not installed),
+    from its light `clawbridge.backend_settings` entry point where it has one, else from its
+    factory (module invariants). Raises what importing it raises."""
+    ep = available_backends().get(name)
+    if ep is None:
+        return None
+    light = _light_entry_points().get(name)
+    model: type[BaseModel] | None = light.load() if light is not None else getattr(ep.load(), "settings_model", None)
+    return model
+
+
 def settings_models() -> dict[str, type[BaseModel] | None]:
-    """Each installed backend's settings model (None: it declares none), by name. A backend whose
-    entry point fails to import is left out (`load_backend` reports it when it is selected)."""
+    """Each installed backend's `settings_model`, by name. A backend whose entry point fails to
+    import is left out (`load_backend` reports it when it is selected)."""
     out: dict[str, type[BaseModel] | None] = {}
-    for name, ep in sorted(available_backends().items()):
+    for name in sorted(available_backends()):
         try:
-            out[name] = getattr(ep.load(), "settings_model", None)
+            out[name] = settings_model(name)
         except Exception as exc:  # a broken plugin must not hide the others
             log.warning("backend %r could not be loaded to read its options: %s", name, exc)
     return out
+
+
+def _factory_settings_model(name: str, factory: Any) -> type[BaseModel] | None:
+    """The settings model the factory declares; a different one in the light group is a packaging
+    mistake, reported (module invariants)."""
+    model: type[BaseModel] | None = getattr(factory, "settings_model", None)
+    light = _light_entry_points().get(name)
+    if light is not None and model is not None:
+        try:
+            declared: object = light.load()
+        except Exception as exc:  # reported below like any other disagreement
+            declared = exc
+        if declared is not model:
+            log.warning("backend %r: entry point %s:%s names %s but its factory declares %s; using the factory's",
+                        name, SETTINGS_ENTRY_POINT_GROUP, name, light.value, model.__name__)
+    return model
 
 
 def shown_backend_options(settings: Settings) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -371,8 +411,7 @@ def resolved_config(settings: Settings) -> tuple[dict[str, Any], list[str]]:
 def trained_model(settings: Settings, name: str) -> str:
     """The base model backend `name` trains: its own `base_model` option when its settings model
     has one and it is set (tinker's `[backends.tinker] base_model`), else `settings.model`."""
-    ep = available_backends().get(name)
-    model = getattr(ep.load(), "settings_model", None) if ep is not None else None
+    model = settings_model(name)
     if model is not None and "base_model" in model.model_fields:
         own = getattr(backend_section(settings, name, model), "base_model", "")
         if own:
@@ -392,7 +431,7 @@ def load_backend(name: str, settings: Settings) -> ServingBackend:
             )
         raise BackendNotInstalled(f"unknown backend {name!r}; installed backends: {installed}")
     factory: Any = eps[name].load()
-    check_backend_section(settings, name, getattr(factory, "settings_model", None))
+    check_backend_section(settings, name, _factory_settings_model(name, factory))
     backend = factory(settings)
     if not isinstance(backend, ServingBackend):
         raise TypeError(f"entry point {name!r} returned {type(backend).__name__}, not a ServingBackend")

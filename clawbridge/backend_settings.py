@@ -20,8 +20,10 @@ Invariants:
   `backends.<name>.<field>` and its environment variable. A section given to a backend that
   declares no settings model is refused the same way, so a mistyped option never passes silently.
 - An option that moved from the flat `Settings` into a backend's section (`tinker_base_url` ->
-  `[backends.tinker] base_url`) is refused at the top level with `OptionMoved`, whose message
-  names where it went (`moved_option`) and no value; its environment variable did not change.
+  `[backends.tinker] base_url`, `engine` -> `[backends.local] engine`) is refused at the top level
+  with `OptionMoved`, whose message names where it went (`moved_option`) and no value. Its old
+  environment variable keeps working: it is the section's own (`CLAWBRIDGE_TINKER_BASE_URL`), or
+  the option lists it after its own (`CLAWBRIDGE_LOCAL_ENGINE`, then `CLAWBRIDGE_ENGINE`).
 - Secrets are never shown: `masked_section` prints a `SecretStr` field, or any option whose name
   says key/secret/token/password, as `***`.
 """
@@ -148,12 +150,25 @@ def masked_section(section: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def moved_option(key: str) -> str | None:
-    """Where a flat top-level option of a backend went (`tinker_base_url` -> `[backends.tinker]
-    base_url`), as the message that refuses it; None when `key` names no backend's option."""
-    from clawbridge.backend import KNOWN_BACKEND_PACKAGES, available_backends
+    """Where a flat top-level option of a backend went, as the message that refuses it; None when
+    `key` names no backend's option. It went to option O of backend B when `CLAWBRIDGE_<KEY>` is
+    one of O's environment variables (`engine` -> `[backends.local] engine`, which still reads
+    `CLAWBRIDGE_ENGINE`; `tinker_base_url` -> `[backends.tinker] base_url`), or, for a bundled
+    backend that is not installed, when `key` starts with `<b>_`."""
+    from clawbridge.backend import KNOWN_BACKEND_PACKAGES, settings_models
 
-    names = set(KNOWN_BACKEND_PACKAGES) | set(available_backends())
-    for backend in sorted(names, key=len, reverse=True):
+    old_env = "CLAWBRIDGE_" + key.upper()
+    models = settings_models()
+    for backend, model in models.items():
+        for option, info in (model.model_fields if model is not None else {}).items():
+            names = env_names(backend, option, info)
+            if old_env in names:
+                own = env_prefix(backend) + option.upper()
+                env = (f"its environment variable {old_env} is unchanged" if old_env == own
+                       else f"its environment variable is {own}; {old_env} still works")
+                return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
+                        f"`[backends.{backend}]` in the TOML file ({env})")
+    for backend in sorted(set(KNOWN_BACKEND_PACKAGES) - set(models), key=len, reverse=True):
         stem = re.sub(r"[^A-Za-z0-9]", "_", backend).lower() + "_"
         if key.lower().startswith(stem) and len(key) > len(stem):
             option = key[len(stem):]

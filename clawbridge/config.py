@@ -1,10 +1,10 @@
 """Configuration: every option from CLI flag > environment (`CLAWBRIDGE_*`) > TOML file > default.
 
 Invariants:
-- `Settings` holds the options the core reads. A backend's own options (tinker, fireworks, a
-  third-party one) live in its settings model, filled from `[backends.<name>]` and
+- `Settings` holds the options the core reads. A backend's own options (local, tinker,
+  fireworks, a third-party one) live in its settings model, filled from `[backends.<name>]` and
   `CLAWBRIDGE_<NAME>_*` (`clawbridge.backend_settings`); a flat top-level key of a backend
-  (`tinker_base_url`) is refused naming where it moved, never silently ignored.
+  (`engine`, `tinker_base_url`) is refused naming where it moved, never silently ignored.
 - Secrets are `SecretStr` so they never print by accident; `masked_dump` (with
   `backend_settings.masked_section` for the backend sections) is what `clawbridge config show`
   prints.
@@ -75,26 +75,7 @@ class Settings(BaseSettings):
     )
     model: str = Field("", description="Model to serve: a local folder or a Hugging Face id.")
     served_model_name: str = Field("", description="Name the model answers to (default: the model's folder or id).")
-    engine: Literal["auto", "torch", "sglang"] = Field("auto", description="Local backend serving engine.")
-    device: str = Field("auto", description="torch engine device: auto, cpu or cuda[:N].")
-    dtype: str = Field("auto", description="torch engine dtype: auto, float32, bfloat16 or float16.")
-    engine_batch_decode: bool = Field(
-        True, description="Torch engine: run the decode steps of concurrent requests as one batched forward (several "
-        "times the tokens/s on CPU; logprobs equal unbatched ones to 1e-4; bench/engine_batching.py measures it)."
-    )
-    engine_threads: int = Field(
-        0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two cores; measured in bench/engine_threads.py)."
-    )
-    max_running_requests: int = Field(8, description="Requests decoded at the same time by the torch engine.")
-    max_queued_requests: int = Field(64, description="Requests waiting for a slot before new ones get 429.")
     default_max_tokens: int = Field(1024, description="max_tokens when a request gives none.")
-    sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use (default: launch one).")
-    sglang_port: int = Field(0, ge=0, description="engine sglang: port of the launched server (0: a free one).")
-    sglang_tp_size: int = Field(1, ge=1, description="engine sglang: tensor-parallel GPUs per replica (--tp-size).")
-    sglang_dp_size: int = Field(1, ge=1, description="engine sglang: data-parallel replicas (--dp-size; LoRA publishing needs 1).")
-    sglang_mem_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="engine sglang: --mem-fraction-static (0: SGLang's default).")
-    sglang_extra_args: list[str] = Field(default_factory=list, description="engine sglang: more `sglang.launch_server` arguments.")
-    sglang_startup_timeout_s: float = Field(900.0, gt=0, description="engine sglang: wait this long for the launched server to be healthy.")
 
     # --- proxy
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
@@ -135,17 +116,6 @@ class Settings(BaseSettings):
         None,
         description=f"AdamW / Adam learning rate (unset: {LORA_LEARNING_RATE:g} with LoRA, "
         f"{FULL_LEARNING_RATE:g} for full fine-tuning; see `effective_learning_rate`).",
-    )
-    max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (local backend; 0: off).")
-    micro_batch_size: int = Field(8, description="Datums per forward/backward; larger batches accumulate (local).")
-    train_world_size: int = Field(
-        1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process unless train_launcher says torchrun (local backend)."
-    )
-    train_launcher: Literal["auto", "inprocess", "torchrun"] = Field(
-        "auto",
-        description="How the local trainer runs at world size 1: inprocess (auto: a thread of the proxy) or torchrun "
-        "(its own process). On CPU with the torch engine, torchrun lets decoding and training overlap instead of "
-        "taking turns on the GIL (the real demo uses it). Larger world sizes always use torchrun.",
     )
 
     # --- trainer loop (section owned by clawbridge/trainer)

@@ -192,8 +192,8 @@ def test_choose_survives_tiny_temperature_and_top_p() -> None:
 def engine_proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessProxy]:
     torch.set_num_threads(1)
     settings = Settings(backend="local", model=str(tiny_model_dir), served_model_name="tiny", train=False,
-                        port=free_port(), state_dir=tmp_path_factory.mktemp("edge-engine"), engine="torch",
-                        engine_threads=1)
+                        port=free_port(), state_dir=tmp_path_factory.mktemp("edge-engine"),
+                        backends={"local": {"engine": "torch", "engine_threads": 1}})
     proxy = InProcessProxy(settings, load_backend("local", settings)).start()
     assert torch.get_num_threads() == 1
     yield proxy

@@ -34,10 +34,8 @@ def test_load_backend_start_sample_close(model_dir: Path, tmp_path: Path) -> Non
         {
             "model": str(model_dir),
             "state_dir": str(tmp_path),
-            "device": "auto",
-            "dtype": "auto",
-            "max_running_requests": 1,
-            "max_queued_requests": 0,
+            "backends": {"local": {"device": "auto", "dtype": "auto", "max_running_requests": 1,
+                                   "max_queued_requests": 0}},
             "default_max_tokens": 77,
         }
     )
@@ -95,7 +93,7 @@ def test_sglang_engine_without_the_package_is_refused_clearly(
 
     monkeypatch.setattr(local_backend, "sglang_installed", lambda: False)
     backend = load_backend("local", Settings.model_validate(
-        {"model": str(model_dir), "engine": "sglang", "state_dir": str(tmp_path)}))
+        {"model": str(model_dir), "backends": {"local": {"engine": "sglang"}}, "state_dir": str(tmp_path)}))
     with pytest.raises(EngineNotAvailable, match="needs the sglang package"):
         asyncio.run(backend.start())
 

@@ -62,13 +62,11 @@ def settings_for(model_dir: Path, state_dir: Path, lora_rank: int, **extra: Any)
     values: dict[str, Any] = {
         "model": str(model_dir),
         "state_dir": state_dir,
-        "device": "cpu",
-        "dtype": "float32",
         "lora_rank": lora_rank,
         "lora_alpha": 32.0,
         "learning_rate": 1e-3,
-        "max_running_requests": 4,
-        "train_world_size": 1,
+        "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 4,
+                               "train_world_size": 1}},
     }
     values.update(extra)
     return Settings(**values)

@@ -49,8 +49,9 @@ def one_torch_thread() -> Iterator[None]:
 def settings(model_dir: Path, state_dir: Path, lora_rank: int, world_size: int = 1) -> Settings:
     """fp32 CPU engine; the default learning rate of the mode (full or LoRA) and its defaults."""
     return Settings(
-        model=str(model_dir), state_dir=state_dir, device="cpu", dtype="float32", lora_rank=lora_rank,
-        max_running_requests=2, train_world_size=world_size,
+        model=str(model_dir), state_dir=state_dir, lora_rank=lora_rank,
+        backends={"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 2,
+                            "train_world_size": world_size}},
     )
 
 

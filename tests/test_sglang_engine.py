@@ -293,14 +293,15 @@ def test_engine_auto_selection(tiny_model_dir: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(local_backend, "sglang_installed", lambda: True)
     assert LocalBackend(auto).engine_name == "sglang"
     monkeypatch.setattr(local_backend, "cuda_available", lambda: False)
-    url = Settings.model_validate({"model": str(tiny_model_dir), "sglang_url": "http://127.0.0.1:1"})
+    url = Settings.model_validate({"model": str(tiny_model_dir), "backends": {"local": {"sglang_url": "http://127.0.0.1:1"}}})
     assert LocalBackend(url).engine_name == "sglang"
 
 
 def test_engine_sglang_without_package_is_a_clear_error(tiny_model_dir: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(local_backend, "sglang_installed", lambda: False)
-    s = Settings.model_validate({"model": str(tiny_model_dir), "engine": "sglang", "state_dir": str(tmp_path)})
+    s = Settings.model_validate({"model": str(tiny_model_dir), "backends": {"local": {"engine": "sglang"}},
+                                 "state_dir": str(tmp_path)})
     with pytest.raises(EngineNotAvailable, match="sglang package"):
         run(LocalBackend(s).start())
 
@@ -330,7 +331,8 @@ def test_launcher_starts_health_checks_and_stops(tiny_model_dir: Path, tmp_path:
 def test_local_backend_launches_sglang_and_proxies_chat(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`--engine sglang`: LocalBackend launches the server (here the fake), the real proxy serves chat
     through SGLangEngine, and the store records exactly the ids and logprobs the server sampled."""
-    s = Settings.model_validate({"model": str(tiny_model_dir), "engine": "sglang", "state_dir": str(tmp_path),
+    s = Settings.model_validate({"model": str(tiny_model_dir), "backends": {"local": {"engine": "sglang"}},
+                                 "state_dir": str(tmp_path),
                                  "port": free_port(), "served_model_name": "tiny", "lora_rank": 0})
     backend = LocalBackend(s, sglang_command=FAKE_CMD)
     with in_process_proxy(s, backend) as proxy:
@@ -345,7 +347,8 @@ def test_proxy_round_trip_over_sglang_url(fake: FakeSGLang, tiny_model_dir: Path
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     script = [*renderer.tokenizer.encode("Hello there", add_special_tokens=False), renderer.stop_token_ids[0]]
     fake.script = script
-    s = Settings.model_validate({"model": str(tiny_model_dir), "sglang_url": fake.url, "state_dir": str(tmp_path),
+    s = Settings.model_validate({"model": str(tiny_model_dir), "backends": {"local": {"sglang_url": fake.url}},
+                                 "state_dir": str(tmp_path),
                                  "port": free_port(), "served_model_name": "tiny"})
     backend = LocalBackend(s)
     assert backend.engine_name == "sglang"  # auto + sglang_url

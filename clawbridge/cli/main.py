@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -55,7 +55,8 @@ def up(
     backend: Annotated[str | None, typer.Option(help="local, tinker or fireworks.")] = None,
     model: Annotated[str | None, typer.Option(help="Model folder or Hugging Face id.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Name the model answers to.")] = None,
-    engine: Annotated[str | None, typer.Option(help="local backend engine: auto, torch or sglang.")] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="local backend engine: auto, torch or sglang (sets \\[backends.local] engine, over CLAWBRIDGE_LOCAL_ENGINE).")] = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer folder or id (default: the model).")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Consent to create billable hosted resources (fireworks: "
                                       "sets \\[backends.fireworks] yes, over CLAWBRIDGE_FIREWORKS_YES).")] = False,
@@ -76,11 +77,13 @@ def up(
     """Start the proxy: serve the model, record every call, train from rewards, print where to point your agent.
 
     One server per state dir: a second `up` on the same one exits at once, naming the first."""
+    flags: dict[str, dict[str, Any]] = {"fireworks": {"yes": True} if yes else {},
+                                        "local": {"engine": engine} if engine is not None else {}}
     settings = settings_or_exit(config, backend=backend, model=model, served_model_name=served_model_name,
-                         engine=engine, tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
+                         tokenizer=tokenizer, host=host, port=port, state_dir=state_dir,
                          log_level=log_level, report_to=report_to, train=train,
                          batch_size=batch_size, learning_rate=learning_rate, lora_rank=lora_rank, method=method,
-                         backend_flags={"fireworks": {"yes": True}} if yes else None)
+                         backend_flags=flags)
     if not settings.model:
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)

@@ -2,7 +2,9 @@
 
 Invariants:
 - `create(settings)` only checks settings; nothing loads until `start()`, which loads the model
-  off the event loop (`asyncio.to_thread`) so the proxy stays responsive.
+  off the event loop (`asyncio.to_thread`) so the proxy stays responsive. The backend's own
+  options (`engine`, `device`, `sglang_*`, ...) are `[backends.local]`
+  (`clawbridge_local.settings.LocalSettings`), read once into `LocalBackend.options`.
 - `engine="torch"` serves with the in-process `TorchEngine`; `engine="sglang"` with `SGLangEngine`
   over a launched `python -m sglang.launch_server` (or `sglang_url`, a server already running);
   `engine="auto"` picks SGLang when `sglang_url` is set, or when CUDA and the sglang package are
@@ -33,6 +35,7 @@ from clawbridge.faults import fault_point
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
+from clawbridge_local.settings import LocalSettings, local_settings
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.trainer.client import Launcher
@@ -57,11 +60,11 @@ class EngineNotAvailable(RuntimeError):
     """The configured serving engine is not available in this build."""
 
 
-def trainer_launcher(settings: Settings) -> Launcher:
+def trainer_launcher(options: LocalSettings) -> Launcher:
     """`train_launcher` for the trainer client: `auto` keeps world size 1 in-process."""
-    if settings.train_launcher != "auto":
-        return settings.train_launcher
-    return "inprocess" if settings.train_world_size == 1 else "torchrun"
+    if options.train_launcher != "auto":
+        return options.train_launcher
+    return "inprocess" if options.train_world_size == 1 else "torchrun"
 
 
 def sglang_installed() -> bool:
@@ -75,13 +78,13 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _check_engine(settings: Settings) -> str:
-    """The engine to run for `settings`: 'torch' or 'sglang' (auto: SGLang with a GPU and the package)."""
-    if settings.engine == "auto":
-        if settings.sglang_url or (cuda_available() and sglang_installed()):
+def _check_engine(options: LocalSettings) -> str:
+    """The engine to run: 'torch' or 'sglang' (auto: SGLang with a GPU and the package)."""
+    if options.engine == "auto":
+        if options.sglang_url or (cuda_available() and sglang_installed()):
             return "sglang"
         return "torch"
-    return settings.engine
+    return options.engine
 
 
 class LocalBackend:
@@ -94,7 +97,9 @@ class LocalBackend:
     ) -> None:
         self.settings = settings
         """The resolved configuration this backend was created from."""
-        self.engine_name = _check_engine(settings)
+        self.options = local_settings(settings)
+        """Its own options, `[backends.local]`."""
+        self.engine_name = _check_engine(self.options)
         """Which engine serves ('torch' or 'sglang')."""
         if not settings.model:
             raise ValueError("the local backend needs a model: set --model (a folder or a cached HF id)")
@@ -109,28 +114,28 @@ class LocalBackend:
         """Load the model (with a progress bar) in a thread and start the engine's worker."""
         if self._engine is not None:
             return
-        s = self.settings
+        s, o = self.settings, self.options
         if self.engine_name == "sglang":
             await self._start_sglang()
             return
-        threads = engine_threads(s.engine_threads)
+        threads = engine_threads(o.engine_threads)
         torch.set_num_threads(threads)
         log.info("torch engine: %d CPU thread(s) (engine_threads)", threads)
         self._engine = await asyncio.to_thread(
             TorchEngine.load,
             s.model,
-            device=s.device,
-            dtype=s.dtype,
-            max_running=s.max_running_requests,
-            max_queued=s.max_queued_requests,
+            device=o.device,
+            dtype=o.dtype,
+            max_running=o.max_running_requests,
+            max_queued=o.max_queued_requests,
             progress=self._progress,
-            batch_decode=s.engine_batch_decode,
+            batch_decode=o.engine_batch_decode,
         )
 
     async def _start_sglang(self) -> None:
         """Connect to `sglang_url`, or launch SGLang and wait until healthy."""
-        s = self.settings
-        url = s.sglang_url
+        s, o = self.settings, self.options
+        url = o.sglang_url
         if not url:
             if self._sglang_command is None and not sglang_installed():
                 raise EngineNotAvailable(
@@ -142,7 +147,7 @@ class LocalBackend:
         lora = s.lora_rank > 0
         try:
             self._engine = await SGLangEngine.connect(
-                url, lora=lora, max_in_flight=s.max_running_requests + s.max_queued_requests,
+                url, lora=lora, max_in_flight=o.max_running_requests + o.max_queued_requests,
                 read_timeout_s=s.request_timeout_s,
             )
         except BaseException:
@@ -150,23 +155,23 @@ class LocalBackend:
             raise
 
     def _sglang_server(self) -> SGLangServer:
-        s = self.settings
+        s, o = self.settings, self.options
         model = str(resolve_model_folder(s.model))
         cfg = SGLangLaunchConfig(
-            model_path=model, port=s.sglang_port or _free_port(),
+            model_path=model, port=o.sglang_port or _free_port(),
             lora_rank=s.lora_rank, lora_target_modules=tuple(s.lora_target_modules) if s.lora_rank > 0 else (),
-            tp_size=s.sglang_tp_size, dp_size=s.sglang_dp_size, mem_fraction=s.sglang_mem_fraction,
-            max_running_requests=s.max_running_requests, max_queued_requests=s.max_queued_requests,
-            served_model_name=s.model_name, extra_args=tuple(s.sglang_extra_args),
+            tp_size=o.sglang_tp_size, dp_size=o.sglang_dp_size, mem_fraction=o.sglang_mem_fraction,
+            max_running_requests=o.max_running_requests, max_queued_requests=o.max_queued_requests,
+            served_model_name=s.model_name, extra_args=tuple(o.sglang_extra_args),
         )
         env: dict[str, str] = {}
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
-        gpus = serving_gpus(devices, s.sglang_tp_size, s.sglang_dp_size)
+        gpus = serving_gpus(devices, o.sglang_tp_size, o.sglang_dp_size)
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return SGLangServer(cfg, s.state_path / "logs" / "sglang.log", command=self._sglang_command or DEFAULT_COMMAND,
-                            env=env, startup_timeout_s=s.sglang_startup_timeout_s)
+                            env=env, startup_timeout_s=o.sglang_startup_timeout_s)
 
     def _require(self) -> ServingEngine:
         if self._engine is None:
@@ -190,8 +195,8 @@ class LocalBackend:
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
         if self._trainer is None:
-            self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.settings),
-                                         cpu_threads=engine_threads(self.settings.engine_threads))
+            self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.options),
+                                         cpu_threads=engine_threads(self.options.engine_threads))
         return self._trainer
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
@@ -253,8 +258,8 @@ class LocalBackend:
     def _base_model(self) -> BaseModelScorer:
         scorer: BaseModelScorer | None = getattr(self, "_scorer", None)
         if scorer is None:
-            s = self.settings
-            scorer = BaseModelScorer(str(resolve_model_folder(s.model)), s.device, s.dtype, s.judge_concurrency)
+            s, o = self.settings, self.options
+            scorer = BaseModelScorer(str(resolve_model_folder(s.model)), o.device, o.dtype, s.judge_concurrency)
             self._scorer = scorer
         return scorer
 
@@ -287,3 +292,6 @@ def _gpu_count() -> int:
 def create(settings: Settings) -> LocalBackend:
     """Entry-point factory: `clawbridge.backend.load_backend("local", settings)` calls this."""
     return LocalBackend(settings)
+
+
+create.settings_model = LocalSettings  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from typing import Any
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
+from clawbridge_local.settings import local_settings
 from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
@@ -32,13 +33,14 @@ CHECKPOINT_STATE = "trainer_state.json"
 
 
 def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) -> TrainerConfig:
-    """The FSDP trainer's configuration from clawbridge settings."""
+    """The FSDP trainer's configuration from clawbridge settings (and `[backends.local]`)."""
+    options = local_settings(settings)
     lora = None
     if settings.lora_rank > 0:
         lora = LoraSettings(rank=settings.lora_rank, alpha=float(settings.lora_alpha),
                             target_modules=tuple(settings.lora_target_modules))
     return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.effective_learning_rate,
-                         max_grad_norm=settings.max_grad_norm, micro_batch_size=settings.micro_batch_size,
+                         max_grad_norm=options.max_grad_norm, micro_batch_size=options.micro_batch_size,
                          cpu_threads=cpu_threads)
 
 
@@ -104,6 +106,8 @@ class LocalTrainer:
         self.model_dir = resolve_model_folder(settings.model)
         self.work_dir = settings.state_path / "trainer" / "local"
         self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
+        self.world_size = local_settings(settings).train_world_size
+        """Trainer processes (`[backends.local] train_world_size`)."""
         self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir), cpu_threads), self.work_dir,
                                         launcher=launcher)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
@@ -118,7 +122,7 @@ class LocalTrainer:
     def ensure_started(self) -> None:
         if self.client.alive:
             return
-        self.client.start(self.settings.train_world_size)
+        self.client.start(self.world_size)
 
     def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         self.ensure_started()

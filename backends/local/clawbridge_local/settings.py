@@ -1,0 +1,94 @@
+"""The local backend's options: TOML `[backends.local]`, environment `CLAWBRIDGE_LOCAL_<OPTION>`.
+
+Invariants:
+- Every option the local backend reads that the core does not is here, nowhere else; the
+  backend, its trainer and `export-weights` read them with `local_settings(settings)`. Options
+  the core also reads (`lora_rank`, `lora_target_modules`, `learning_rate`, ...) stay on `Settings`.
+- Each option keeps the environment variable it had when it was a flat option
+  (`CLAWBRIDGE_ENGINE`, `CLAWBRIDGE_SGLANG_URL`, ...) as a second name after
+  `CLAWBRIDGE_LOCAL_<OPTION>` (the new name wins when both are set); its old flat TOML key is
+  refused naming `[backends.local] <option>` (`clawbridge.backend_settings.moved_option`).
+- This module imports neither torch nor any other part of the backend: `clawbridge config show`
+  lists it through the `clawbridge.backend_settings` entry point without loading the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clawbridge.backend_settings import backend_section
+from clawbridge.config import Settings
+
+NAME = "local"
+"""The backend's name: its entry point, its TOML section and its environment prefix."""
+
+
+def _env(option: str) -> dict[str, Any]:
+    """`json_schema_extra` naming the option's variables: the section's own, then the old flat one."""
+    return {"env": [f"CLAWBRIDGE_LOCAL_{option.upper()}", f"CLAWBRIDGE_{option.upper()}"]}
+
+
+class LocalSettings(BaseModel):
+    """Options of the local backend (`[backends.local]`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- serving
+    engine: Literal["auto", "torch", "sglang"] = Field(
+        "auto", description="Serving engine: torch (in-process), sglang, or auto (sglang when sglang_url is set or "
+        "a GPU and the sglang package are present, else torch).", json_schema_extra=_env("engine"))
+    device: str = Field("auto", description="torch engine device: auto, cpu or cuda[:N].",
+                        json_schema_extra=_env("device"))
+    dtype: str = Field("auto", description="torch engine dtype: auto, float32, bfloat16 or float16.",
+                       json_schema_extra=_env("dtype"))
+    engine_batch_decode: bool = Field(
+        True, description="Torch engine: run the decode steps of concurrent requests as one batched forward (several "
+        "times the tokens/s on CPU; logprobs equal unbatched ones to 1e-4; bench/engine_batching.py measures it).",
+        json_schema_extra=_env("engine_batch_decode"))
+    engine_threads: int = Field(
+        0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two "
+        "cores; measured in bench/engine_threads.py).", json_schema_extra=_env("engine_threads"))
+    max_running_requests: int = Field(8, ge=1, description="Requests decoded at the same time by the engine.",
+                                      json_schema_extra=_env("max_running_requests"))
+    max_queued_requests: int = Field(64, ge=0, description="Requests waiting for a slot before new ones get 429.",
+                                     json_schema_extra=_env("max_queued_requests"))
+
+    # --- sglang
+    sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "
+                            "(default: launch one).", json_schema_extra=_env("sglang_url"))
+    sglang_port: int = Field(0, ge=0, description="engine sglang: port of the launched server (0: a free one).",
+                             json_schema_extra=_env("sglang_port"))
+    sglang_tp_size: int = Field(1, ge=1, description="engine sglang: tensor-parallel GPUs per replica (--tp-size).",
+                                json_schema_extra=_env("sglang_tp_size"))
+    sglang_dp_size: int = Field(1, ge=1, description="engine sglang: data-parallel replicas (--dp-size; LoRA "
+                                "publishing needs 1).", json_schema_extra=_env("sglang_dp_size"))
+    sglang_mem_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="engine sglang: --mem-fraction-static "
+                                       "(0: SGLang's default).", json_schema_extra=_env("sglang_mem_fraction"))
+    sglang_extra_args: list[str] = Field(default_factory=list, description="engine sglang: more "
+                                         "`sglang.launch_server` arguments.", json_schema_extra=_env("sglang_extra_args"))
+    sglang_startup_timeout_s: float = Field(900.0, gt=0, description="engine sglang: wait this long for the "
+                                            "launched server to be healthy.",
+                                            json_schema_extra=_env("sglang_startup_timeout_s"))
+
+    # --- training
+    max_grad_norm: float = Field(1.0, ge=0.0, description="Clip the global gradient norm to this (0: off).",
+                                 json_schema_extra=_env("max_grad_norm"))
+    micro_batch_size: int = Field(8, ge=1, description="Datums per forward/backward; larger batches accumulate.",
+                                  json_schema_extra=_env("micro_batch_size"))
+    train_world_size: int = Field(
+        1, ge=1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process unless "
+        "train_launcher says torchrun.", json_schema_extra=_env("train_world_size"))
+    train_launcher: Literal["auto", "inprocess", "torchrun"] = Field(
+        "auto",
+        description="How the trainer runs at world size 1: inprocess (auto: a thread of the proxy) or torchrun "
+        "(its own process). On CPU with the torch engine, torchrun lets decoding and training overlap instead of "
+        "taking turns on the GIL (the real demo uses it). Larger world sizes always use torchrun.",
+        json_schema_extra=_env("train_launcher"))
+
+
+def local_settings(settings: Settings) -> LocalSettings:
+    """The local backend's options under `settings` (`clawbridge.backend_settings` says where
+    they come from); raises `BackendSettingsError` naming a bad one."""
+    return backend_section(settings, NAME, LocalSettings)
