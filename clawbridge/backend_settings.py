@@ -2,12 +2,14 @@
 `[backends.<name>]` and its environment variables `CLAWBRIDGE_<NAME>_<FIELD>`.
 
 This is how a backend installed by entry point (group `clawbridge.backends`), including a
-third-party one, and the bundled tinker and fireworks backends get options without the core's
-`Settings` knowing them.
+third-party one, and the bundled local, tinker and fireworks backends get options without the
+core's `Settings` knowing them.
 
 Invariants:
 - A backend declares its options by giving its entry-point factory a `settings_model` attribute:
-  a pydantic `BaseModel` subclass (unknown options are refused here whatever its `extra`). It reads them with
+  a pydantic `BaseModel` subclass (unknown options are refused here whatever its `extra`), and
+  may name the same class in the `clawbridge.backend_settings` group so it is listed without
+  importing the backend (`clawbridge.backend.settings_models`). It reads them with
   `backend_section(settings, name, model)`.
 - Sources, highest first: flags (`Settings.backend_flags`, set by the CLI through
   `load_settings(backend_flags=...)`), the environment, then the TOML section
