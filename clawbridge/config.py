@@ -165,7 +165,8 @@ class Settings(BaseSettings):
     reward_wait_s: float = Field(600.0, gt=0, description="Ended sessions still without any reward this long are dropped.")
     batch_wait_s: float = Field(
         30.0, ge=0, description="Fewer than batch_size ready datums train as a short batch once they have waited "
-        "this long, so the last turns before agents go quiet are trained (0: always wait for a full batch).",
+        "this long, so the last turns before agents go quiet are trained (0: always wait for a full batch). Under a "
+        "group baseline, also the longest a task's ready turns wait for its other sessions to be rewarded (0: never).",
     )
     default_session_reward: bool = Field(
         True, description="AReaL's rule: a /rl/start_session session refreshed or ended with no reward gets "
