@@ -151,6 +151,14 @@ def masked_section(section: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _moved(key: str, backend: str, option: str, old_env: str) -> str:
+    own = env_prefix(backend) + option.upper()
+    env = (f"its environment variable {own} is unchanged" if old_env == own
+           else f"its environment variable is {own}; {old_env} still works")
+    return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
+            f"`[backends.{backend}]` in the TOML file ({env})")
+
+
 def moved_option(key: str) -> str | None:
     """Where a flat top-level option of a backend went, as the message that refuses it; None when
     `key` names no backend's option. It went to option O of backend B when `CLAWBRIDGE_<KEY>` is
@@ -163,18 +171,10 @@ def moved_option(key: str) -> str | None:
     models = settings_models()
     for backend, model in models.items():
         for option, info in (model.model_fields if model is not None else {}).items():
-            names = env_names(backend, option, info)
-            if old_env in names:
-                own = env_prefix(backend) + option.upper()
-                env = (f"its environment variable {old_env} is unchanged" if old_env == own
-                       else f"its environment variable is {own}; {old_env} still works")
-                return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
-                        f"`[backends.{backend}]` in the TOML file ({env})")
+            if old_env in env_names(backend, option, info):
+                return _moved(key, backend, option, old_env)
     for backend in sorted(set(KNOWN_BACKEND_PACKAGES) - set(models), key=len, reverse=True):
         stem = re.sub(r"[^A-Za-z0-9]", "_", backend).lower() + "_"
         if key.lower().startswith(stem) and len(key) > len(stem):
-            option = key[len(stem):]
-            return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
-                    f"`[backends.{backend}]` in the TOML file (its environment variable "
-                    f"{env_prefix(backend)}{option.upper()} is unchanged)")
+            return _moved(key, backend, key[len(stem):], old_env)
     return None
