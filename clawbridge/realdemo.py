@@ -288,7 +288,7 @@ def _status(base: str, admin: str) -> dict[str, Any]:
 
 def wait_trained(base: str, admin: str, expected_datums: int, timeout_s: float,
                  say: Callable[[str], None]) -> dict[str, Any]:
-    """Poll /rl/status until the judge is idle and the trainer has no full batch left waiting."""
+    """Poll /rl/status until the judge is idle and every rewarded turn is trained (`_settled`)."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
@@ -308,10 +308,14 @@ def wait_trained(base: str, admin: str, expected_datums: int, timeout_s: float,
 
 
 def _settled(trainer: dict[str, Any], judge: dict[str, Any], expected_datums: int) -> bool:
-    """Every training session judged, no step running, and less than a batch left waiting."""
+    """Every training session judged, no step running, and nothing rewarded left to train: all the
+    backlog still holds is unrewarded turns (the evaluation calls, never trained). Waiting instead
+    for the backlog to fall under a batch idled ~5 minutes a run, until the evaluation calls' samples
+    were dropped as no_reward, and left the last short batch untrained."""
     judged = sum(int(v) for k, v in (judge.get("judgements") or {}).items() if k in ("done", "failed"))
-    batch = int((trainer.get("config") or {}).get("batch_size", 1))
-    return judged >= expected_datums and not trainer.get("in_step") and int(trainer.get("backlog", 0)) < batch
+    unrewarded = int((trainer.get("waiting") or {}).get("unrewarded_turns", 0))
+    untrained = int(trainer.get("backlog", 0)) - unrewarded
+    return judged >= expected_datums and not trainer.get("in_step") and untrained <= 0
 
 
 def plot(result: RealDemoResult, path: Path) -> Path | None:

@@ -73,12 +73,13 @@ def test_prompt_sets_are_disjoint_and_measures_count_what_they_say() -> None:
     assert ev.capability == pytest.approx(1 / 2)
 
 
-def test_settled_waits_for_every_judgement_and_the_last_full_batch() -> None:
-    trainer = {"config": {"batch_size": 8}, "in_step": False, "backlog": 3}
+def test_settled_waits_for_every_judgement_and_every_rewarded_turn() -> None:
+    # 36 evaluation calls are never rewarded: they do not hold the demo up; 3 rewarded turns do
+    trainer = {"config": {"batch_size": 8}, "in_step": False, "backlog": 36, "waiting": {"unrewarded_turns": 36}}
     assert _settled(trainer, {"judgements": {"done": 63, "failed": 1}}, 64)
     assert not _settled(trainer, {"judgements": {"done": 60, "running": 4}}, 64)
     assert not _settled({**trainer, "in_step": True}, {"judgements": {"done": 64}}, 64)
-    assert not _settled({**trainer, "backlog": 8}, {"judgements": {"done": 64}}, 64)
+    assert not _settled({**trainer, "backlog": 39}, {"judgements": {"done": 64}}, 64)
 
 
 @pytest.mark.slow
