@@ -34,21 +34,14 @@ Invariants:
   (and weight decay) kept moving the weights in an old direction at the learning rate, and the
   tiny judge demo drifted from every answer accepted to every answer corrected in 9 such steps
   (CI, 0.387 -> 0.057), where a group baseline has nothing to learn from.
-- Whole groups: under a group baseline, the ready samples of a task that is still unsettled (one
-  of its sessions active, or ended but not yet rewarded or judged) are held for the rest of their
-  group, for at most `batch_wait_s` from when they were first held (0: never held). A group
-  trained piecemeal compares each part only with itself, and a part rewarded alike has no signal:
-  in a real-demo run (4 concurrent sessions per question, judged as they ended) 104 of 128
-  trainable turns came in such parts, dropped as `no_signal`, though 8 of its 16 questions had
-  mixed verdicts, and 3 steps trained.
 - A trainer that falls behind trains larger steps: when more than `batch_size` samples are
   ready, a batch takes as many as fit in `max_batch_tokens` sampled tokens (`select_batch`).
 - A session's turns whose prompts extend each other train as one datum (`merge_turns`,
   `clawbridge.trainer.merge`); batch size, token budget and consumed samples count turns. The
   merge counts of committed steps are summed since start-up in `status()["merging"]`.
-- No ready sample waits forever for its batch to fill: once fewer than `batch_size` have been
-  ready for `batch_wait_s` (> 0), they train as a short batch. Without it the last turns before
-  agents go quiet stayed untrained until more came (7 of 52 rewarded turns in bench/waste.py).
+- How long a ready sample waits for a full batch (then trains in a short one) or, under a group
+  baseline, for the rest of its task's group: `clawbridge.trainer.waiting`, both bounded by
+  `batch_wait_s`.
 - The running-mean baselines (advantages rule 3) advance only when a step commits and are saved
   in that step's row (metrics `running_means`), so a restart continues from them exactly like
   the weights continue from the step's checkpoint.
@@ -74,6 +67,7 @@ from clawbridge.trainer.advantages import GROUP_BASELINES, BaselineRule, Normali
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
 from clawbridge.trainer.merge import MergeStats
+from clawbridge.trainer.waiting import BatchWaits
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
@@ -191,12 +185,8 @@ class TrainerLoop:
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
         self._in_step = False
-        self._short_since: float | None = None
-        self._held_since: dict[str, float] = {}
-        """Unsettled task id -> when its ready samples were first held for the rest of its group."""
-        self._held_for_group = 0
-        """Ready samples the last batch selection held for the rest of their group."""
-        """When fewer than batch_size ready samples were first seen (monotonic; None: none waiting)."""
+        self.waits = BatchWaits(self.config.batch_wait_s)
+        """The short-batch and whole-group waits (`clawbridge.trainer.waiting`)."""
         self._lock = asyncio.Lock()
         self.background = Background("clawbridge-trainer", store.clock)
         """The loop's task (start / stop / notify)."""
@@ -294,34 +284,21 @@ class TrainerLoop:
         if screened.empty:
             self._dropped["empty"] += self.tstore.drop_samples((s.turn_id for s in screened.empty), "empty")
         whole_groups = cfg.baseline in GROUP_BASELINES
-        usable = self._settled_groups(screened.usable) if whole_groups else screened.usable
+        now = self.store.clock.monotonic()  # the store's clock: tests move it (clawbridge.clock)
+        usable = screened.usable
+        if whole_groups:
+            tasks = {s.task_id for s in usable if s.task_id}
+            unsettled = self.tstore.unsettled_tasks() & tasks if tasks and cfg.batch_wait_s > 0 else set()
+            usable = self.waits.settled_groups(usable, unsettled, now)
         batch = select_batch(usable, cfg.batch_size, whole_groups, cfg.max_batch_tokens)
         if batch or not usable:
-            self._short_since = None
+            self.waits.reset_short()
             return batch
-        now = self.store.clock.monotonic()  # the store's clock: tests move it (clawbridge.clock)
-        if self._short_since is None:
-            self._short_since = now
-        if cfg.batch_wait_s <= 0 or now - self._short_since < cfg.batch_wait_s:
+        if not self.waits.short_batch_due(now):
             return []
         log.info("training a short batch: %d sample(s) ready for %.0f s, fewer than batch_size %d",
-                 len(usable), now - self._short_since, cfg.batch_size)
-        self._short_since = None
+                 len(usable), cfg.batch_wait_s, cfg.batch_size)
         return select_batch(usable, len(usable), whole_groups, cfg.max_batch_tokens)
-
-    def _settled_groups(self, usable: list[PendingSample]) -> list[PendingSample]:
-        """`usable` less the samples of unsettled tasks (`TrainingStore.unsettled_tasks`: a session
-        of the task still active, or not yet rewarded or judged) that were first held less than
-        `batch_wait_s` ago (module invariants: whole groups)."""
-        wait = self.config.batch_wait_s
-        tasks = {s.task_id for s in usable if s.task_id}
-        unsettled = self.tstore.unsettled_tasks() & tasks if wait > 0 and tasks else set()
-        now = self.store.clock.monotonic()
-        self._held_since = {t: self._held_since.get(t, now) for t in unsettled}
-        held = {t for t, since in self._held_since.items() if now - since < wait}
-        keep = [s for s in usable if s.task_id not in held]
-        self._held_for_group = len(usable) - len(keep)
-        return keep
 
     def _saved_running_means(self) -> RunningMeans:
         """The running-mean baselines as the newest committed step left them (in its metrics)."""
@@ -470,13 +447,6 @@ class TrainerLoop:
         expected = self._last_step_s if self._last_step_s is not None else self.config.poll_interval_s
         return True, float(min(60.0, max(1.0, math.ceil(expected))))
 
-    def _short_batch_in(self) -> float | None:
-        """Seconds until the ready samples train as a short batch (None: none are waiting for one)."""
-        since, wait = self._short_since, self.config.batch_wait_s
-        if since is None or wait <= 0:
-            return None
-        return round(max(0.0, wait - (self.store.clock.monotonic() - since)), 2)
-
     def status(self) -> dict[str, Any]:
         """The trainer section for `/rl/status` and `clawbridge status`."""
         cfg = self.config
@@ -487,7 +457,8 @@ class TrainerLoop:
             "serving_policy_version": self.backend.sampler().policy_version,
             "backlog": self.tstore.backlog(self._watermark),
             "waiting": {**self.tstore.waiting(cfg.reward_wait_s, cfg.batch_size),
-                        "short_batch_in_s": self._short_batch_in(), "held_for_group": self._held_for_group},
+                        "short_batch_in_s": self.waits.short_batch_in(self.store.clock.monotonic()),
+                        "held_for_group": self.waits.held_for_group},
             "needs_restore": self.keeper.dirty,
             "capacity": {"mode": cfg.capacity_mode, "bound": cfg.backlog_bound},
             "merging": {"enabled": cfg.merge_turns, **self.merge_totals.as_dict()},
