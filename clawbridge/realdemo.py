@@ -105,12 +105,22 @@ TRAIN_ANSWERS: dict[str, frozenset[str]] = {
     "What is a synonym for smart?": _words("intelligent clever bright brilliant wise sharp brainy"),
     "What is 3 times 3?": frozenset({"9", "nine"}),
     "Name a fruit that is yellow.": _words("banana bananas lemon lemons pineapple mango papaya grapefruit"),
+    "Give me a girl's name that starts with A.": _words(
+        "anna ann anne annie alice amy ava amelia abigail alexandra alexis andrea angela ashley audrey aria ada "
+        "alicia amanda april autumn allison alyssa aurora adele agnes alina amber anastasia arianna athena"),
+    "What is a good name for a cat?": _words(
+        "whiskers luna simba oliver milo leo bella max charlie tiger shadow smokey mittens felix garfield tom "
+        "kitty lucy chloe coco oreo ginger pumpkin salem nala cleo jasper loki mochi snowball fluffy socks boots "
+        "misty pepper daisy lily molly sophie lola tigger"),
+    "Is water wet?": _words("yes no wet"),
 }
-"""The words a right answer names (any one, as a whole word, case-insensitive); a training question
-not listed here has no wrong answer (How are you today?, a name for a cat, ...). Only training
-questions are checked: the user would also say so when a short answer is wrong, so the reward
-asks for short AND right, not for the shortest text (a user who only ever said "too long" taught
-the model to answer one odd word, and the fact check fell: README, "The real demo")."""
+"""The words a right answer names (any one, as a whole word, case-insensitive); the one training
+question not listed here has no wrong answer ("How are you today?"). Only training questions are
+checked: the user would also say so when a short answer is wrong, so the reward asks for short AND
+right, not for the shortest text. A user who only ever said "too long" taught the model to answer
+one odd word, and the fact check fell (README, "The real demo"); one who let four open questions
+pass any short answer taught it short filler ("Awesome question, friend!" to "What is the capital
+of Spain?": capability 0.75 -> 0.08, seed 2 with 128 sessions)."""
 
 
 def names_answer(prompt: str, text: str) -> bool:
@@ -141,8 +151,9 @@ class RealDemoConfig:
 
     group_size: int = 4
     """Sessions per training question (one task id: the group baseline compares them)."""
-    rounds: int = 1
-    """Passes over the training questions."""
+    rounds: int = 2
+    """Passes over the training questions (2: 128 sessions; with 1, seed 2 went 0.42 -> 0.33 at
+    lr 1e-3: 5 of 64 answers thanked left too few mixed groups to learn from)."""
     train_prompts: int = len(TRAIN_PROMPTS)
     """How many of TRAIN_PROMPTS to use (the first ones)."""
     eval_samples: int = 2
