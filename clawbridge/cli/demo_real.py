@@ -13,7 +13,7 @@ CAPABILITY_BOUND = 0.25
 by more than this (3 of 12 questions)."""
 
 
-def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int,
+def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int | None,
         console: Console, err: Console) -> None:
     from clawbridge.models import ModelFetchError
     from clawbridge.realdemo import (
@@ -29,7 +29,7 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
 
     base = RealDemoConfig()
     cfg = RealDemoConfig(lora_rank=base.lora_rank if lora_rank is None else lora_rank,
-                         learning_rate=learning_rate or base.learning_rate, seed=seed, rounds=rounds)
+                         learning_rate=learning_rate or base.learning_rate, seed=seed, rounds=rounds or base.rounds)
     console.print(f"demo: SmolLM2-135M-Instruct, local backend, LoRA rank {cfg.lora_rank} (0: full fine-tuning), "
                   f"learning rate {cfg.learning_rate:g}, {cfg.sessions} sessions over {len(TRAIN_PROMPTS)} "
                   f"questions; output in {out_dir}")

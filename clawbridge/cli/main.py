@@ -210,7 +210,8 @@ def demo(
              "SmolLM2-135M-Instruct is trained, with LoRA, on a user's preference for short answers from "
              "conversation, measured on held-out questions (12-14 minutes on 2 busy CPU cores; see the "
              "README).")] = "tiny",
-    rounds: Annotated[int, typer.Option(help="smollm2: passes over the training questions.")] = 1,
+    rounds: Annotated[int | None, typer.Option(
+        help="smollm2: passes over the training questions, 64 sessions each (default 2).")] = None,
 ) -> None:
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
