@@ -8,7 +8,6 @@ pieces it is measured with.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -32,13 +31,10 @@ from clawbridge.realdemo import (
 )
 from clawbridge.rewards.judge import judge_messages
 
-MARGIN = 0.05
-"""Held-out preference-rate rise the slow test asserts: it held in each of the five runs with the
-user who also says "that's wrong" and the cispo loss (README, "The real demo": +0.08 to +0.59, the
-capability bound held in all five). Those runs were made before the trainer's no-signal rule, so the
-test stays opt-in until five runs on the current code confirm it."""
-
-OPT_IN = "CLAWBRIDGE_REAL_DEMO_TEST"
+MARGIN = 0.2
+"""Held-out preference-rate rise the slow test asserts. Five runs of the shipped demo (seeds 0-4,
+128 sessions, lr 1e-3, whole groups, the no-signal rule; README, "The real demo") rose by +0.41 to
++0.67 and the capability check never fell; 0.2 leaves room for a different machine's timing."""
 
 
 def test_the_users_replies_are_the_judges_signal() -> None:
@@ -84,9 +80,6 @@ def test_settled_waits_for_every_judgement_and_every_rewarded_turn() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=(
-    f"opt-in ({OPT_IN}=1): the 5 runs that held the margin and the capability bound predate the "
-    "trainer's no-signal rule; 5 runs on the current code are still to be made (README, 'The real demo')"))
 def test_smollm2_learns_short_answers_with_lora_and_keeps_its_facts(smollm2_dir: Path, tmp_path: Path) -> None:
     cfg = RealDemoConfig()
     assert cfg.lora_rank > 0
