@@ -86,7 +86,9 @@ def test_smollm2_learns_short_answers_with_lora_and_keeps_its_facts(smollm2_dir:
     result = run_real_demo(cfg, tmp_path / "demo", say=print, model_dir=smollm2_dir)
     before, after = result.before, result.after
     assert before is not None and after is not None
-    assert result.steps >= cfg.sessions // cfg.batch_size - 1 and after.policy_version > before.policy_version
+    # every step published a version and the evaluation after training answered with the last one (a
+    # step count bound would be wrong: batches without a signal are skipped; runs made 9 to 18 steps)
+    assert result.steps > 0 and after.policy_version == before.policy_version + result.steps
     assert after.preference_rate >= before.preference_rate + MARGIN, (before.preference_rate, after.preference_rate)
     assert after.capability >= before.capability - CAPABILITY_BOUND, (before.capability, after.capability)
     assert result.plot is not None and result.plot.stat().st_size > 0
