@@ -342,10 +342,12 @@ def settings_model(name: str) -> type[BaseModel] | None:
     """Installed backend `name`'s settings model (None: it declares none, or is not installed),
     from its light `clawbridge.backend_settings` entry point where it has one, else from its
     factory (module invariants). Raises what importing it raises."""
-    ep = available_backends().get(name)
+    return _settings_model(available_backends().get(name), _light_entry_points().get(name))
+
+
+def _settings_model(ep: metadata.EntryPoint | None, light: metadata.EntryPoint | None) -> type[BaseModel] | None:
     if ep is None:
         return None
-    light = _light_entry_points().get(name)
     model: type[BaseModel] | None = light.load() if light is not None else getattr(ep.load(), "settings_model", None)
     return model
 
@@ -354,9 +356,10 @@ def settings_models() -> dict[str, type[BaseModel] | None]:
     """Each installed backend's `settings_model`, by name. A backend whose entry point fails to
     import is left out (`load_backend` reports it when it is selected)."""
     out: dict[str, type[BaseModel] | None] = {}
-    for name in sorted(available_backends()):
+    light = _light_entry_points()  # the installed metadata is scanned once per listing, not per backend
+    for name, ep in sorted(available_backends().items()):
         try:
-            out[name] = settings_model(name)
+            out[name] = _settings_model(ep, light.get(name))
         except Exception as exc:  # a broken plugin must not hide the others
             log.warning("backend %r could not be loaded to read its options: %s", name, exc)
     return out

@@ -70,8 +70,9 @@ def waiting_for(state: ProxyState, counts: dict[str, int], samples: dict[str, An
     return out
 
 
-def overview(state: ProxyState, started_at: float) -> dict[str, Any]:
-    """Everything on the main page: health, rewards, training, versions, configuration."""
+def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> dict[str, Any]:
+    """Everything on the main page: health, rewards, training, versions, and `config` (the
+    resolved configuration, `masked_config`, which the caller reads once)."""
     obs = ObserveStore(state.store)
     points = obs.reward_points()
     steps = obs.steps()
@@ -114,7 +115,7 @@ def overview(state: ProxyState, started_at: float) -> dict[str, Any]:
         },
         "versions": versions,
         "checkpoints": checkpoints(state),
-        "config": masked_config(state.settings),
+        "config": config,
     }
 
 
