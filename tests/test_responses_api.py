@@ -217,6 +217,7 @@ def test_max_output_tokens_is_incomplete(env: Env) -> None:
     ({"instructions": "no input"}, "input"),
     ({"input": 5}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input.0.content.0.text"),
+    ({"input": [{"role": "user", "content": ["bare"]}]}, "input.0.content.0"),
     ({"input": [{"type": "reasoning", "summary": "thought"}]}, "input.0.summary"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
 ])

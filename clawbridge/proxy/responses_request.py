@@ -132,6 +132,9 @@ def _content_text(content: Any, i: int, *, key: str = "content", join: str = "")
     rules with this API's part types; a message's parts are pieces of one text, joined with `""`."""
     if content is None:
         raise invalid(f"input[{i}].{key} must be a string or a list of parts", f"input.{i}.{key}")
+    for j, part in enumerate(content if isinstance(content, list) else []):
+        if not isinstance(part, dict):  # the Responses API has no bare-string parts (chat completions does)
+            raise invalid(f"input[{i}].{key}[{j}] must be an object", f"input.{i}.{key}.{j}")
     try:
         return content_text(content, f"input[{i}].{key}", fields=RESPONSES_PART_FIELDS, join=join)
     except ContentError as e:
