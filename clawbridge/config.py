@@ -128,7 +128,7 @@ class Settings(BaseSettings):
         "cispo", description="Policy-gradient loss (Tinker / Fireworks semantics). cispo (default): the ratio to the "
         "recorded sampler logprob weights each token, clipped to [1 - clip_low, 1 + clip_high] (every token keeps its "
         "gradient; a token the policy already pushed far cannot pull itself further); importance_sampling: the same "
-        "weight unclipped (on stale data it collapsed a run in 8 under load; README, 'Stale data'); ppo zeroes the "
+        "weight unclipped (on stale data it collapsed a run in 8 under load; docs/training.md, 'Stale data'); ppo zeroes the "
         "gradient of clipped tokens.",
     )
     clip_low: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio floor is 1 - clip_low.")

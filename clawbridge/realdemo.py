@@ -118,7 +118,7 @@ TRAIN_ANSWERS: dict[str, frozenset[str]] = {
 question not listed here has no wrong answer ("How are you today?"). Only training questions are
 checked: the user would also say so when a short answer is wrong, so the reward asks for short AND
 right, not for the shortest text. A user who only ever said "too long" taught the model to answer
-one odd word, and the fact check fell (README, "The real demo"); one who let four open questions
+one odd word, and the fact check fell (docs/real-model.md); one who let four open questions
 pass any short answer taught it short filler ("Awesome question, friend!" to "What is the capital
 of Spain?": capability 0.75 -> 0.08, seed 2 with 128 sessions)."""
 
@@ -147,7 +147,7 @@ def user_reply(prompt: str, text: str, short: bool) -> str:
 @dataclass(frozen=True)
 class RealDemoConfig:
     """Knobs of one real-model demo run. The learning rate and sizes are first choices, not yet
-    tuned by finished runs (README: "The real demo")."""
+    tuned by finished runs (docs/real-model.md)."""
 
     group_size: int = 4
     """Sessions per training question (one task id: the group baseline compares them)."""

@@ -56,7 +56,7 @@ def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
     learned (+0.36 to +0.63); alone, after the no-signal rule, 3 of 4 (seed 2 fell 0.43 -> 0.34).
     In CI, before the no-signal rule, this test failed twice: collapsed to one repeated token under
     unclipped importance sampling (0.392 -> 0.000), and drifted under cispo through 9 zero-advantage
-    optimizer steps (0.387 -> 0.057) (`bench/stability.py`, README "Stale data is trained")."""
+    optimizer steps (0.387 -> 0.057) (`bench/stability.py`, docs/training.md, "Stale data is trained")."""
     from clawbridge.devtools.demo import DemoConfig, run_demo
 
     result = run_demo(DemoConfig(sessions=240, reward="judge"), tmp_path)

@@ -33,7 +33,7 @@ from clawbridge.rewards.judge import judge_messages
 
 MARGIN = 0.2
 """Held-out preference-rate rise the slow test asserts. Five runs of the shipped demo (seeds 0-4,
-128 sessions, lr 1e-3, whole groups, the no-signal rule; README, "The real demo") rose by +0.41 to
+128 sessions, lr 1e-3, whole groups, the no-signal rule; docs/real-model.md) rose by +0.41 to
 +0.67 and the capability check never fell; 0.2 leaves room for a different machine's timing."""
 
 

@@ -209,7 +209,7 @@ def demo(
         help="tiny: the smoke demo (a random tiny model learns a toy reward); smollm2: the real "
              "SmolLM2-135M-Instruct is trained, with LoRA, on a user's preference for short answers from "
              "conversation, measured on held-out questions (4-7 minutes on 2 CPU cores; see the "
-             "README).")] = "tiny",
+             "docs/real-model.md).")] = "tiny",
     rounds: Annotated[int | None, typer.Option(
         help="smollm2: passes over the training questions, 64 sessions each (default 2).")] = None,
 ) -> None:

@@ -43,7 +43,7 @@ _WHITE_BOX = {
     "generate": "clawbridge samples through /v1/chat/completions (recorded token-exactly); "
                 "send the chat request there",
     "submit_steps": "clawbridge records every model call itself; there are no steps to submit",
-    "compute_reward": "send rewards with POST /rl/set_reward, or configure a judge (see README 'Rewards')",
+    "compute_reward": "send rewards with POST /rl/set_reward, or configure a judge (see docs/rewards.md)",
 }
 
 
