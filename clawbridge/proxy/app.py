@@ -79,16 +79,18 @@ def build_app(state: ProxyState) -> FastAPI:
         await authenticate(request, state.keys, state.store)
         return JSONResponse(openapi_document(app))
 
-    def models_body() -> dict[str, Any]:
+    async def models_body() -> dict[str, Any]:
         info = state.model_info
         entry = {"object": "model", "owned_by": "clawbridge", "created": 0,
-                 "context_window": info.context_window, "max_output_tokens": info.max_output_tokens,
-                 "policy_version": state.sampler.policy_version}
-        return {"object": "list", "data": [{"id": info.name, **entry}, {"id": "default", **entry}]}
+                 "context_window": info.context_window, "max_output_tokens": info.max_output_tokens}
+        serving = {**entry, "policy_version": state.router.serving_version}
+        # Every version `NAME@N` can name now (clawbridge.versions), oldest first.
+        kept = [{"id": f"{info.name}@{v}", **entry, "policy_version": v} for v in await state.router.kept_versions()]
+        return {"object": "list", "data": [{"id": info.name, **serving}, {"id": "default", **serving}, *kept]}
 
     async def models(request: Request) -> dict[str, Any]:
         await authenticate(request, state.keys, state.store)
-        return models_body()
+        return await models_body()
 
     # The same list under every base URL a client may be given (see model_routes).
     for path in ("/v1/models", "/models", "/s/{session_id}/v1/models", "/{trajectory_uid}/{prompt_uid}/v1/models"):
@@ -101,7 +103,7 @@ def build_app(state: ProxyState) -> FastAPI:
         """200 `ok`, or 503 `failing` with `store` saying why turns cannot be recorded now."""
         problem = state.writer.problem(state.settings.min_free_disk_bytes)
         body = {"status": "failing" if problem else "ok", "model": state.model_info.name,
-                "backend": state.backend.name, "policy_version": state.sampler.policy_version,
+                "backend": state.backend.name, "policy_version": state.router.serving_version,
                 "store": problem or "ok"}
         return JSONResponse(body, status_code=503 if problem else 200)
 

@@ -47,6 +47,7 @@ from clawbridge.render import RenderError
 from clawbridge.sampler import (
     PromptTooLong,
     SampledToken,
+    Sampler,
     SamplerError,
     SamplerOverloaded,
     SamplerTimeout,
@@ -55,6 +56,7 @@ from clawbridge.sampler import (
     SamplingParams,
 )
 from clawbridge.store import TurnRecord
+from clawbridge.versions import VersionNotFound
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -131,6 +133,18 @@ class ApiShape(Protocol):
         ...
 
 
+async def route_sampler(state: ProxyState, model: str, session_id: str | None) -> Sampler:
+    """The sampler `state.router` picks for `model` (`NAME@N`, or the served name) in `session_id`;
+    404 `model_not_found` naming the versions kept when `NAME@N` cannot be served."""
+    try:
+        return (await state.router.route(model, session_id)).sampler
+    except VersionNotFound as exc:
+        kept = ", ".join(f"{state.model_info.name}@{v}" for v in exc.kept) or "none"
+        raise ApiError(404, f"{exc}; versions kept: {kept}", code="model_not_found", param="model") from None
+    except SamplerError as exc:
+        raise sampler_error(exc) from None
+
+
 def render_request(state: ProxyState, data: dict[str, Any]) -> Prompt:
     """The prompt for OpenAI-shaped request `data`; a 400 naming the problem if it cannot be rendered."""
     try:
@@ -197,8 +211,9 @@ class SampledCall:
             self._stops = StopMatcher(self.req.stop_strings, ends=[TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
+        sampler = await route_sampler(self.state, self.req.model, self.call.session_id)
         try:
-            self.stream = await self.state.sampler.sample(self.prompt_ids, params)
+            self.stream = await sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:
             raise sampler_error(exc) from None
         self.policy_version = self.stream.policy_version

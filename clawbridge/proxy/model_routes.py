@@ -12,8 +12,8 @@ Routes, for API path `P` in `chat/completions`, `messages`, `responses`:
   session, the prompt uid its task id, so a prompt's samples form one group for the baseline).
 
 Invariants:
-- A request without `model` is served by the served model; any other name than the served one
-  or `default` is a 404.
+- A request without `model` is served by the served model; any other name than the served one,
+  `default`, or either with `@N` (committed policy version N, `clawbridge.versions`) is a 404.
 - Every failure is answered in the adapter's error shape with the `ApiError`'s status; never a
   traceback, never a 500 for bad input.
 """
@@ -36,6 +36,7 @@ from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState
+from clawbridge.versions import parse_versioned
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -71,10 +72,12 @@ class ApiAdapter(Protocol):
 
 
 def check_model(state: ProxyState, model: str) -> None:
+    """404 unless `model` names the served model: its id, `default`, or either `@N` (a committed
+    version; whether N is kept is checked when the call is routed, `clawbridge.versions`)."""
     name = state.model_info.name
-    if model not in (name, "default"):
-        raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default'",
-                       code="model_not_found", param="model")
+    if model not in (name, "default") and parse_versioned(model, (name, "default")) is None:
+        raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default' "
+                       f"(or {name + '@N'!r} for committed policy version N)", code="model_not_found", param="model")
 
 
 async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request, url_session: str | None,

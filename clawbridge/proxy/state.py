@@ -31,6 +31,8 @@ from clawbridge.proxy.guard import Drain
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.health import disk_problem
+from clawbridge.store.versions import VersionStore
+from clawbridge.versions import VersionRouter
 
 if TYPE_CHECKING:
     from clawbridge.reporting import StepReporter
@@ -121,6 +123,12 @@ class ProxyState:
     """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
     drain: Drain = field(default_factory=Drain)
     """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
+    router: VersionRouter = field(init=False)
+    """Which version answers each model call: `NAME@N`, the serving version, a canary's candidate
+    (clawbridge.versions)."""
+
+    def __post_init__(self) -> None:
+        self.router = VersionRouter(self.backend, VersionStore(self.store), (self.model_info.name, "default"))
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)`, a read of the store (or of something that reads it), on a worker thread."""
@@ -128,4 +136,5 @@ class ProxyState:
 
     @property
     def sampler(self) -> Sampler:
+        """The backend's published sampler (model calls go through `router` instead)."""
         return self.backend.sampler()

@@ -32,6 +32,8 @@ import torch
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge.faults import fault_point
+from clawbridge.sampler import Sampler
+from clawbridge.versions import LoadedVersions, VersionUnavailable
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
@@ -109,6 +111,8 @@ class LocalBackend:
         self._server: SGLangServer | None = None
         self._engine: ServingEngine | None = None
         self._trainer: LocalTrainer | None = None
+        self._versions = LoadedVersions(self.options.max_loaded_versions, self._load_version)
+        """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
 
     async def start(self) -> None:
         """Load the model (with a progress bar) in a thread and start the engine's worker."""
@@ -192,6 +196,20 @@ class LocalBackend:
         """The engine, which is the Sampler."""
         return self._require()
 
+    async def load_version(self, version: int, checkpoint: str) -> Sampler:
+        """`clawbridge.versions.VersionedServing`: committed `version` from its checkpoint, kept
+        among the `max_loaded_versions` most recently used (torch engine only)."""
+        return await self._versions.get(version, checkpoint)
+
+    async def _load_version(self, version: int, checkpoint: str) -> Sampler:
+        engine = self._require()
+        if not isinstance(engine, TorchEngine):
+            raise VersionUnavailable(f"engine {self.engine_name} serves only the version it published last "
+                                     f"({engine.policy_version}); use engine torch to serve older versions")
+        update = await asyncio.to_thread(self._training().checkpoint_update, Path(checkpoint))
+        log.info("loaded policy version %d from %s beside the published one", version, checkpoint)
+        return await engine.load_version(update, version)
+
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
         if self._trainer is None:
@@ -247,6 +265,7 @@ class LocalBackend:
         trainer, self._trainer = self._trainer, None
         if trainer is not None:
             await asyncio.to_thread(trainer.close)
+        self._versions.clear()
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.aclose()

@@ -26,6 +26,9 @@ Invariants:
   * if no accepted request holds the current weights, they are updated in place;
   * otherwise the model is copied, the copy is updated and becomes current, and the old copy is
     freed when its last stream ends (peak memory: two copies while old streams finish).
+- `load_version` keeps another committed version beside the current weights (a model copy held
+  by the `TorchVersionSampler` it returns; the backend bounds how many, `max_loaded_versions`).
+  Its streams share the slots and rounds of all others; publishing never touches it.
   A state dict that names `lm_head.weight` unties a tied-embedding model first, so the input
   embedding keeps its own values (LoRA on the unembedding changes the output layer only).
 - Logprobs follow `clawbridge_local.sampling` (float32, tempered, untruncated).
@@ -111,6 +114,10 @@ class _Swap:
     update: WeightUpdate
     version: int
     done: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+    pin: bool = False
+    """Load beside the current weights (`load_version`) instead of replacing them."""
+    pinned: _Weights | None = None
+    """The weights loaded, when `pin`."""
 
 
 _SHUTDOWN = object()
@@ -151,6 +158,22 @@ class TorchSampleStream:
             self.finish_reason = "cancelled"
             self._engine._cancel(self._req)
             self._req.out.put_nowait(_End("cancelled"))  # wakes a consumer waiting in another task
+
+
+class TorchVersionSampler:
+    """A `Sampler` of one committed version that `TorchEngine.load_version` loaded beside the
+    current weights; its streams run on the engine's worker and slots like any other."""
+
+    def __init__(self, engine: TorchEngine, weights: _Weights) -> None:
+        self._engine = engine
+        self._weights = weights
+
+    @property
+    def policy_version(self) -> int:
+        return self._weights.version
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> TorchSampleStream:
+        return await self._engine._submit(prompt_ids, params, self._weights)
 
 
 class TorchEngine:
@@ -228,6 +251,11 @@ class TorchEngine:
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> TorchSampleStream:
         """Start sampling; raises PromptTooLong, SamplerOverloaded or SamplerUnavailable."""
+        return await self._submit(prompt_ids, params, None)
+
+    async def _submit(self, prompt_ids: Sequence[int], params: SamplingParams,
+                      pinned: _Weights | None) -> TorchSampleStream:
+        """`sample` on `pinned` weights (a `load_version`), or on the current ones when None."""
         if self._closed:
             raise SamplerUnavailable("the torch engine is shut down")
         prompt = [int(t) for t in prompt_ids]
@@ -253,7 +281,7 @@ class TorchEngine:
                     retry_after_s=self.retry_after_s,
                 )
             self._in_flight += 1
-            weights = self._current
+            weights = pinned or self._current
             weights.users += 1
         req = _Request(next(self._ids), prompt, params, weights, asyncio.get_running_loop(), asyncio.Queue())
         self._inbox.put(req)
@@ -275,6 +303,18 @@ class TorchEngine:
         swap = _Swap(update, new_version)
         self._inbox.put(swap)
         return await asyncio.wrap_future(swap.done)
+
+    async def load_version(self, update: WeightUpdate, version: int) -> TorchVersionSampler:
+        """A `Sampler` of the current model with `update` applied, served as `version` beside the
+        current weights (a copy of the model, made by the worker between steps, freed when the
+        caller drops the sampler and its last stream ends). The current weights are unchanged."""
+        if self._closed:
+            raise SamplerUnavailable("the torch engine is shut down")
+        swap = _Swap(update, version, pin=True)
+        self._inbox.put(swap)
+        await asyncio.wrap_future(swap.done)
+        assert swap.pinned is not None
+        return TorchVersionSampler(self, swap.pinned)
 
     async def publish(self, weights: WeightSource, version: int) -> int:
         """`ServingEngine.publish`: swap in `weights.weight_update()` as `version`."""
@@ -424,9 +464,18 @@ class TorchEngine:
     def _apply_swap(self, swap: _Swap) -> None:
         try:
             with torch.inference_mode(False), torch.no_grad():
-                swap.done.set_result(self._publish(swap.update, swap.version))
+                swap.done.set_result(self._pin(swap) if swap.pin else self._publish(swap.update, swap.version))
         except Exception as e:
             swap.done.set_exception(e)
+
+    def _pin(self, swap: _Swap) -> int:
+        """Load `swap.update` into a copy of the current model, kept apart as `swap.version`."""
+        if isinstance(swap.update, Mapping):
+            _check_state(self._current.model, swap.update)
+        fresh = copy.deepcopy(self._current.model)
+        _apply_update(fresh, swap.update)
+        swap.pinned = _Weights(fresh, swap.version)
+        return swap.version
 
     def _publish(self, update: WeightUpdate, version: int) -> int:
         if isinstance(update, Mapping):

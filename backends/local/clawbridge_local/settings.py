@@ -54,6 +54,10 @@ class LocalSettings(BaseModel):
                                       json_schema_extra=_env("max_running_requests"))
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting for a slot before new ones get 429.",
                                      json_schema_extra=_env("max_queued_requests"))
+    max_loaded_versions: int = Field(
+        2, ge=1, description="torch engine: committed versions other than the published one kept loaded for "
+        "`model: NAME@N` and promotion (least recently used dropped; each costs a copy of the model's weights).",
+        json_schema_extra=_env("max_loaded_versions"))
 
     # --- sglang
     sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "

@@ -83,7 +83,12 @@ def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
     cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
     r = float(cfg["r"])
     scale = float(cfg["lora_alpha"]) / (r**0.5 if cfg.get("use_rslora") else r)
-    tensors = load_safetensors_dir(adapter_dir)
+    return merge_lora_tensors(load_safetensors_dir(adapter_dir), scale, base, str(adapter_dir))
+
+
+def merge_lora_tensors(tensors: dict[str, Any], scale: float, base: dict[str, Any], where: str) -> dict[str, Any]:
+    """`merge_lora` of LoRA matrices already loaded (an adapter's, or a checkpoint's peft names,
+    `...lora_A.default.weight`); `where` names their source in errors."""
     merged: dict[str, Any] = {}
     for key, a in tensors.items():
         if ".lora_A." not in key:
@@ -93,7 +98,7 @@ def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
         w0 = _base_weight(base, module)
         merged[f"{module}.weight"] = (w0.float() + scale * (b.float() @ a.float())).to(w0.dtype)
     if not merged:
-        raise ValueError(f"{adapter_dir} has no LoRA weights")
+        raise ValueError(f"{where} has no LoRA weights")
     return merged
 
 
@@ -146,6 +151,22 @@ class LocalTrainer:
             shutil.rmtree(self._last_export, ignore_errors=True)
         self._last_export = export
         return export
+
+    def checkpoint_update(self, checkpoint: Path) -> dict[str, Any]:
+        """The served weights of a committed version, as a state dict for the torch engine, read
+        from its checkpoint without touching the trainer (LoRA: merged onto the base weights)."""
+        from safetensors.torch import load_file
+
+        state = json.loads((checkpoint / CHECKPOINT_STATE).read_text())
+        if bool(state["lora"]) != self.lora:
+            raise ValueError(f"checkpoint {checkpoint} is {'LoRA' if state['lora'] else 'full'}; the served model is not")
+        tensors: dict[str, Any] = load_file(str(checkpoint / "model.safetensors"))
+        if not self.lora:
+            return tensors
+        if self._base is None:
+            self._base = load_safetensors_dir(self.model_dir)
+        s = self.settings
+        return merge_lora_tensors(tensors, float(s.lora_alpha) / s.lora_rank, self._base, str(checkpoint))
 
     def save_checkpoint(self, name: str, policy_version: int) -> Path:
         self.ensure_started()  # the base checkpoint is saved before the first step
