@@ -57,7 +57,7 @@ class LocalSettings(BaseModel):
     max_loaded_versions: int = Field(
         2, ge=1, description="torch engine: committed versions other than the published one kept loaded for "
         "`model: NAME@N` and promotion (least recently used dropped; each costs a copy of the model's weights).",
-        json_schema_extra=_env("max_loaded_versions"))
+        json_schema_extra={"env": ["CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS"]})
 
     # --- sglang
     sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "
