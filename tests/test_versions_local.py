@@ -58,3 +58,96 @@ def test_engine_serves_a_loaded_version_beside_the_current_one(tiny_model_dir: P
         assert engine.in_flight == 0
     finally:
         engine.shutdown()
+
+
+# ------------------------------------------------------------------ through `clawbridge up` (LoRA)
+
+ENV = {
+    "CLAWBRIDGE_BASELINE": "none",  # the reward is the advantage: every rewarded turn moves the weights
+    "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",  # exactly batch_size per step
+    "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2",
+    "CLAWBRIDGE_LEARNING_RATE": "0.05",
+    "CLAWBRIDGE_LORA_RANK": "4",
+    "CLAWBRIDGE_KEEP_CHECKPOINTS": "2",  # after step 2 the base model's checkpoint (version 0) is pruned
+}
+PROBE = [{"role": "user", "content": "name a colour"}]
+
+
+def test_a_committed_version_answers_by_name_through_the_proxy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import anthropic
+    import openai
+
+    from tests.kill_support import Agent, StoreView, wait_until
+    from tests.support import ProxyProcess
+
+    state = tmp_path / "state"
+    proxy = ProxyProcess(tiny_model_dir, state, extra_args=("--batch-size", "2", "--method", "rl"),
+                         env=ENV).start(timeout_s=300)
+    agent = Agent(proxy)
+    view = StoreView(state)
+    name = tiny_model_dir.name
+    an = anthropic.Anthropic(base_url=proxy.base, api_key=proxy.key(), max_retries=0, timeout=120)
+
+    def probe(model: str, session: str) -> openai.types.chat.ChatCompletion:
+        return agent.client.chat.completions.create(model=model, messages=PROBE, temperature=0.0,  # type: ignore[arg-type]
+                                                    max_tokens=12, extra_headers={"X-Session-Id": session})
+
+    def train_step(sessions: tuple[str, ...], rewards: tuple[float, ...], version: int) -> None:
+        for i, (sid, r) in enumerate(zip(sessions, rewards, strict=True)):
+            agent.call(sid, seed=i)
+            agent.reward(sid, r)
+            agent.end(sid)
+        wait_until(lambda: agent.health()["policy_version"] == version, f"version {version} served", proxy=proxy)
+
+    try:
+        train_step(("a0", "a1"), (1.0, -1.0), 1)
+        served_v1 = probe("default", "probe-v1")
+        assert served_v1.system_fingerprint == "policy-v1"
+        v1 = view.turn(served_v1.id.replace("chatcmpl-", "turn_"))
+        v1_anthropic = an.messages.create(model="default", max_tokens=12, extra_body={"temperature": 0.0}, messages=PROBE)  # type: ignore[arg-type]
+
+        train_step(("b0", "b1"), (-1.0, 1.0), 2)
+        served_v2 = view.turn(probe("default", "probe-v2").id.replace("chatcmpl-", "turn_"))
+        assert served_v2["policy_version"] == 2 and served_v2["logprobs"] != pytest.approx(v1["logprobs"], abs=1e-6)
+
+        # Version 1 by name: the same greedy tokens, with the logprobs it gave when it was serving.
+        again = probe(f"{name}@1", "probe-again")
+        assert again.model == f"{name}@1" and again.system_fingerprint == "policy-v1"
+        turn = view.turn(again.id.replace("chatcmpl-", "turn_"))
+        assert turn["policy_version"] == 1  # recorded with the version that answered
+        assert turn["completion"] == v1["completion"]
+        assert turn["logprobs"] == pytest.approx(v1["logprobs"], rel=1e-5, abs=1e-5)
+        chunks = list(agent.client.chat.completions.create(model="default@1", messages=PROBE, temperature=0.0,  # type: ignore[arg-type]
+                                                           max_tokens=12, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == served_v1.choices[0].message.content
+        with an.messages.stream(model=f"{name}@1", max_tokens=12, extra_body={"temperature": 0.0}, messages=PROBE) as s:  # type: ignore[arg-type]
+            assert s.get_final_text() == v1_anthropic.content[0].text  # type: ignore[union-attr]
+        resp = agent.client.responses.create(model=f"{name}@1", input=PROBE, temperature=0.0,  # type: ignore[arg-type]
+                                             max_output_tokens=12)
+        assert resp.model == f"{name}@1" and resp.output_text == served_v1.choices[0].message.content
+        # The published version still answers plain requests.
+        assert probe("default", "probe-v2b").system_fingerprint == "policy-v2"
+
+        # Version 0's checkpoint was pruned (keep_checkpoints 2): 404 naming what is kept.
+        assert view.versions()[0][0] == "committed"
+        with pytest.raises(openai.NotFoundError) as err:
+            probe(f"{name}@0", "probe-pruned")
+        body = err.value.body
+        assert isinstance(body, dict) and body["code"] == "model_not_found"
+        assert "pruned" in body["message"] and f"{name}@1, {name}@2" in body["message"], body
+        with pytest.raises(anthropic.NotFoundError):
+            an.messages.create(model=f"{name}@7", max_tokens=4, messages=PROBE)  # type: ignore[arg-type]
+        assert [m.id for m in agent.client.models.list().data] == [name, "default", f"{name}@1", f"{name}@2"]
+
+        # A turn answered by version 1 trains like any turn sampled one version ago.
+        agent.reward("probe-again", 1.0)
+        agent.end("probe-again")
+        agent.reward("probe-v2b", -1.0)
+        agent.end("probe-v2b")
+        wait_until(lambda: len(view.ok_steps()) >= 3, "step 3", proxy=proxy)
+        step3 = view.ok_steps()[2]
+        assert step3.metrics["datums"] == 2.0 and step3.metrics["staleness_max"] == 1.0, step3.metrics
+    finally:
+        agent.close()
+        an.close()
+        proxy.stop()
