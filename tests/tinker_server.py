@@ -13,7 +13,9 @@ Protocol implemented (all under /api/v1, every call must carry `X-API-Key: tml-.
   client; `loaded()` counts the training clients (LoRA slots) still held. Finishing a session
   does not release them (as on SkyRL's server).
 - Futures: `create_model`, `forward_backward` (protobuf `ForwardBackwardRequest`, optionally
-  zstd), `optim_step`, `save_weights`, `load_weights`, `save_weights_for_sampler`, `asample`
+  zstd), `optim_step`, `save_weights`, `load_weights`, `save_weights_for_sampler` (named: a
+  `tinker://.../sampler_weights/NAME` path that `create_sampling_session` takes as `model_path`
+  and samples from at the weights it saved; unnamed: a sampling session), `asample`
   answer `{"request_id": ...}` (asample adds `sample_sequence_ids`).
 - `retrieve_future`: `{"type": "try_again", "queue_state": "active"}` while pending,
   `{"error", "category"}` for a failed request, the result as JSON, or for `ForwardBackward`
@@ -439,6 +441,12 @@ async def h_load_weights(s: TinkerProtocolServer, route: str, body: Any, req: Re
 async def h_save_for_sampler(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
     m = s.models[body["model_id"]]
     m.seq_ids.append(body["seq_id"])
+    if body.get("path"):  # named: persistent sampler weights, sampled later through their path
+        path = f"tinker://{m.model_id}/sampler_weights/{body['path']}"
+        s.checkpoints[path] = {
+            "step": m.step, "base_model": m.base_model, "lora_rank": m.lora_rank, "trained": list(m.trained),
+        }
+        return s._future("SaveWeightsForSampler", ("json", {"path": path, "type": "save_weights_for_sampler"}))
     sid = s._new_id("sampler")
     s.samplers[sid] = {"base_model": m.base_model, "weights_step": m.step, "model_path": None}
     return s._future(
@@ -448,10 +456,14 @@ async def h_save_for_sampler(s: TinkerProtocolServer, route: str, body: Any, req
 
 async def h_create_sampling_session(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
     sid = s._new_id("sampler")
+    path = body.get("model_path")
+    if path is not None and path not in s.checkpoints:
+        return JSONResponse({"detail": f"no sampler weights at {path}"}, status_code=404)
+    saved = s.checkpoints[path] if path is not None else {"step": 0, "base_model": body.get("base_model")}
     s.samplers[sid] = {
-        "base_model": body.get("base_model"),
-        "weights_step": 0,
-        "model_path": body.get("model_path"),
+        "base_model": saved["base_model"],
+        "weights_step": saved["step"],
+        "model_path": path,
     }
     return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sid})
 

@@ -12,6 +12,10 @@ Invariants:
 - `save_checkpoint` records the `tinker://` path, step and version in the manifest
   (`<state_dir>/tinker/manifest.json`, replaced atomically); `restore_checkpoint` (called by the
   trainer loop, never by `start`) loads one with `create_training_client_from_state_with_optimizer`.
+- Each checkpoint also saves the same weights for sampling under the same name
+  (`save_weights_for_sampler`), recorded beside it; `load_version` (`NAME@N`) makes a sampling
+  client from that path, one per version, the `max_loaded_versions` most recently used kept.
+  `delete_checkpoint` deletes both.
 - The tokenizer is the user's (`settings.tokenizer_source`); `TrainingClient.get_tokenizer()`
   is never called (it downloads from a hub).
 - `start` probes the service first (`service.probe`, bounded by `probe_timeout_s`) and fails
@@ -35,6 +39,7 @@ from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepR
 from clawbridge.config import Settings
 from clawbridge.faults import fault_point
 from clawbridge.sampler import Sampler
+from clawbridge.versions import LoadedVersions, VersionUnavailable
 
 from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
 from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
@@ -94,6 +99,8 @@ class TinkerBackend:
         self._base_scorer: Any = None
         self._suffix_logprobs = True
         """False once the server refused `prompt_logprobs_last_n` (full prompt logprobs from then on)."""
+        self._versions = LoadedVersions(self.opts.max_loaded_versions, self._load_version)
+        """Sampling clients of committed versions besides the published one (`load_version`)."""
 
     # ---- lifecycle
 
@@ -216,9 +223,14 @@ class TinkerBackend:
                 self.opts.publish_timeout_s,
             )
             await fault_point("checkpoint.mid")
+            for_sampler = await self._retry(
+                f"save_weights_for_sampler {name!r}",
+                lambda: tc.save_weights_for_sampler(name).result_async(),
+                self.opts.publish_timeout_s,
+            )
             manifest = load_manifest(self.manifest_file) or Manifest(self.base_model, self.settings.lora_rank)
             manifest.checkpoints.append(
-                CheckpointEntry(name, saved.path, self.step, self.policy_version, time.time())
+                CheckpointEntry(name, saved.path, self.step, self.policy_version, time.time(), for_sampler.path)
             )
             write_manifest(self.manifest_file, manifest)
         return saved.path
@@ -231,11 +243,15 @@ class TinkerBackend:
                 RestClient, base_url=self.opts.base_url or None, api_key=self.opts.api_key_value()
             )
         rest = self._rest
-        await self._retry(
-            f"delete checkpoint {path}",
-            lambda: rest.delete_checkpoint_from_tinker_path(path).result_async(),
-            self.opts.publish_timeout_s,
-        )
+        manifest = load_manifest(self.manifest_file)
+        entry = manifest.find(path) if manifest is not None else None
+        for gone in (path, entry.sampler_path if entry is not None else None):
+            if gone is not None:
+                await self._retry(
+                    f"delete checkpoint {gone}",
+                    lambda gone=gone: rest.delete_checkpoint_from_tinker_path(gone).result_async(),
+                    self.opts.publish_timeout_s,
+                )
         async with self._lock:
             manifest = load_manifest(self.manifest_file)
             if manifest is not None and manifest.find(path) is not None:
@@ -281,6 +297,31 @@ class TinkerBackend:
                     self._sampler.swap(client, target)
             self.policy_version = self._sampler.policy_version
         return self.policy_version
+
+    # ---- committed versions besides the published one (clawbridge.versions.VersionedServing)
+
+    async def load_version(self, version: int, checkpoint: str) -> Sampler:
+        """A sampler of committed `version`: a sampling client on the sampler weights saved with
+        its checkpoint, kept among the `max_loaded_versions` most recently used."""
+        return await self._versions.get(version, checkpoint)
+
+    async def _load_version(self, version: int, checkpoint: str) -> Sampler:
+        service = self._service
+        if service is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        manifest = load_manifest(self.manifest_file)
+        entry = manifest.find(checkpoint) if manifest is not None else None
+        if entry is None or entry.sampler_path is None:
+            raise VersionUnavailable(f"policy version {version} has no sampler weights saved in {self.manifest_file} "
+                                     "(checkpoints saved before clawbridge kept them cannot be sampled by name)")
+        path = entry.sampler_path
+        client = await self._retry(
+            f"sampling client for version {version}",
+            lambda: service.create_sampling_client(model_path=path, retry_config=self._retry_config()).result_async(),
+            self.opts.publish_timeout_s,
+        )
+        log.info("tinker: serving policy version %d from %s beside the published one", version, path)
+        return TinkerSampler(client, version, self._limits())
 
     # ---- helpers
 

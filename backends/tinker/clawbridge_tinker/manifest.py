@@ -33,6 +33,9 @@ class CheckpointEntry:
     """The policy version served when it was saved."""
     saved_at: float
     """Unix time of the save."""
+    sampler_path: str | None = None
+    """The `tinker://.../sampler_weights/...` path of the same weights saved for sampling, which
+    `NAME@N` samples from (`TinkerBackend.load_version`); None in manifests written before it."""
 
 
 @dataclass

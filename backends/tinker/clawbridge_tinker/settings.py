@@ -30,6 +30,9 @@ class TinkerSettings(BaseModel):
     publish_timeout_s: float = Field(600.0, description="Saving weights for the sampler longer than this fails.")
     max_retries: int = Field(3, description="Retries of a transient Tinker failure (429, timeout, connection) before giving up.")
     retry_backoff_s: float = Field(1.0, description="First wait between Tinker retries; doubles each retry.")
+    max_loaded_versions: int = Field(
+        8, ge=1, description="Sampling clients kept for committed versions other than the published one "
+        "(`model: NAME@N`, promotion); least recently used dropped.")
     telemetry: bool = Field(False, description="Send the Tinker SDK's telemetry to Tinker (off by default).")
     api_key: SecretStr | None = Field(
         None, description="Tinker API key.", json_schema_extra={"env": ["TINKER_API_KEY", "CLAWBRIDGE_TINKER_API_KEY"]}

@@ -1,0 +1,86 @@
+"""Committed versions by name on the hosted backends.
+
+Tinker: the real `tinker` SDK against `tests.tinker_server` (its wire protocol on 127.0.0.1); each
+checkpoint also saves sampler weights, and `load_version` samples from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tinker")
+
+from clawbridge_tinker import TinkerBackend
+from clawbridge_tinker.manifest import load_manifest, manifest_path, write_manifest
+
+from clawbridge.backend import LossConfig
+from clawbridge.sampler import SamplingParams
+from clawbridge.store import Store
+from clawbridge.store.versions import VersionStore
+from clawbridge.versions import VersionedServing, VersionNotFound, VersionRouter, VersionUnavailable
+from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings
+from tests.tinker_server import TinkerProtocolServer, sample_output
+
+
+def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Path) -> None:
+    server = TinkerProtocolServer(models=(MODEL,))
+    server.start()
+    store = Store.open(tmp_path / "store")
+    versions = VersionStore(store)
+
+    async def main() -> dict[str, Any]:
+        b = TinkerBackend(make_settings(server, tmp_path))
+        await b.start()
+        try:
+            assert isinstance(b, VersionedServing)
+            out: dict[str, Any] = {}
+            for step in (1, 2):  # what the trainer loop does per step: train, publish, checkpoint, commit
+                await b.train_step([datum([40 + step])], LossConfig())
+                v = versions.reserve("step", step)
+                await b.publish(v)
+                versions.commit(v, await b.save_checkpoint(f"step-{step}"), None)
+            router = VersionRouter(b, versions, ("tiny", "default"))
+            params = SamplingParams(max_tokens=4)
+            for v in (1, 2):
+                stream = await (await router.route(f"tiny@{v}", None)).sampler.sample(PROMPT, params)
+                out[f"v{v}"] = ([t.token_id async for t in stream], stream.policy_version)
+            with pytest.raises(VersionNotFound):
+                await router.route("tiny@5", None)
+            manifest = load_manifest(manifest_path(tmp_path))
+            assert manifest is not None and all(c.sampler_path for c in manifest.checkpoints)
+            first = manifest.checkpoints[0]
+            out["paths"] = (first.path, first.sampler_path)
+            # A restarted server whose manifest was written before sampler weights were kept: refused.
+            manifest.checkpoints[0] = type(first)(first.name, first.path, first.step, first.policy_version,
+                                                  first.saved_at)
+            write_manifest(manifest_path(tmp_path), manifest)
+            again = TinkerBackend(make_settings(server, tmp_path))
+            await again.start()
+            try:
+                with pytest.raises(VersionUnavailable, match="no sampler weights"):
+                    await again.load_version(1, first.path)
+            finally:
+                await again.close()
+            manifest.checkpoints[0] = first
+            write_manifest(manifest_path(tmp_path), manifest)
+            await b.delete_checkpoint(first.path)
+            return out
+        finally:
+            await b.close()
+
+    try:
+        out = asyncio.run(main())
+    finally:
+        server.stop()
+        store.close()
+    # Version 1 samples from the weights after one step, version 2 (the published one) after two.
+    assert out["v1"] == (sample_output(PROMPT, 1, 4, None)[0], 1)
+    assert out["v2"] == (sample_output(PROMPT, 2, 4, None)[0], 2)
+    ckpt, sampler = out["paths"]
+    assert ckpt.endswith("/weights/step-1") and sampler.endswith("/sampler_weights/step-1")
+    assert [b["model_path"] for b in server.bodies("create_sampling_session") if b.get("model_path")] == [sampler]
+    assert set(server.deleted) == {ckpt, sampler}  # retention deletes both
