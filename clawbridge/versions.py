@@ -225,11 +225,14 @@ class LoadedVersions:
     (concurrent asks for one version share one load). Dropping a sampler from the cache only stops
     new requests from getting it; streams already running keep what they hold."""
 
-    def __init__(self, max_loaded: int, loader: Callable[[int, str], Awaitable[Sampler]]) -> None:
+    def __init__(self, max_loaded: int, loader: Callable[[int, str], Awaitable[Sampler]],
+                 on_evict: Callable[[int], Awaitable[None]] | None = None) -> None:
         if max_loaded < 1:
             raise ValueError("max_loaded must be >= 1")
         self.max_loaded = max_loaded
         self._loader = loader
+        self._on_evict = on_evict
+        """Called with each version dropped from the cache (e.g. to unload a server-side adapter)."""
         self._loaded: OrderedDict[int, Sampler] = OrderedDict()
         self._loading: dict[int, asyncio.Task[Sampler]] = {}
         self.loads = 0
@@ -257,7 +260,9 @@ class LoadedVersions:
         self.loads += 1
         self._loaded[version] = sampler
         while len(self._loaded) > self.max_loaded:
-            self._loaded.popitem(last=False)
+            dropped, _ = self._loaded.popitem(last=False)
+            if self._on_evict is not None:
+                await self._on_evict(dropped)
         return sampler
 
     def clear(self) -> None:

@@ -151,3 +151,72 @@ def test_a_committed_version_answers_by_name_through_the_proxy(tiny_model_dir: P
         agent.close()
         an.close()
         proxy.stop()
+
+
+# ------------------------------------------------------------------ SGLang (LoRA): adapters per version
+
+
+def test_sglang_serves_committed_lora_versions_as_pinned_adapters(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Against the server that checks sglang 0.5.x shapes: version N's adapter, written from its
+    checkpoint, is exactly what the trainer exported for it, loads as `vN`, answers `NAME@N`
+    requests beside the published version, and is unloaded when it leaves max_loaded_versions."""
+    from clawbridge_local.backend import LocalBackend
+    from clawbridge_local.training import load_safetensors_dir
+
+    from clawbridge.backend import Datum, LossConfig
+    from clawbridge.config import Settings
+    from tests.sglang_server import FakeSGLang
+    from tests.support import free_port
+
+    fake = FakeSGLang(tiny_model_dir, port=free_port(), enable_lora=True, max_lora_rank=8,
+                      lora_target_modules=("q_proj", "v_proj")).start()
+    settings = Settings.model_validate({
+        "model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
+        "lora_target_modules": ["q_proj", "v_proj"], "learning_rate": 0.05,
+        "backends": {"local": {"sglang_url": fake.url, "max_loaded_versions": 1, "train_launcher": "inprocess"}},
+    })
+    backend = LocalBackend(settings)
+    datum = Datum.from_turn([3, 4, 5], [6, 7], [-1.0, -1.0], [1.0, 1.0], 0)
+
+    async def go() -> dict[str, Any]:
+        await backend.start()
+        try:
+            base_ckpt = await backend.save_checkpoint("v0")
+            await backend.train_step([datum], LossConfig())
+            assert await backend.publish(1) == 1
+            ckpt1 = await backend.save_checkpoint("v1")
+            exported = load_safetensors_dir(backend._training().export())  # version 1's adapter, as published
+            await backend.train_step([datum], LossConfig())
+            assert await backend.publish(2) == 2
+            assert set(fake.adapters) == {"v2"}  # v1 was unloaded at publish (nothing used it)
+
+            v1 = await backend.load_version(1, ckpt1)
+            written = load_safetensors_dir(tmp_path / "trainer" / "local" / "versions" / "v1")
+            stream = await v1.sample([1, 2, 3], GREEDY)
+            [t async for t in stream]
+            plain = await backend.sampler().sample([1, 2, 3], GREEDY)
+            [t async for t in plain]
+            out = {"exported": exported, "written": written, "v1_version": stream.policy_version,
+                   "plain_version": plain.policy_version, "lora_paths": [r.get("lora_path") for r in fake.requests],
+                   "adapters_with_v1": set(fake.adapters)}
+            v0 = await backend.load_version(0, base_ckpt)  # max_loaded_versions 1: v1 is dropped and unloaded
+            stream0 = await v0.sample([1, 2, 3], GREEDY)
+            [t async for t in stream0]
+            out.update(v0_version=stream0.policy_version, v0_lora=fake.requests[-1].get("lora_path"),
+                       adapters_after=set(fake.adapters),
+                       v1_dir_left=(tmp_path / "trainer" / "local" / "versions" / "v1").exists())
+            return out
+        finally:
+            await backend.close()
+
+    try:
+        out = asyncio.run(go())
+    finally:
+        fake.stop()
+    assert set(out["written"]) == set(out["exported"]) and out["written"]
+    for k, v in out["exported"].items():
+        assert torch.equal(out["written"][k], v), k
+    assert out["adapters_with_v1"] == {"v1", "v2"} and out["lora_paths"] == ["v1", "v2"]
+    assert (out["v1_version"], out["plain_version"], out["v0_version"]) == (1, 2, 0)
+    assert out["v0_lora"] is None  # version 0 is the base model
+    assert out["adapters_after"] == {"v2"} and not out["v1_dir_left"]

@@ -24,6 +24,7 @@ import asyncio
 import importlib.util
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -111,7 +112,7 @@ class LocalBackend:
         self._server: SGLangServer | None = None
         self._engine: ServingEngine | None = None
         self._trainer: LocalTrainer | None = None
-        self._versions = LoadedVersions(self.options.max_loaded_versions, self._load_version)
+        self._versions = LoadedVersions(self.options.max_loaded_versions, self._load_version, self._drop_version)
         """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
 
     async def start(self) -> None:
@@ -203,12 +204,30 @@ class LocalBackend:
 
     async def _load_version(self, version: int, checkpoint: str) -> Sampler:
         engine = self._require()
-        if not isinstance(engine, TorchEngine):
-            raise VersionUnavailable(f"engine {self.engine_name} serves only the version it published last "
-                                     f"({engine.policy_version}); use engine torch to serve older versions")
-        update = await asyncio.to_thread(self._training().checkpoint_update, Path(checkpoint))
+        if isinstance(engine, SGLangEngine) and engine.lora:
+            folder = self._version_dir(version)
+            if version > 0:
+                await asyncio.to_thread(self._training().checkpoint_adapter, Path(checkpoint), folder)
+            sampler: Sampler = await engine.load_lora_version(folder if version > 0 else None, version)
+        elif isinstance(engine, TorchEngine):
+            update = await asyncio.to_thread(self._training().checkpoint_update, Path(checkpoint))
+            sampler = await engine.load_version(update, version)
+        else:
+            raise VersionUnavailable(f"engine {self.engine_name} with full weights serves one version at a time "
+                                     f"(the published one, {engine.policy_version}); use engine torch or LoRA")
         log.info("loaded policy version %d from %s beside the published one", version, checkpoint)
-        return await engine.load_version(update, version)
+        return sampler
+
+    async def _drop_version(self, version: int) -> None:
+        """A version left the `max_loaded_versions` cache: unpin its SGLang adapter and delete the folder
+        written for it (the torch engine frees its copy when its last stream ends)."""
+        engine = self._engine
+        if isinstance(engine, SGLangEngine) and engine.lora:
+            await engine.unpin(version)
+            await asyncio.to_thread(shutil.rmtree, self._version_dir(version), True)
+
+    def _version_dir(self, version: int) -> Path:
+        return self.settings.state_path / "trainer" / "local" / "versions" / f"v{version}"
 
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
@@ -240,8 +259,6 @@ class LocalBackend:
     async def delete_checkpoint(self, path: str) -> None:
         """Delete a checkpoint folder this backend wrote (`clawbridge.backend.CheckpointDeleter`);
         refuses anything outside `<state_dir>/checkpoints/local`."""
-        import shutil
-
         root = (self.settings.state_path / "checkpoints" / "local").resolve()
         target = Path(path).resolve()
         if target.parent != root:

@@ -55,8 +55,9 @@ class LocalSettings(BaseModel):
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting for a slot before new ones get 429.",
                                      json_schema_extra=_env("max_queued_requests"))
     max_loaded_versions: int = Field(
-        2, ge=1, description="torch engine: committed versions other than the published one kept loaded for "
-        "`model: NAME@N` and promotion (least recently used dropped; each costs a copy of the model's weights).",
+        2, ge=1, description="Committed versions other than the published one kept loaded for `model: NAME@N` and "
+        "promotion, least recently used dropped (torch engine: a copy of the model's weights each; SGLang + LoRA: "
+        "an adapter each).",
         json_schema_extra={"env": ["CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS"]})
 
     # --- sglang

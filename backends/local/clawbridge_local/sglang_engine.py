@@ -22,7 +22,10 @@ Invariants:
   inside SGLang (it holds SGLang's model-update reader lock).
 - Policy version per stream: fixed in `sample`. LoRA: version v is adapter `v{v}` (`lora_path`);
   version 0 (and full fine-tuning) is the served base path. Streams are counted per version; a
-  LoRA version is unloaded once it is neither current nor used by a stream (never the current one).
+  LoRA version is unloaded once it is neither current, nor pinned, nor used by a stream.
+- `load_lora_version` pins a committed LoRA version (`NAME@N`) beside the current one: loaded once,
+  kept until `unpin`; its sampler's streams run on that adapter. Full fine-tuning serves one set of
+  weights per server, so only the current version is servable there.
 - Full publish drains: new streams wait (no error) while `/update_weights_from_disk` runs; SGLang
   itself lets in-flight requests finish on the old weights before loading (its writer lock), so
   every stream finishes on the weights it started on. The wait is bounded by the longest stream.
@@ -61,6 +64,21 @@ log = logging.getLogger("clawbridge.sglang")
 def lora_name(version: int) -> str:
     """The adapter name a LoRA policy version is loaded under."""
     return f"v{version}"
+
+
+class SGLangVersionSampler:
+    """A `Sampler` of one pinned LoRA version (`SGLangEngine.load_lora_version`)."""
+
+    def __init__(self, engine: SGLangEngine, version: int, adapter: str | None) -> None:
+        self._engine = engine
+        self._pinned = (version, adapter)
+
+    @property
+    def policy_version(self) -> int:
+        return self._pinned[0]
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SGLangSampleStream:
+        return await self._engine._sample(prompt_ids, params, self._pinned)
 
 
 class SGLangEngine:
@@ -108,6 +126,8 @@ class SGLangEngine:
         self._idle.set()
         self._publish_lock = asyncio.Lock()
         self._unloads: set[asyncio.Task[None]] = set()
+        self._pinned: set[int] = set()
+        """LoRA versions kept loaded for `load_lora_version` samplers (until `unpin`)."""
         self._closed = False
 
     @classmethod
@@ -164,6 +184,11 @@ class SGLangEngine:
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SGLangSampleStream:
         """Start sampling; raises PromptTooLong, SamplerOverloaded, SamplerTimeout or SamplerUnavailable."""
+        return await self._sample(prompt_ids, params, None)
+
+    async def _sample(self, prompt_ids: Sequence[int], params: SamplingParams,
+                      pinned: tuple[int, str | None] | None) -> SGLangSampleStream:
+        """`sample` on a pinned (version, adapter), or on the current one when None."""
         if self._closed:
             raise SamplerUnavailable("the sglang engine is closed")
         prompt = [int(t) for t in prompt_ids]
@@ -184,7 +209,7 @@ class SGLangEngine:
                 retry_after_s=self.retry_after_s,
             )
         await self._open.wait()  # a full-weight publish is loading
-        version, adapter = self._version, self._adapter
+        version, adapter = pinned or (self._version, self._adapter)
         self._users[version] += 1
         self._starting += 1
         self._idle.clear()
@@ -219,13 +244,15 @@ class SGLangEngine:
         self._users[version] -= 1
         if self._users[version] <= 0:
             del self._users[version]
-            if version in self._loaded and version != self._version and not self._closed:
+            if version in self._loaded and version != self._version and version not in self._pinned \
+                    and not self._closed:
                 task = asyncio.get_running_loop().create_task(self._unload(version))
                 self._unloads.add(task)
                 task.add_done_callback(self._unloads.discard)
 
     async def _unload(self, version: int) -> None:
-        if version not in self._loaded or self._users[version] > 0 or version == self._version:
+        if version not in self._loaded or self._users[version] > 0 or version == self._version \
+                or version in self._pinned:
             return
         self._loaded.discard(version)
         try:
@@ -274,6 +301,28 @@ class SGLangEngine:
                 if self._users[old] == 0:
                     await self._unload(old)
         return version
+
+    async def load_lora_version(self, adapter_dir: str | Path | None, version: int) -> SGLangVersionSampler:
+        """Pin committed LoRA `version` (its peft adapter folder; None for version 0, the base) and
+        return a sampler of it; the adapter stays loaded until `unpin(version)`."""
+        if not self.lora:
+            raise ValueError("this engine serves full weights: only the current version can be sampled")
+        async with self._publish_lock:
+            if self._closed:
+                raise SamplerUnavailable("the sglang engine is closed")
+            if version > 0 and version not in self._loaded:
+                if adapter_dir is None:
+                    raise ValueError(f"LoRA version {version} needs its adapter folder")
+                await self._post("/load_lora_adapter", {"lora_name": lora_name(version), "lora_path": str(adapter_dir)})
+                self._loaded.add(version)
+            self._pinned.add(version)
+        return SGLangVersionSampler(self, version, lora_name(version) if version > 0 else None)
+
+    async def unpin(self, version: int) -> None:
+        """A pinned version is no longer kept: unload it once no stream uses it."""
+        self._pinned.discard(version)
+        if not self._closed and self._users[version] == 0:
+            await self._unload(version)
 
     async def publish_full(self, model_dir: str | Path, version: int) -> int:
         """Load full weights from a transformers folder; new streams wait meanwhile; return `version`."""

@@ -168,6 +168,29 @@ class LocalTrainer:
         s = self.settings
         return merge_lora_tensors(tensors, float(s.lora_alpha) / s.lora_rank, self._base, str(checkpoint))
 
+    def checkpoint_adapter(self, checkpoint: Path, out: Path) -> Path:
+        """A peft adapter folder (what `export` writes for LoRA) at `out`, made from a LoRA
+        checkpoint's tensors without touching the trainer (SGLang loads committed versions so)."""
+        from safetensors.torch import load_file, save_file
+
+        from clawbridge_local.trainer.model import lora_config
+
+        cfg = trainer_config(self.settings, str(self.model_dir)).lora
+        if cfg is None:
+            raise ValueError("checkpoint_adapter needs LoRA (lora_rank > 0)")
+        tensors = load_file(str(checkpoint / "model.safetensors"))
+        adapter = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v
+                   for k, v in tensors.items() if ".lora_A." in k or ".lora_B." in k}
+        if not adapter:
+            raise ValueError(f"{checkpoint} has no LoRA weights")
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in adapter.items()}, str(out / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        lcfg = lora_config(cfg)
+        lcfg.base_model_name_or_path = str(self.model_dir)
+        lcfg.save_pretrained(str(out))
+        return out
+
     def save_checkpoint(self, name: str, policy_version: int) -> Path:
         self.ensure_started()  # the base checkpoint is saved before the first step
         return self.client.save_checkpoint(self.checkpoint_dir / name, policy_version)

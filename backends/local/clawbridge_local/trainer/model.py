@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from clawbridge_local.trainer.config import TrainerConfig
+from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -52,18 +52,24 @@ def build_model(config: TrainerConfig, device: torch.device) -> nn.Module:
     )
     model.config.use_cache = False
     if config.lora is not None:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        lcfg = LoraConfig(
-            r=config.lora.rank,
-            lora_alpha=config.lora.alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r
-            lora_dropout=config.lora.dropout,
-            target_modules=list(config.lora.target_modules),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lcfg)
+        model = get_peft_model(model, lora_config(config.lora))
     model.train()
     return model
+
+
+def lora_config(lora: LoraSettings) -> Any:
+    """The peft `LoraConfig` of the trained adapter (also written beside adapters made from checkpoints)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; scaling is alpha / r
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
 
 
 def build_reference(config: TrainerConfig) -> nn.Module:
