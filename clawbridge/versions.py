@@ -75,8 +75,14 @@ class VersionNotFound(LookupError):
 
 
 class VersionUnavailable(RuntimeError):
-    """Raised by a `VersionedServing` backend for a version it cannot serve (e.g. a hosted
-    deployment that serves one snapshot at a time); the router answers `VersionNotFound`."""
+    """Raised by a `VersionedServing` backend for a version it cannot serve; the router answers
+    `VersionNotFound`. `only_published`: this backend (or engine) serves no version but the published
+    one (e.g. one set of full weights per server); False: only this version's checkpoint cannot be
+    loaded (missing, damaged), and the other kept versions still can."""
+
+    def __init__(self, message: str, only_published: bool = True) -> None:
+        super().__init__(message)
+        self.only_published = only_published
 
 
 def parse_versioned(model: str, names: Sequence[str]) -> int | None:
@@ -200,7 +206,8 @@ class VersionRouter:
         try:
             return await self.backend.load_version(version, row.checkpoint)
         except VersionUnavailable as exc:
-            raise VersionNotFound(str(exc), [current.policy_version]) from None
+            kept = [current.policy_version] if exc.only_published else await self.kept_versions()
+            raise VersionNotFound(str(exc), [v for v in kept if v != version]) from None
 
     async def kept_versions(self) -> list[int]:
         """The versions `NAME@N` can name now, oldest first."""

@@ -125,6 +125,10 @@ def test_missing_or_pruned_version_is_404(proxy: tuple[InProcessProxy, FakeVersi
         oa.chat.completions.create(model="tiny@9", messages=ASK, stream=True)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):
         oa.chat.completions.create(model="other@2", messages=ASK)  # type: ignore[arg-type]
+    for bad in ("tiny@", "tiny@abc", "tiny@-1", "tiny@1.5", "tiny@" + "9" * 20, "@2", "tiny@999999999999"):
+        with pytest.raises(openai.NotFoundError) as err:
+            oa.chat.completions.create(model=bad, messages=ASK)  # type: ignore[arg-type]
+        assert isinstance(err.value.body, dict) and err.value.body["code"] == "model_not_found", (bad, err.value.body)
     assert turns_by_version(p) == []  # nothing sampled, nothing recorded
     listed = [m.id for m in oa.models.list().data]
     assert listed == ["tiny", "default", "tiny@0", "tiny@2", "tiny@3"]

@@ -63,10 +63,17 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
             try:
                 with pytest.raises(VersionUnavailable, match="no sampler weights"):
                     await again.load_version(1, first.path)
+                # The manifest names sampler weights the service no longer has: refused, not a 500.
+                manifest.checkpoints[0] = first
+                write_manifest(manifest_path(tmp_path), manifest)
+                assert first.sampler_path is not None
+                saved = server.checkpoints.pop(first.sampler_path)
+                with pytest.raises(VersionUnavailable, match="could not load") as err:
+                    await again.load_version(1, first.path)
+                assert not err.value.only_published
+                server.checkpoints[first.sampler_path] = saved
             finally:
                 await again.close()
-            manifest.checkpoints[0] = first
-            write_manifest(manifest_path(tmp_path), manifest)
             await b.delete_checkpoint(first.path)
             return out
         finally:
@@ -82,5 +89,6 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
     assert out["v2"] == (sample_output(PROMPT, 2, 4, None)[0], 2)
     ckpt, sampler = out["paths"]
     assert ckpt.endswith("/weights/step-1") and sampler.endswith("/sampler_weights/step-1")
-    assert [b["model_path"] for b in server.bodies("create_sampling_session") if b.get("model_path")] == [sampler]
+    # one sampling client per version: v1 once here (and once, refused, after its weights were gone)
+    assert [b["model_path"] for b in server.bodies("create_sampling_session") if b.get("model_path")] == [sampler] * 2
     assert set(server.deleted) == {ckpt, sampler}  # retention deletes both

@@ -60,6 +60,30 @@ def test_engine_serves_a_loaded_version_beside_the_current_one(tiny_model_dir: P
         engine.shutdown()
 
 
+def test_a_missing_checkpoint_is_refused_not_a_crash(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint deleted outside retention (still `restorable` in the store) cannot be loaded:
+    `VersionUnavailable` for that version only, which the router answers as a 404."""
+    from clawbridge_local.backend import LocalBackend
+
+    from clawbridge.config import Settings
+    from clawbridge.versions import VersionUnavailable
+
+    settings = Settings.model_validate({"model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
+                                        "backends": {"local": {"engine": "torch", "device": "cpu"}}})
+    backend = LocalBackend(settings, progress=False)
+
+    async def go() -> None:
+        await backend.start()
+        try:
+            with pytest.raises(VersionUnavailable, match="cannot be loaded") as err:
+                await backend.load_version(3, str(tmp_path / "checkpoints" / "local" / "gone"))
+            assert not err.value.only_published
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
+
+
 # ------------------------------------------------------------------ through `clawbridge up` (LoRA)
 
 ENV = {

@@ -203,6 +203,14 @@ class LocalBackend:
         return await self._versions.get(version, checkpoint)
 
     async def _load_version(self, version: int, checkpoint: str) -> Sampler:
+        try:
+            return await self._load_checkpoint_version(version, checkpoint)
+        except (OSError, ValueError, KeyError) as exc:  # a checkpoint deleted or damaged outside retention
+            log.warning("policy version %d: cannot load %s: %s", version, checkpoint, exc)
+            raise VersionUnavailable(f"the checkpoint of policy version {version} cannot be loaded ({exc})",
+                                     only_published=False) from None
+
+    async def _load_checkpoint_version(self, version: int, checkpoint: str) -> Sampler:
         engine = self._require()
         if isinstance(engine, SGLangEngine) and engine.lora:
             folder = self._version_dir(version)

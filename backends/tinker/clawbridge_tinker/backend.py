@@ -38,7 +38,7 @@ from typing import Any
 from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
 from clawbridge.faults import fault_point
-from clawbridge.sampler import Sampler
+from clawbridge.sampler import Sampler, SamplerUnavailable
 from clawbridge.versions import LoadedVersions, VersionUnavailable
 
 from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
@@ -315,11 +315,19 @@ class TinkerBackend:
             raise VersionUnavailable(f"policy version {version} has no sampler weights saved in {self.manifest_file} "
                                      "(checkpoints saved before clawbridge kept them cannot be sampled by name)")
         path = entry.sampler_path
-        client = await self._retry(
-            f"sampling client for version {version}",
-            lambda: service.create_sampling_client(model_path=path, retry_config=self._retry_config()).result_async(),
-            self.opts.publish_timeout_s,
-        )
+        try:
+            client = await self._retry(
+                f"sampling client for version {version}",
+                lambda: service.create_sampling_client(model_path=path, retry_config=self._retry_config()).result_async(),
+                self.opts.publish_timeout_s,
+            )
+        except (TinkerRequestFailed, APIStatusError) as e:  # e.g. the sampler weights are gone on the service
+            if isinstance(e, APIStatusError) and not 400 <= e.status_code < 500:
+                raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
+            raise VersionUnavailable(f"Tinker could not load the sampler weights of policy version {version} "
+                                     f"({path}): {e}", only_published=False) from e
+        except TinkerTransientError as e:
+            raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
         log.info("tinker: serving policy version %d from %s beside the published one", version, path)
         return TinkerSampler(client, version, self._limits())
 
