@@ -250,6 +250,9 @@ class Capabilities:
     """Trains all weights (`lora_rank = 0`); False: LoRA only."""
     checkpoints: bool = True
     """Saves and restores weights + optimizer state (the trainer loop needs it to train)."""
+    hosted: bool = False
+    """Sends training data off this machine (a hosted training API): the privacy filter is on for
+    it by default (`clawbridge.privacy.guard`)."""
 
 
 def check_capabilities(settings: Settings, backend: object) -> list[str]:

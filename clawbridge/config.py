@@ -212,6 +212,25 @@ class Settings(BaseSettings):
         "offered) gives up after this long, so `up` says what is wrong in seconds.",
     )
 
+    # --- privacy (section owned by clawbridge/privacy): what may leave the machine
+    privacy: Literal["auto", "on", "off"] = Field(
+        "auto", description="Privacy filter on training data sent to a hosted backend and on judge prompts sent to an "
+        "endpoint: auto (on for hosted backends and judge=endpoint), on, off. Found prompt spans are replaced by "
+        "placeholders; a turn whose sampled answer holds one is not trained (`dropped: private`). docs/privacy.md.",
+    )
+    privacy_detectors: list[str] = Field(
+        default_factory=lambda: ["secrets", "email", "phone", "card", "iban"],
+        description="What the privacy filter looks for: secrets (API keys, tokens, private keys: detect-secrets), "
+        "email, phone (phonenumbers), card (Luhn-checked), iban (checksum-checked).",
+    )
+    privacy_patterns: list[str] = Field(
+        default_factory=list, description="Extra regular expressions the privacy filter masks (as [REDACTED]).",
+    )
+    privacy_phone_regions: list[str] = Field(
+        default_factory=lambda: ["US"], description="Regions whose national phone formats are recognised (numbers "
+        "written with +country code always are).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_moved_options(cls, data: Any) -> Any:
@@ -224,6 +243,13 @@ class Settings(BaseSettings):
             if moved:
                 raise OptionMoved("; ".join(moved))
         return data
+
+    @field_validator("privacy_detectors", "privacy_patterns", "privacy_phone_regions")
+    @classmethod
+    def _privacy_options(cls, value: list[str], info: Any) -> list[str]:
+        from clawbridge.privacy.detect import check_option
+
+        return check_option(info.field_name, value)
 
     @field_validator("report_to")
     @classmethod

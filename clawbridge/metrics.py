@@ -144,7 +144,7 @@ class StoreCollector(Collector):
         trained.add_metric([], samples["trained"])
         yield trained
         dropped = CounterMetricFamily("clawbridge_samples_dropped", "Samples dropped, by reason.", labels=["reason"])
-        for reason in sorted(set(samples["dropped"]) | {"stale", "no_reward", "empty", "no_signal"}):
+        for reason in sorted(set(samples["dropped"]) | {"stale", "no_reward", "empty", "no_signal", "private"}):
             dropped.add_metric([reason], samples["dropped"].get(reason, 0))
         yield dropped
         votes = CounterMetricFamily("clawbridge_judge_calls", "Judge calls (votes), by outcome.", labels=["outcome"])
@@ -157,12 +157,34 @@ class StoreCollector(Collector):
         yield judgements
 
 
-class Metrics:
-    """The registry of one app: HTTP middleware metrics plus the store collector."""
+class PrivacyCollector(Collector):
+    """What the privacy filter masked since start-up, by where (train, judge) and kind; never text
+    (`clawbridge.privacy.guard.PrivacyGuard.status`). Turns dropped as private are
+    `clawbridge_samples_dropped{reason="private"}`."""
 
-    def __init__(self, store: Store, serving_version: Callable[[], int] | None = None) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterable[Metric]:
+        masked = CounterMetricFamily("clawbridge_privacy_masked", "Findings the privacy filter replaced by a "
+                                     "placeholder before sending (since start-up), by where and kind.",
+                                     labels=["where", "kind"])
+        for where, kinds in sorted(self.status()["masked"].items()):
+            for kind, n in sorted(kinds.items()):
+                masked.add_metric([where, kind], n)
+        yield masked
+
+
+class Metrics:
+    """The registry of one app: HTTP middleware metrics plus the store collector (and the privacy
+    filter's counts where it is on)."""
+
+    def __init__(self, store: Store, serving_version: Callable[[], int] | None = None,
+                 privacy: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StoreCollector(store, serving_version))
+        if privacy is not None:
+            self.registry.register(PrivacyCollector(privacy))
         self.requests = Counter("clawbridge_http_requests", "HTTP requests answered, by route and status.",
                                 ["route", "method", "status"], registry=self.registry)
         self.latency = Histogram("clawbridge_http_request_seconds",

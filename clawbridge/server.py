@@ -40,6 +40,7 @@ from clawbridge.config import Settings
 from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
+from clawbridge.privacy.guard import build_guard
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -150,9 +151,14 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         raise
     state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
+    state.privacy = build_guard(settings, backend, renderer)
+    if state.privacy is not None:
+        where = [w for w, on in (("training data sent to the backend", state.privacy.train),
+                                 ("judge prompts sent to the endpoint", state.privacy.judge)) if on]
+        log.info("privacy filter on for %s (detectors: %s)", " and ".join(where), ", ".join(settings.privacy_detectors))
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
-        state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper)
-    state.judge = await build_reward_worker(settings, store, backend, renderer)
+        state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
+    state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
     if state.trainer is not None:
         state.reporter = build_reporter(settings, store)
     return state

@@ -22,7 +22,7 @@ Protocol implemented (all under /api/v1, every call must carry `X-API-Key: tml-.
   and `Sample` futures a protobuf `ForwardBackwardOutput` / `SampleResponse` when the client's
   `Accept` asks for `application/x-protobuf`.
 
-Knobs beside `Faults`: `api_keys` (None: any `tml-` key; else only these, others get 401),
+Knobs beside `Faults`: `script` (what asample answers for a prompt instead), `api_keys` (None: any `tml-` key; else only these, others get 401),
 `refuse_last_n` (asample with `prompt_logprobs_last_n` answers 422, as a server without that
 option does), `unload_supported` (False: `unload_model` answers 404).
 
@@ -158,6 +158,9 @@ class TinkerProtocolServer:
         self.api_keys: set[str] | None = None
         self.refuse_last_n = False
         self.unload_supported = True
+        self.script: Any = None
+        """`prompt ids -> completion ids | None`: what asample samples instead of `sample_output`
+        (None: the usual output); logprobs stay `expected_logprob`, stop ids and max_tokens apply."""
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -497,6 +500,12 @@ async def h_asample(s: TinkerProtocolServer, route: str, body: Any, req: Request
     sp = body["sampling_params"]
     stop = sp.get("stop")
     tokens, logprobs, reason = sample_output(prompt, info["weights_step"], sp["max_tokens"], stop, s.vocab)
+    scripted = s.script(prompt) if s.script is not None else None
+    if scripted is not None:
+        cut = next((i + 1 for i, t in enumerate(scripted) if stop and t in stop), len(scripted))
+        tokens = list(scripted[: min(cut, sp["max_tokens"])])
+        logprobs = [expected_logprob(i, info["weights_step"]) for i in range(len(tokens))]
+        reason = "stop" if stop and tokens and tokens[-1] in stop else "length"
     msg = pb.SampleResponse()
     seq = msg.sequences.add()
     seq.stop_reason = pb.STOP_REASON_STOP if reason == "stop" else pb.STOP_REASON_LENGTH

@@ -42,6 +42,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                 if r.status_code == 200:
                     info["store"] = r.json()["store"]
                     info["trainer"] = r.json().get("trainer")
+                    info["privacy"] = r.json().get("privacy")
             except (httpx.HTTPError, ValueError):
                 pass
         break
@@ -88,6 +89,8 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
                   f"last trained policy: {s['last_trained_policy_version']}")
     print_trainer(console, info.get("trainer"))
+    if info["running"] and "store" in info:
+        console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
 
 
 def _fmt_metrics(m: dict[str, Any] | None) -> str:
@@ -125,6 +128,21 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
                       f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
     if t.get("last_error"):
         console.print(f"  last error (step {t['last_error']['step']}): {t['last_error']['error']}", highlight=False)
+
+
+def privacy_line(p: dict[str, Any] | None, samples: dict[str, Any]) -> str:
+    """One line saying where the privacy filter is on and what it filtered (kinds and counts only)."""
+    if not p:
+        return "privacy filter: off (nothing is sent off this machine for training or judging, or privacy = off)"
+    where = [w for w, on in (("training data", p["train"]), ("judge prompts", p["judge"])) if on]
+
+    def kinds(c: dict[str, int]) -> str:
+        return ", ".join(f"{n} {k}" for k, n in sorted(c.items())) or "nothing"
+
+    masked = p["masked"]
+    private = (samples.get("dropped") or {}).get("private", 0)
+    return (f"privacy filter: on for {' and '.join(where)}; masked in trained data: {kinds(masked['train'])}; "
+            f"in judge prompts: {kinds(masked['judge'])} (since start-up); turns dropped as private: {private}")
 
 
 def waiting_line(w: dict[str, Any]) -> str:

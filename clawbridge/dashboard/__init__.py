@@ -20,7 +20,8 @@ def install_dashboard(app: FastAPI, state: ProxyState) -> DashboardAuth:
     """Add `/dashboard`, `/metrics` and the request metrics middleware to `app`; the login
     manager is returned and kept as `app.state.dashboard` (for the one-time link `up` prints)."""
     auth = DashboardAuth(state.keys.admin)
-    metrics = Metrics(state.store, lambda: state.sampler.policy_version)
+    metrics = Metrics(state.store, lambda: state.sampler.policy_version,
+                      state.privacy.status if state.privacy is not None else None)
     app.add_middleware(HttpMetrics, metrics=metrics)
     app.include_router(build_dashboard_router(state, auth, metrics))
 

@@ -243,6 +243,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         return {"model": state.model_info.name, "backend": state.backend.name,
                 "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),
                 "trainer": await state.read(trainer.status) if trainer is not None else None,
-                "judge": await state.read(judge.status) if judge is not None else None}
+                "judge": await state.read(judge.status) if judge is not None else None,
+                "privacy": state.privacy.status() if state.privacy is not None else None}
 
     return router

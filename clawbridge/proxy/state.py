@@ -35,6 +35,7 @@ from clawbridge.store.versions import VersionStore
 from clawbridge.versions import VersionRouter
 
 if TYPE_CHECKING:
+    from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.reporting import StepReporter
     from clawbridge.rewards.worker import RewardWorker
     from clawbridge.trainer.loop import TrainerLoop
@@ -119,6 +120,8 @@ class ProxyState:
     """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
     judge: RewardWorker | None = None
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
+    privacy: PrivacyGuard | None = None
+    """The privacy filter where it is on (clawbridge.privacy): counts shown in status and metrics."""
     reporter: StepReporter | None = None
     """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
     drain: Drain = field(default_factory=Drain)

@@ -15,6 +15,8 @@ Invariants:
   judgement left `running` by a killed process is reset at `start()` (`recover_interrupted`) and
   judged again. A turn whose votes ALL failed is retried (backoff) up to `max_attempts` times,
   then left without a verdict so its session can still finish.
+- With a privacy guard that filters the judge, each judge prompt is masked once before its votes
+  are sent (`clawbridge.privacy`); the votes stored are the judge's answers to the masked prompt.
 - A session is finished only when every main turn with a next state is done or given up; teacher
   scoring failures are logged and leave that turn RL-only.
 """
@@ -45,6 +47,7 @@ from clawbridge.store.turns import StoredTurn
 if TYPE_CHECKING:
     from clawbridge.backend import LogprobScorer, ServingBackend
     from clawbridge.config import Settings
+    from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.render import Renderer
 
 log = logging.getLogger("clawbridge.rewards")
@@ -80,8 +83,11 @@ class RewardWorker:
     """Judges ended sessions in the background (see module invariants)."""
 
     def __init__(self, store: Store, judge: JudgeModel, config: WorkerConfig | None = None,
-                 renderer: Renderer | None = None, scorer: LogprobScorer | None = None) -> None:
+                 renderer: Renderer | None = None, scorer: LogprobScorer | None = None,
+                 privacy: PrivacyGuard | None = None) -> None:
         self.rstore = RewardStore(store)
+        self.privacy = privacy if privacy is not None and privacy.judge else None
+        """Masks each judge prompt before it is sent (`clawbridge.privacy`); None: off."""
         self.clock = store.clock
         """Retry backoff and poll waits run on the store's clock (`clawbridge.clock`)."""
         self.judge = judge
@@ -186,6 +192,8 @@ class RewardWorker:
         """Judge one turn; True when it needs no more work (done, or failed for the last time)."""
         attempt = await asyncio.to_thread(self.rstore.begin_judgement, view.turn_id, session_id, self.judge.name)
         messages = judge_messages(last_user_text(view.messages), view.answer, next_state)
+        if self.privacy is not None:
+            messages = self.privacy.mask_messages(messages)
         try:
             verdict = await judge_turn(_Counting(self.judge, self), messages, self.config.votes, self.slots)
         except JudgementFailedWithVotes as exc:
@@ -251,7 +259,7 @@ def _view(t: StoredTurn) -> TurnView:
 
 
 async def build_reward_worker(settings: Settings, store: Store, backend: ServingBackend,
-                              renderer: Renderer) -> RewardWorker | None:
+                              renderer: Renderer, privacy: PrivacyGuard | None = None) -> RewardWorker | None:
     """The worker `settings.judge` asks for (None when off); raises ValueError on a bad setup."""
     from clawbridge.backend import LogprobScorer
     from clawbridge.rewards.judge import BaseModelJudge, OpenAIJudge
@@ -273,4 +281,4 @@ async def build_reward_worker(settings: Settings, store: Store, backend: Serving
     if settings.method != "rl" and scorer is None:
         log.warning("method %s: the %s backend cannot score logprobs; turns get no OPD part",
                     settings.method, backend.name)
-    return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer)
+    return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer, privacy)

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -120,6 +121,8 @@ class PreparedBatch:
     staleness_max (per turn)."""
     merge: MergeStats = field(default_factory=MergeStats)
     """What merging did to this batch."""
+    masked: Counter[str] = field(default_factory=Counter)
+    """Privacy findings replaced by placeholders in `datums`, by kind (`clawbridge.privacy`)."""
 
 
 @dataclass(frozen=True)

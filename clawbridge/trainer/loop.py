@@ -45,6 +45,10 @@ Invariants:
 - The running-mean baselines (advantages rule 3) advance only when a step commits and are saved
   in that step's row (metrics `running_means`), so a restart continues from them exactly like
   the weights continue from the step's checkpoint.
+- With a privacy guard that filters training (`clawbridge.privacy`), every batch passes the filter
+  before `train_step`: a turn whose sampled answer holds a finding is dropped as `private` (never
+  sent, never consumed), found prompt text is replaced by placeholders in the tokens sent, and a
+  batch left empty runs no step.
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -55,12 +59,13 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.background import Background
 from clawbridge.faults import fault_point
+from clawbridge.privacy.guard import DROP_REASON
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import GROUP_BASELINES, BaselineRule, NormalizationRule, RunningMeans
@@ -71,6 +76,7 @@ from clawbridge.trainer.waiting import BatchWaits
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings
+    from clawbridge.privacy.guard import PrivacyGuard
 
 log = logging.getLogger("clawbridge.trainer")
 
@@ -168,8 +174,11 @@ class TrainerLoop:
         backend: TrainingBackend,
         config: TrainerConfig | None = None,
         keeper: CheckpointKeeper | None = None,
+        privacy: PrivacyGuard | None = None,
     ) -> None:
         self.store = store
+        self.privacy = privacy if privacy is not None and privacy.train else None
+        """Filters every batch before it is sent (module invariants); None: off."""
         self.backend = backend
         self.config = config or TrainerConfig()
         self.keeper = keeper or CheckpointKeeper(store, backend)
@@ -180,7 +189,7 @@ class TrainerLoop:
         self.last_report: StepReport | None = None
         self._watermark = 0.0
         self._recovered = False
-        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0, "no_signal": 0}
+        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0, "no_signal": 0, "private": 0}
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -193,10 +202,11 @@ class TrainerLoop:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, store: Store, backend: TrainingBackend, keeper: CheckpointKeeper | None = None
+        cls, settings: Settings, store: Store, backend: TrainingBackend, keeper: CheckpointKeeper | None = None,
+        privacy: PrivacyGuard | None = None,
     ) -> TrainerLoop:
         keeper = keeper or CheckpointKeeper(store, backend, keep=settings.keep_checkpoints)
-        return cls(store, backend, TrainerConfig.from_settings(settings), keeper)
+        return cls(store, backend, TrainerConfig.from_settings(settings), keeper, privacy)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -246,6 +256,8 @@ class TrainerLoop:
                 prepared: PreparedBatch | None = await asyncio.to_thread(self._prepare, batch)
             except Exception:
                 prepared = None  # _step prepares again and records the failure as a failed step
+            if prepared is not None and not prepared.datums:
+                return None  # every turn of the batch was dropped as private: nothing to send
             if prepared is not None and not self._has_signal(batch, prepared):
                 n = await asyncio.to_thread(self.tstore.drop_samples, (s.turn_id for s in batch), "no_signal")
                 self._dropped["no_signal"] += n
@@ -310,7 +322,7 @@ class TrainerLoop:
 
     def _prepare(self, batch: list[PendingSample]) -> PreparedBatch:
         cfg = self.config
-        return prepare_batch(
+        prepared = prepare_batch(
             self.tstore,
             batch,
             gamma=cfg.gamma,
@@ -321,6 +333,22 @@ class TrainerLoop:
             mix=cfg.mix,
             merge=cfg.merge_turns,
         )
+        return prepared if self.privacy is None else self._redact(prepared)
+
+    def _redact(self, prepared: PreparedBatch) -> PreparedBatch:
+        """The batch through the privacy filter; turns whose answers hold a finding are dropped
+        as private in the store at once (the filter is deterministic: they could never be sent)."""
+        assert self.privacy is not None
+        r = self.privacy.redact_batch(prepared.datums)
+        if r.dropped_turns:
+            n = self.tstore.drop_samples(r.dropped_turns, DROP_REASON)
+            self._dropped["private"] += n
+            log.info("privacy: %d turn(s) not trained: their sampled answers hold %s", n,
+                     ", ".join(sorted(r.masked)) or "findings")
+        gone = set(r.dropped_turns)
+        metrics = {**prepared.metrics, **{f"privacy_masked_{k}": float(v) for k, v in r.masked.items()}}
+        return replace(prepared, datums=r.datums, turn_ids=[t for t in prepared.turn_ids if t not in gone],
+                       metrics=metrics, masked=r.masked)
 
     def _has_signal(self, batch: list[PendingSample], prepared: PreparedBatch) -> bool:
         """Whether a step on `prepared` would push the policy anywhere: some advantage is nonzero,
@@ -336,7 +364,7 @@ class TrainerLoop:
         return any(a != 0.0 for d in prepared.datums for a, m in zip(d.advantages, d.mask, strict=True) if m)
 
     async def _step(self, batch: list[PendingSample], prepared_in: PreparedBatch | None = None) -> StepReport:
-        turn_ids = tuple(s.turn_id for s in batch)
+        turn_ids = tuple(prepared_in.turn_ids if prepared_in is not None else (s.turn_id for s in batch))
         step = await asyncio.to_thread(self.tstore.begin_step)
         self._in_step = True
         metrics: dict[str, Any] = {}
@@ -346,6 +374,9 @@ class TrainerLoop:
             prepared: PreparedBatch = (
                 prepared_in if prepared_in is not None else await asyncio.to_thread(self._prepare, batch))
             metrics.update(prepared.metrics)
+            turn_ids = tuple(prepared.turn_ids)
+            if not prepared.datums:
+                raise RuntimeError("every turn of the batch was dropped as private; nothing to train")
             await keeper.ensure_base()
             keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
@@ -365,6 +396,8 @@ class TrainerLoop:
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
             )
             keeper.committed()
+            if self.privacy is not None:
+                self.privacy.count_trained(prepared.masked)
         except asyncio.CancelledError:
             self.tstore.fail_step(step, "cancelled: the trainer stopped during this step", metrics)
             raise
@@ -424,6 +457,7 @@ class TrainerLoop:
                 "dropped_empty": float(self._dropped["empty"]),
                 "dropped_no_reward": float(self._dropped["no_reward"]),
                 "dropped_no_signal": float(self._dropped["no_signal"]),
+                "dropped_private": float(self._dropped["private"]),
                 "normalization": self.config.normalization,
                 "baseline": self.config.baseline,
             }

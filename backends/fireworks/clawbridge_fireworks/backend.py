@@ -88,7 +88,7 @@ class FireworksBackend:
     """TrainingBackend over the Fireworks training SDK (see module invariants)."""
 
     name = "fireworks"
-    capabilities = Capabilities(kl=False)
+    capabilities = Capabilities(kl=False, hosted=True)
     """Fireworks' built-in losses take no KL term."""
 
     def __init__(self, settings: Settings, notify: Callable[[str], None] = _stderr) -> None:

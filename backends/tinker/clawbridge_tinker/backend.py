@@ -74,7 +74,7 @@ class TinkerBackend:
     """TrainingBackend over Tinker's hosted LoRA training and sampling."""
 
     name = "tinker"
-    capabilities = Capabilities(kl=False, full_finetune=False)
+    capabilities = Capabilities(kl=False, full_finetune=False, hosted=True)
     """Tinker trains LoRA adapters with built-in losses that take no KL term."""
 
     def __init__(self, settings: Settings) -> None:
