@@ -96,7 +96,7 @@ class Redaction:
     dropped_turns: tuple[str, ...] = ()
     """Turns whose sampled tokens held a finding (or the whole datum, unmapped): `dropped: private`."""
     masked: Counter[str] = field(default_factory=Counter)
-    """Findings replaced by a placeholder in the tokens sent, by kind."""
+    """Findings replaced by a placeholder in the tokens sent, by kind (none when nothing is sent)."""
 
 
 def redact_datum(datum: Datum, codec: TextCodec, pfilter: PrivacyFilter) -> Redaction:
@@ -132,7 +132,7 @@ def redact_datum(datum: Datum, codec: TextCodec, pfilter: PrivacyFilter) -> Reda
     dropped_turns = tuple(spans[k].turn_id for k in sorted(dropped))
     masked = Counter(f.kind for f in findings)
     if not kept:
-        return Redaction(None, dropped_turns, masked)
+        return Redaction(None, dropped_turns)  # nothing of it is sent, so nothing was masked
     tokens: list[int] = []
     new_lp: list[float] = []
     new_adv: list[float] = []

@@ -428,7 +428,7 @@ class TrainerLoop:
             "training step %d ok: %d turns in %d datums (%d merged into an earlier turn's sequence, "
             "%d prefix breaks; %d tokens sent, %d without merging), policy v%d, loss %s, reward mean %.4f",
             step,
-            len(batch),
+            len(turn_ids),
             mg.datums,
             mg.merged,
             mg.breaks,
