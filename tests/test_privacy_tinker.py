@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("tinker")
 
+from clawbridge.cli.status import privacy_line
 from clawbridge.config import Settings
 from clawbridge.proxy.app import build_app
 from clawbridge.render import Renderer
@@ -104,6 +105,9 @@ def test_hosted_training_receives_no_planted_secret(tiny_model_dir: Path, tmp_pa
     assert privacy["train"] is True and privacy["judge"] is False
     assert privacy["masked"]["train"] == {"email": 1, "secret": 1, "phone": 1, "iban": 1}
     assert status["trainer"]["samples"]["dropped"] == {"private": 1}
+    line = privacy_line(privacy, status["trainer"]["samples"])  # what `clawbridge status` prints
+    assert "on for training data;" in line and "1 email, 1 iban, 1 phone, 1 secret" in line
+    assert line.endswith("turns dropped as private: 1")
     assert 'clawbridge_samples_dropped_total{reason="private"} 1.0' in metrics
     assert 'clawbridge_privacy_masked_total{kind="email",where="train"} 1.0' in metrics
     logged = caplog.text

@@ -101,8 +101,8 @@ class Redaction:
 
 def redact_datum(datum: Datum, codec: TextCodec, pfilter: PrivacyFilter) -> Redaction:
     """Apply the filter to one datum (module invariants)."""
-    text = codec.decode(datum.tokens)
-    if not pfilter.find(text):
+    findings = pfilter.find(codec.decode(datum.tokens))
+    if not findings:
         return Redaction(datum)
     try:
         mapped = token_text(datum.tokens, codec)
@@ -110,7 +110,7 @@ def redact_datum(datum: Datum, codec: TextCodec, pfilter: PrivacyFilter) -> Reda
         log.warning("privacy: a datum of turn(s) %s could not be mapped to its text; it is not sent",
                     ", ".join(datum.turn_ids))
         return Redaction(None, datum.turn_ids)
-    findings = pfilter.find(mapped.text)
+    # mapped.text is the whole decoding (checked by token_text): the findings hold for it
     n = len(datum.tokens)
     spans = datum.sampled_spans
     # Per token j >= 1: the values of position j - 1 (the one that predicts it) and its span's index.
