@@ -219,8 +219,8 @@ class Settings(BaseSettings):
         "placeholders; a turn whose sampled answer holds one is not trained (`dropped: private`). docs/privacy.md.",
     )
     privacy_detectors: list[str] = Field(
-        default_factory=lambda: ["secrets", "email", "phone", "card", "iban"],
-        description="What the privacy filter looks for: secrets (API keys, tokens, private keys: detect-secrets), "
+        default_factory=lambda: ["keys", "email", "phone", "card", "iban"],
+        description="What the privacy filter looks for: keys (API keys, tokens, private keys: detect-secrets), "
         "email, phone (phonenumbers), card (Luhn-checked), iban (checksum-checked).",
     )
     privacy_patterns: list[str] = Field(

@@ -152,10 +152,6 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
     state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
     state.privacy = build_guard(settings, backend, renderer)
-    if state.privacy is not None:
-        where = [w for w, on in (("training data sent to the backend", state.privacy.train),
-                                 ("judge prompts sent to the endpoint", state.privacy.judge)) if on]
-        log.info("privacy filter on for %s (detectors: %s)", " and ".join(where), ", ".join(settings.privacy_detectors))
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
         state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
     state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
@@ -269,6 +265,10 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
                      f"{settings.report_dir or settings.state_path / 'runs'})")
     else:
         announce("training: off (the backend serves only, or train = false)")
+    if state.privacy is not None:
+        where = " and ".join(w for w, on in (("training data", state.privacy.train), ("judge prompts", state.privacy.judge))
+                             if on)
+        announce(f"privacy filter: on for {where} leaving this machine (privacy = {settings.privacy}; docs/privacy.md)")
     if state.judge is not None:
         announce(f"judge: {state.judge.judge.name} ({settings.judge_votes} votes, at most "
                  f"{settings.judge_concurrency} calls in flight); method {settings.method}")

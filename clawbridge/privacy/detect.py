@@ -2,7 +2,7 @@
 
 Detectors (`DETECTORS`, chosen by `privacy_detectors`), each from a maintained library where one
 exists (docs/privacy.md says why these and not presidio-analyzer):
-- `secrets`: every regex plugin of detect-secrets (AWS, GitHub, GitLab, Slack, OpenAI, Stripe,
+- `keys`: every regex plugin of detect-secrets (AWS, GitHub, GitLab, Slack, OpenAI, Stripe,
   JWT, npm, PyPI, SendGrid, Twilio, Discord, Telegram, basic-auth URLs, private keys, ...) except
   its public-IP plugin (version strings look like IPs), plus three key shapes it lacks (Anthropic,
   GitHub fine-grained, Hugging Face). A match is extended to the end of its token (detect-secrets'
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-DETECTORS: tuple[str, ...] = ("secrets", "email", "phone", "card", "iban")
+DETECTORS: tuple[str, ...] = ("keys", "email", "phone", "card", "iban")
 """Detector names `privacy_detectors` accepts."""
 
 PLACEHOLDERS: dict[str, str] = {
@@ -164,7 +164,7 @@ class DetectorFilter:
         self.detectors = tuple(detectors)
         self.patterns = tuple(re.compile(p) for p in patterns)
         self.phone_regions = tuple(phone_regions) or (None,)
-        self._secret_regexes: list[tuple[re.Pattern[str], bool]] = _secret_regexes() if "secrets" in detectors else []
+        self._secret_regexes: list[tuple[re.Pattern[str], bool]] = _secret_regexes() if "keys" in detectors else []
 
     def find(self, text: str) -> list[Finding]:
         found: list[Finding] = []
@@ -173,7 +173,7 @@ class DetectorFilter:
         found.extend(Finding(m.start(), m.end(), "custom") for p in self.patterns for m in p.finditer(text))
         return merge_findings(found)
 
-    def _secrets(self, text: str) -> Iterator[Finding]:
+    def _keys(self, text: str) -> Iterator[Finding]:
         for regex, private_key in self._secret_regexes:
             for m in regex.finditer(text):  # the whole match: a plugin's group may be only a prefix
                 start, end = m.span()

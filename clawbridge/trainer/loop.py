@@ -343,8 +343,8 @@ class TrainerLoop:
         if r.dropped_turns:
             n = self.tstore.drop_samples(r.dropped_turns, DROP_REASON)
             self._dropped["private"] += n
-            log.info("privacy: %d turn(s) not trained: their sampled answers hold %s", n,
-                     ", ".join(sorted(r.masked)) or "findings")
+            log.info("privacy: %d turn(s) not sent for training: their sampled answers hold a secret or "
+                     "personal data (dropped: private)", n)
         gone = set(r.dropped_turns)
         metrics = {**prepared.metrics, **{f"privacy_masked_{k}": float(v) for k, v in r.masked.items()}}
         return replace(prepared, datums=r.datums, turn_ids=[t for t in prepared.turn_ids if t not in gone],
