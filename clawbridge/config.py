@@ -5,7 +5,8 @@ Invariants:
   fireworks, a third-party one) live in its settings model, filled from `[backends.<name>]` and
   `CLAWBRIDGE_<NAME>_*` (`clawbridge.backend_settings`); a flat top-level key of a backend
   (`engine`, `tinker_base_url`) is refused naming where it moved, never silently ignored.
-- Secrets are `SecretStr` so they never print by accident; `masked_dump` (with
+- Secrets are `SecretStr` so they never print by accident (and `privacy_patterns`, which may spell
+  one out, is masked too); `masked_dump` (with
   `backend_settings.masked_section` for the backend sections) is what `clawbridge config show`
   prints.
 """
@@ -313,6 +314,8 @@ class Settings(BaseSettings):
                 out[name] = "***"
             elif isinstance(value, Path):
                 out[name] = str(value)
+            elif name == "privacy_patterns":  # a pattern may spell out the very secret it guards
+                out[name] = ["***"] * len(value)
             elif name == "backends":  # a backend's secrets are its own business: never print them
                 out[name] = {b: masked_section(section) for b, section in value.items()}
             else:

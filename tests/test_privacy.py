@@ -148,6 +148,13 @@ def test_settings_refuse_bad_privacy_options(tmp_path: Path) -> None:
         Settings(privacy="maybe", state_dir=tmp_path)  # type: ignore[arg-type]
 
 
+def test_user_patterns_are_never_shown(tmp_path: Path) -> None:
+    """`config show`, the dashboard and the W&B run config show `masked_dump`: a pattern may spell
+    out the very secret it guards."""
+    s = Settings(privacy_patterns=["hunter2", r"ACME-\d{6}"], state_dir=tmp_path)
+    assert s.masked_dump()["privacy_patterns"] == ["***", "***"]
+
+
 def test_auto_mode_follows_the_backend_and_the_judge(renderer: Renderer, tmp_path: Path) -> None:
     from clawbridge_tinker import TinkerBackend
 
