@@ -6,7 +6,8 @@ Measures, for a 40 KB OpenClaw-sized request (12 tools, a growing session) and a
 2. over HTTP at 1 and 16 concurrent clients: the proxy's latency minus a bare uvicorn endpoint's
    latency for the same body (the HTTP floor), p50/p99.
 
-Run: python bench/proxy_overhead.py [--calls 200]
+Run: python bench/proxy_overhead.py [--calls 200] [--rounds 5] [--baseline-src DIR]
+(--baseline-src: another checkout's proxy measured in the same rounds, alternating, for before/after.)
 """
 
 from __future__ import annotations
@@ -211,38 +212,78 @@ async def drive(base: str, key: str, bodies_per_client: list[list[bytes]]) -> li
     return lat
 
 
-def over_http(model_dir: Path, calls: int) -> dict[str, Any]:
-    import httpx
-    import orjson
-
+def start_servers(model_dir: Path, tmp: str, baseline_src: Path | None) -> dict[str, tuple[subprocess.Popen[bytes], int, Path]]:
+    """The bare floor, this tree's proxy, and (with `baseline_src`) the same proxy from another checkout."""
     from tests.support import free_port, wait_healthy
+
+    servers = {"floor": __file__, "proxy": __file__}
+    if baseline_src is not None:
+        servers["before"] = str(baseline_src / "bench" / "proxy_overhead.py")
+    procs: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
+    for label, script in servers.items():
+        port = free_port()
+        state = Path(tmp) / label
+        state.mkdir()
+        env = dict(os.environ)
+        if label == "before":  # the other checkout's code wins (its script puts its own root first too)
+            assert baseline_src is not None
+            env["PYTHONPATH"] = os.pathsep.join(str(baseline_src / d) for d in ("", "backends/local"))
+        procs[label] = (subprocess.Popen([sys.executable, script, "--serve", "floor" if label == "floor" else "proxy",
+                                          "--port", str(port), "--model-dir", str(model_dir),
+                                          "--state-dir", str(state)], env=env), port, state)
+    for proc, port, _ in procs.values():
+        wait_healthy(f"http://127.0.0.1:{port}", 120, proc)
+    return procs
+
+
+def over_http(model_dir: Path, calls: int, rounds: int, baseline_src: Path | None) -> dict[str, Any]:
+    """Latencies per case ("40KB+12 tools x16") per server per round; servers alternate within a
+    round (and reverse order every other round), so load from the rest of the box hits all alike."""
+    import orjson
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = {}
-        for mode in ("floor", "proxy"):
-            port = free_port()
-            procs[mode] = (subprocess.Popen([sys.executable, __file__, "--serve", mode, "--port", str(port),
-                                             "--model-dir", str(model_dir), "--state-dir", tmp]), port)
+        procs = start_servers(model_dir, tmp, baseline_src)
         try:
-            for proc, port in procs.values():
-                wait_healthy(f"http://127.0.0.1:{port}", 120, proc)
-            key = (Path(tmp) / "client_key").read_text().strip()
-            for big in (True, False):
-                label = "40KB+12 tools" if big else "small"
-                for conc in (1, 16):
-                    n = max(8, calls // conc) if conc > 1 else calls
-                    bodies = [[orjson.dumps(r) for r in session_requests(n, big)] for _ in range(conc)]
-                    res = {}
-                    for mode, (_, port) in procs.items():
-                        res[mode] = asyncio.run(drive(f"http://127.0.0.1:{port}", key, bodies))
-                    out[f"{label} x{conc}"] = res
-            httpx.get(f"http://127.0.0.1:{procs['proxy'][1]}/health")
+            for r in range(rounds):
+                for big in (True, False):
+                    label = "40KB+12 tools" if big else "small"
+                    for conc in (1, 16):
+                        n = max(8, calls // conc) if conc > 1 else calls
+                        bodies = [[orjson.dumps(b) for b in session_requests(n, big)] for _ in range(conc)]
+                        order = list(procs) if r % 2 == 0 else list(reversed(procs))
+                        for mode in order:
+                            _, port, state = procs[mode]
+                            key = (state / "client_key").read_text().strip() if mode != "floor" else "none"
+                            lat = asyncio.run(drive(f"http://127.0.0.1:{port}", key, bodies))
+                            out.setdefault(f"{label} x{conc}", {}).setdefault(mode, []).append(lat)
         finally:
-            for proc, _ in procs.values():
+            for proc, _, _ in procs.values():
                 proc.terminate()
                 proc.wait(15)
     return out
+
+
+def spread(xs: list[float]) -> str:
+    """Median [min-max] of per-round figures, in ms."""
+    return f"{statistics.median(xs) * 1000:6.2f} [{min(xs) * 1000:.2f}-{max(xs) * 1000:.2f}]"
+
+
+def report_http(http: dict[str, Any]) -> None:
+    for label, per_mode in http.items():
+        floor = per_mode["floor"]
+        rounds = len(floor)
+        print(f"[http] {label} ({rounds} round(s); median [min-max] over rounds of the per-round figure)")
+        print(f"  bare uvicorn floor   p50 {spread([pct(x, 50) for x in floor])}  p99 {spread([pct(x, 99) for x in floor])}")
+        for mode in ("before", "proxy"):
+            if mode not in per_mode:
+                continue
+            lat = per_mode[mode]
+            a50 = [pct(p, 50) - pct(f, 50) for p, f in zip(lat, floor, strict=True)]
+            a99 = [pct(p, 99) - pct(f, 99) for p, f in zip(lat, floor, strict=True)]
+            name = "proxy (this tree)" if mode == "proxy" else "proxy (--baseline-src)"
+            print(f"  {name:22s} added p50 {spread(a50)}  added p99 {spread(a99)}")
+
 
 
 def main() -> None:
@@ -253,6 +294,12 @@ def main() -> None:
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--state-dir", help=argparse.SUPPRESS)
     ap.add_argument("--skip-http", action="store_true", help="only the in-process breakdown")
+    ap.add_argument("--skip-in-process", action="store_true", help="only the HTTP measurement")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the HTTP measurement; each figure is then the median [min-max] over rounds")
+    ap.add_argument("--baseline-src", type=Path,
+                    help="a checkout of another revision (e.g. `git worktree add /tmp/base main`): its proxy is "
+                         "measured too, alternating with this tree's in every round")
     args = ap.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.model_dir, args.state_dir)
@@ -263,7 +310,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
         print(f"# proxy overhead ({os.cpu_count()} CPUs), model time excluded (instant scripted sampler)\n")
-        res = in_process(model_dir, args.calls)
+        res = {} if args.skip_in_process else in_process(model_dir, args.calls)
         for label, r in res.items():
             print(f"[in-process] {label}: last request {r['bytes_last']} bytes, {r['prompt_tokens_last']} prompt tokens")
             print(f"  total (parse+render+serialize+record) {fmt(r['total'])}")
@@ -275,12 +322,7 @@ def main() -> None:
         if args.skip_http:
             return
         print()
-        http = over_http(model_dir, args.calls)
-        for label, r in http.items():
-            p, f = r["proxy"], r["floor"]
-            print(f"[http] {label}: proxy {fmt(p)} | bare uvicorn floor {fmt(f)} | added p50 "
-                  f"{(pct(p, 50) - pct(f, 50)) * 1000:.2f} ms, p99 {(pct(p, 99) - pct(f, 99)) * 1000:.2f} ms")
-
+        report_http(over_http(model_dir, args.calls, args.rounds, args.baseline_src))
 
 if __name__ == "__main__":
     main()
