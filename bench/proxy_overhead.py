@@ -236,8 +236,18 @@ def start_servers(model_dir: Path, tmp: str, baseline_src: Path | None) -> dict[
     return procs
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) of process `pid` so far; 0 where /proc is missing."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def over_http(model_dir: Path, calls: int, rounds: int, baseline_src: Path | None) -> dict[str, Any]:
-    """Latencies per case ("40KB+12 tools x16") per server per round; servers alternate within a
+    """Latencies per case ("40KB+12 tools x16") per server per round, and the server's CPU seconds
+    per call ("<server> cpu": less noisy than latency on a shared box); servers alternate within a
     round (and reverse order every other round), so load from the rest of the box hits all alike."""
     import orjson
 
@@ -253,10 +263,13 @@ def over_http(model_dir: Path, calls: int, rounds: int, baseline_src: Path | Non
                         bodies = [[orjson.dumps(b) for b in session_requests(n, big)] for _ in range(conc)]
                         order = list(procs) if r % 2 == 0 else list(reversed(procs))
                         for mode in order:
-                            _, port, state = procs[mode]
+                            proc, port, state = procs[mode]
                             key = (state / "client_key").read_text().strip() if mode != "floor" else "none"
+                            cpu0 = cpu_seconds(proc.pid)
                             lat = asyncio.run(drive(f"http://127.0.0.1:{port}", key, bodies))
+                            cpu = (cpu_seconds(proc.pid) - cpu0) / sum(map(len, bodies))
                             out.setdefault(f"{label} x{conc}", {}).setdefault(mode, []).append(lat)
+                            out[f"{label} x{conc}"].setdefault(mode + " cpu", []).append(cpu)
         finally:
             for proc, _, _ in procs.values():
                 proc.terminate()
@@ -274,7 +287,8 @@ def report_http(http: dict[str, Any]) -> None:
         floor = per_mode["floor"]
         rounds = len(floor)
         print(f"[http] {label} ({rounds} round(s); median [min-max] over rounds of the per-round figure)")
-        print(f"  bare uvicorn floor   p50 {spread([pct(x, 50) for x in floor])}  p99 {spread([pct(x, 99) for x in floor])}")
+        print(f"  bare uvicorn floor     p50 {spread([pct(x, 50) for x in floor])}  p99 {spread([pct(x, 99) for x in floor])}"
+              f"  server CPU/call {spread(per_mode['floor cpu'])}")
         for mode in ("before", "proxy"):
             if mode not in per_mode:
                 continue
@@ -282,7 +296,7 @@ def report_http(http: dict[str, Any]) -> None:
             a50 = [pct(p, 50) - pct(f, 50) for p, f in zip(lat, floor, strict=True)]
             a99 = [pct(p, 99) - pct(f, 99) for p, f in zip(lat, floor, strict=True)]
             name = "proxy (this tree)" if mode == "proxy" else "proxy (--baseline-src)"
-            print(f"  {name:22s} added p50 {spread(a50)}  added p99 {spread(a99)}")
+            print(f"  {name:22s} added p50 {spread(a50)}  added p99 {spread(a99)}  server CPU/call {spread(per_mode[mode + ' cpu'])}")
 
 
 

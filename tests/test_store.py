@@ -102,3 +102,70 @@ def test_session_keys_are_stored_hashed(tmp_path: Path) -> None:
     assert store.end_session(sid, "end_session") is True
     assert store.session_for_key("secret-session-key-123") is None
     assert store.end_session(sid, "end_session") is False
+
+
+def test_a_group_commit_writes_each_turn_or_reports_it_alone(tmp_path: Path) -> None:
+    """`record_turns` (the proxy writer's group commit): one transaction, a savepoint per turn; a
+    turn SQLite refuses (a duplicate id) is rolled back alone and the others are committed."""
+    store = Store.open(tmp_path)
+    first = turn("s1", [-1.0])
+    results = store.record_turns([(first, "header", None), (turn("s2", [-0.5]), "header", "done_header"),
+                                  (turn("s1", [-2.0], turn_id=first.turn_id), "header", None),
+                                  (turn("s1", [-3.0]), "header", None)])
+    assert results[0] is None and results[1] is None and results[3] is None
+    assert isinstance(results[2], sqlite3.IntegrityError)
+    other = Store.open(tmp_path)  # another connection sees them committed
+    assert [t["completion_logprobs"] for t in other.session_turns("s1")] == [[-1.0], [-3.0]]
+    s2 = other.get_session("s2")
+    assert s2 is not None and s2.status == "ended" and s2.end_reason == "done_header"
+
+
+def test_the_writer_groups_waiting_turns_and_answers_each_after_its_commit(tmp_path: Path) -> None:
+    """Turns that queue while the store is busy are written in one transaction; each caller's
+    `record_turn` returns only once that transaction committed."""
+    import asyncio
+    import threading
+
+    from clawbridge.proxy.state import StoreWriter
+    from tests.support import wait_for
+
+    store = Store.open(tmp_path)
+    groups: list[int] = []
+    real = store.record_turns
+
+    def spy(turns: list[tuple[TurnRecord, str, str | None]]) -> list[Exception | None]:
+        groups.append(len(turns))
+        return real(turns)
+
+    store.record_turns = spy  # type: ignore[method-assign]
+    writer = StoreWriter(store)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a trainer commit holding the store's lock
+        with store.write():
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(30)
+    reader = Store.open(tmp_path)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(writer.record_turn(turn("a", [-1.0]), "header", None))
+        await asyncio.to_thread(wait_for, lambda: groups == [1], 30.0, "the first turn to wait for the lock")
+        rest = [asyncio.ensure_future(writer.record_turn(turn("a", [-float(i)]), "header", None))
+                for i in range(2, 6)]
+        await asyncio.sleep(0)
+        assert not first.done() and reader.session_turns("a") == []
+        release.set()
+        await asyncio.gather(first, *rest)
+        assert [t["completion_logprobs"][0] for t in reader.session_turns("a")] == [-1.0, -2.0, -3.0, -4.0, -5.0]
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        holder.join(30)
+        writer.close()
+    assert groups == [1, 4]

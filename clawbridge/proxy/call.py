@@ -39,7 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.request import ChatRequest, stored_request
+from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.stops import StopMatcher
@@ -158,12 +158,13 @@ def render_request(state: ProxyState, data: dict[str, Any]) -> Prompt:
 class SampledCall:
     """One model call, from the normalised request (`ChatRequest` + OpenAI-shaped data) to the turn."""
 
-    def __init__(self, state: ProxyState, req: ChatRequest, data: dict[str, Any], raw: bytes,
+    def __init__(self, state: ProxyState, req: ChatRequest, data: dict[str, Any], stored: str,
                  call: CallSession) -> None:
+        """`stored`: the request as recorded (`clawbridge.proxy.request.stored_request`)."""
         self.state = state
         self.req = req
         self.data = data
-        self.raw = raw
+        self.stored = stored
         self.call = call
         self.created = state.store.clock.now()  # a turn's times are the store's clock, like every row
         self.hex = uuid.uuid4().hex
@@ -202,8 +203,8 @@ class SampledCall:
         )
 
     async def start(self) -> None:
-        # Rendering and tokenizing grow with the prompt: off the event loop.
-        self.prompt = await asyncio.to_thread(render_request, self.state, self.data)
+        # Rendering and tokenizing grow with the prompt: off the loop when it is large.
+        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, self.data)
         self.prompt_ids = self.prompt.ids
         if self.prompt.forced is not None or (self.req.parallel_tool_calls is False and self.data.get("tools")):
             # A forced call is the whole answer (as OpenAI answers a named tool_choice), and with
@@ -284,7 +285,7 @@ class SampledCall:
             completion_token_ids=self.gen.ids, completion_logprobs=self.gen.logprobs,
             policy_version=self.policy_version,
             finish_reason=self.gen.finish_reason if status == "ok" else status,
-            request_json=stored_request(self.raw),
+            request_json=self.stored,
             response_json=json.dumps(response) if response is not None else None,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
             meta=meta, turn_id=self.turn_id,

@@ -20,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import ApiShape, SampledCall
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
+from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState
 from clawbridge.versions import parse_versioned
@@ -80,6 +79,17 @@ def check_model(state: ProxyState, model: str) -> None:
                        f"(or {name + '@N'!r} for committed policy version N)", code="model_not_found", param="model")
 
 
+def parse_and_prepare(state: ProxyState, api: ApiAdapter, raw: bytes) -> tuple[Prepared, dict[str, Any], str]:
+    """The body parsed and validated: what is sampled, OpenClaw-RL's session fields (removed from
+    the body), and the request as it is recorded (`stored_request`)."""
+    body = parse_json_object(raw, state.settings.max_messages)
+    stored = stored_request(raw, body)
+    fields = pop_session_fields(body)
+    if body.get("model") is None:
+        body["model"] = state.model_info.name
+    return api.prepare(state, body), fields, stored
+
+
 async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request, url_session: str | None,
                            task_id: str | None = None) -> Response:
     """Serve one model call of any API; every failure is answered in `api`'s error shape."""
@@ -87,12 +97,8 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         principal = await authenticate(request, state.keys, state.store)
         settings = state.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        # Parsing and validation grow with the body (up to max_body_bytes): off the event loop.
-        body = await asyncio.to_thread(parse_json_object, raw, settings.max_messages)
-        fields = pop_session_fields(body)
-        if body.get("model") is None:
-            body["model"] = state.model_info.name
-        prepared = await asyncio.to_thread(api.prepare, state, body)
+        # Parsing and validation grow with the body (up to max_body_bytes): off the loop when large.
+        prepared, fields, stored = await state.compute(len(raw), parse_and_prepare, state, api, raw)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
         if principal.kind == "session" and any(sid != principal.session_id for sid in prepared.reads):
             raise ApiError(403, "a session key can only continue responses of its own session",
@@ -102,7 +108,7 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         check_model(state, prepared.req.model)
         if task_id is not None and call.source == TRAJECTORY_SOURCE:
             await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id)
-        sampled = SampledCall(state, prepared.req, prepared.data, raw, call)
+        sampled = SampledCall(state, prepared.req, prepared.data, stored, call)
         return await sampled.respond(request, prepared.shape(sampled))
     except ApiError as exc:
         return api.error_response(exc)

@@ -82,14 +82,16 @@ STORED_REQUEST_FIELDS = frozenset({
 """Top-level request fields the store keeps: what rendering, training and the judge read."""
 
 
-def stored_request(raw: bytes) -> str:
+def stored_request(raw: bytes, data: Any = None) -> str:
     """The request as recorded: `raw` without top-level fields outside `STORED_REQUEST_FIELDS`
     (their names are kept under `_dropped_fields`), so a client's large unknown fields cannot grow
-    the store; `raw` itself when it is not a JSON object."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")
+    the store; `raw` itself when it is not a JSON object. `data`: `raw` already parsed and not
+    yet modified, so it is not parsed a second time."""
+    if data is None:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw.decode("utf-8", errors="replace")
     if not isinstance(data, dict):
         return raw.decode("utf-8", errors="replace")
     dropped = sorted(k for k in data if k not in STORED_REQUEST_FIELDS)

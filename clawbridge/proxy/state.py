@@ -3,7 +3,10 @@
 Invariants:
 - No store call runs on the event loop: every write goes through `StoreWriter` (one thread, in
   submission order, so writes never interleave) and every read through `ProxyState.read` (a
-  worker thread). The store's lock is held by the trainer's and the reward worker's threads for
+  worker thread). Turns waiting together are written as one group commit (`Store.record_turns`:
+  one transaction, a savepoint per turn): a turn's `record_turn` returns only once the
+  transaction holding it has committed, so "committed before the response ends" holds per turn,
+  and concurrent calls share one commit instead of queueing one commit each. The store's lock is held by the trainer's and the reward worker's threads for
   whole transactions; a handler waits on it in a thread, never with the loop, so `/health` and
   other requests keep being answered.
 - A turn that cannot be recorded (disk full, read-only or failing store) is never answered as a
@@ -17,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,40 +59,108 @@ def store_failure(exc: BaseException) -> ApiError:
                     code="store_unavailable")
 
 
+@dataclass
+class _Job:
+    """One entry of the writer's queue: a store call, or a turn to record (`fn` None)."""
+
+    done: Future[Any]
+    fn: Callable[..., Any] | None = None
+    args: tuple[Any, ...] = ()
+    turn: tuple[TurnRecord, str, str | None] | None = None
+
+
+INLINE_BYTES = 256 * 1024
+"""Requests up to this many bytes are parsed and rendered on the event loop (`ProxyState.compute`);
+a 256 KB OpenClaw request renders in about 5 ms on this project's 2-core box once its segments
+are cached."""
+
+MAX_GROUP = 64
+"""At most this many turns share one transaction (bounds how long the store's lock is held)."""
+
+
 class StoreWriter:
-    """Runs store calls on one dedicated thread, and remembers whether recording is failing."""
+    """Runs store calls on one dedicated thread, in submission order, and remembers whether
+    recording is failing. Consecutive waiting turns are written in one group commit."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawbridge-store")
+        self._queue: deque[_Job] = deque()
+        self._lock = threading.Lock()
         self.failure: str | None = None
         """Why the last turn could not be recorded; None once one has been recorded since."""
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    def _submit(self, job: _Job) -> Future[Any]:
+        with self._lock:
+            self._queue.append(job)
+        # One pool task per job: each runs the queue's head (and any turns right behind it), so
+        # every job runs, in queue order, before `close()` returns.
+        self._pool.submit(self._run_head)
+        return job.done
 
-    def _record(self, turn: TurnRecord, source: str, end_reason: str | None) -> str:
+    def _run_head(self) -> None:
+        with self._lock:
+            if not self._queue:
+                return  # taken by an earlier task's group
+            jobs = [self._queue.popleft()]
+            if jobs[0].turn is not None:
+                while self._queue and self._queue[0].turn is not None and len(jobs) < MAX_GROUP:
+                    jobs.append(self._queue.popleft())
+        if jobs[0].fn is not None:
+            self._run_call(jobs[0])
+        else:
+            self._record(jobs)
+
+    @staticmethod
+    def _run_call(job: _Job) -> None:
+        assert job.fn is not None
         try:
-            turn_id = self.store.record_turn(turn, source, end_reason)
-        except sqlite3.Error as exc:
+            result = job.fn(*job.args)
+        except BaseException as exc:
+            job.done.set_exception(exc)
+        else:
+            job.done.set_result(result)
+
+    def _record(self, jobs: list[_Job]) -> None:
+        turns = [job.turn for job in jobs if job.turn is not None]
+        try:
+            errors = self.store.record_turns(turns)
+        except sqlite3.Error as exc:  # the transaction failed: none of the group was written
             self.failure = f"recording turns fails: {exc}"
-            raise
-        self.failure = None
-        return turn_id
+            for job in jobs:
+                job.done.set_exception(exc)
+            return
+        except BaseException as exc:
+            for job in jobs:
+                job.done.set_exception(exc)
+            return
+        for job, (turn, _, _), err in zip(jobs, turns, errors, strict=True):
+            if err is None:
+                job.done.set_result(turn.turn_id)
+            else:
+                job.done.set_exception(err)
+        failed = next((err for err in errors if isinstance(err, sqlite3.Error)), None)
+        self.failure = None if failed is None else f"recording turns fails: {failed}"
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run the store call `fn(*args)` on the writer thread, after every write submitted before it."""
+        result: T = await asyncio.wrap_future(self._submit(_Job(Future(), fn=fn, args=args)))
+        return result
 
     async def record_turn(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
+        """Record `turn`; returns once the transaction holding it has committed."""
         try:
-            await self.call(self._record, turn, source, end_reason)
+            await asyncio.wrap_future(self._submit(_Job(Future(), turn=(turn, source, end_reason))))
         except sqlite3.Error as exc:
             log.error("recording %s failed: %s", turn.turn_id, exc)
             raise store_failure(exc) from None
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
-        def report(f: Future[str]) -> None:
+        def report(f: Future[Any]) -> None:
             if f.exception() is not None:
                 log.error("recording %s failed: %s", turn.turn_id, f.exception())
 
-        self._pool.submit(self._record, turn, source, end_reason).add_done_callback(report)
+        self._submit(_Job(Future(), turn=(turn, source, end_reason))).add_done_callback(report)
 
     def ensure_recordable(self, min_free_bytes: int) -> None:
         """Raise `ApiError` 507 when the state dir's disk is below `min_free_bytes` free (checked
@@ -132,6 +205,17 @@ class ProxyState:
 
     def __post_init__(self) -> None:
         self.router = VersionRouter(self.backend, VersionStore(self.store), (self.model_info.name, "default"))
+
+    async def compute(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`: CPU work that grows with a request of `size` bytes (parsing, validation,
+        rendering). Up to `INLINE_BYTES` it runs right here on the loop: under the GIL a worker
+        thread runs no sooner, and each hop costs a thread handoff and up to a 5 ms switch
+        interval per call, which at 16 concurrent calls was most of the proxy's added latency
+        (docs/benchmarks.md, "proxy overhead"). Larger requests go to a worker thread, so one huge
+        body cannot hold the loop for its whole render."""
+        if size <= INLINE_BYTES:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)`, a read of the store (or of something that reads it), on a worker thread."""

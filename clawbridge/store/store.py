@@ -275,55 +275,84 @@ class Store:
         """Insert one turn in one committed transaction: create (or reopen) its session first, and
         end the session afterwards when `end_reason` is given."""
         with self.write() as c:
-            row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
-            if row is None:
-                c.execute(
-                    "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
-                    "VALUES(?,?,?,?,?,?)",
-                    (turn.session_id, None, session_source, "active", turn.created_at, turn.completed_at),
-                )
-            elif row["status"] != "active":
-                c.execute(
-                    "UPDATE sessions SET status='active', end_reason=NULL, ended_at=NULL WHERE session_id=?",
-                    (turn.session_id,),
-                )
-            seq = c.execute(
-                "SELECT COALESCE(MAX(seq), -1) + 1 FROM turns WHERE session_id=?", (turn.session_id,)
-            ).fetchone()[0]
-            c.execute(
-                "INSERT INTO turns(turn_id, session_id, seq, turn_type, status, model, prompt_token_ids, "
-                "completion_token_ids, completion_logprobs, policy_version, finish_reason, request_json, "
-                "response_json, meta_json, prompt_tokens, completion_tokens, created_at, first_token_at, "
-                "completed_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    turn.turn_id,
-                    turn.session_id,
-                    seq,
-                    turn.turn_type,
-                    turn.status,
-                    turn.model,
-                    encode_ids(turn.prompt_token_ids),
-                    encode_ids(turn.completion_token_ids),
-                    encode_floats(turn.completion_logprobs),
-                    turn.policy_version,
-                    turn.finish_reason,
-                    turn.request_json,
-                    turn.response_json,
-                    json.dumps(turn.meta) if turn.meta else None,
-                    len(turn.prompt_token_ids),
-                    len(turn.completion_token_ids),
-                    turn.created_at,
-                    turn.first_token_at,
-                    turn.completed_at,
-                ),
-            )
-            c.execute("UPDATE sessions SET updated_at=? WHERE session_id=?", (turn.completed_at, turn.session_id))
-            if end_reason is not None:
-                c.execute(
-                    "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, key_hash=NULL WHERE session_id=?",
-                    (end_reason, turn.completed_at, turn.session_id),
-                )
+            self._insert_turn(c, turn, session_source, end_reason)
         return turn.turn_id
+
+    def record_turns(self, turns: Sequence[tuple[TurnRecord, str, str | None]]) -> list[Exception | None]:
+        """`record_turn` for each `(turn, session_source, end_reason)`, in order, in ONE committed
+        transaction (a group commit: the proxy's writer thread gives it every turn waiting).
+
+        Each turn is its own savepoint: a turn SQLite refuses (say a duplicate id) is rolled back
+        alone and its error returned in its slot (None: written). A failure of the transaction
+        itself (disk full, I/O error, the commit) raises, and then none of them is written."""
+        results: list[Exception | None] = []
+        with self.write() as c:
+            for turn, source, end_reason in turns:
+                c.execute("SAVEPOINT turn")
+                try:
+                    self._insert_turn(c, turn, source, end_reason)
+                except Exception as exc:
+                    if not c.in_transaction:  # SQLite rolled the whole transaction back (SQLITE_FULL, IOERR)
+                        raise
+                    c.execute("ROLLBACK TO turn")
+                    c.execute("RELEASE turn")
+                    results.append(exc)
+                    continue
+                c.execute("RELEASE turn")
+                results.append(None)
+        return results
+
+    @staticmethod
+    def _insert_turn(c: sqlite3.Connection, turn: TurnRecord, session_source: str, end_reason: str | None) -> None:
+        """The statements of `record_turn`, inside the caller's transaction."""
+        row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
+        if row is None:
+            c.execute(
+                "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
+                "VALUES(?,?,?,?,?,?)",
+                (turn.session_id, None, session_source, "active", turn.created_at, turn.completed_at),
+            )
+        elif row["status"] != "active":
+            c.execute(
+                "UPDATE sessions SET status='active', end_reason=NULL, ended_at=NULL WHERE session_id=?",
+                (turn.session_id,),
+            )
+        seq = c.execute(
+            "SELECT COALESCE(MAX(seq), -1) + 1 FROM turns WHERE session_id=?", (turn.session_id,)
+        ).fetchone()[0]
+        c.execute(
+            "INSERT INTO turns(turn_id, session_id, seq, turn_type, status, model, prompt_token_ids, "
+            "completion_token_ids, completion_logprobs, policy_version, finish_reason, request_json, "
+            "response_json, meta_json, prompt_tokens, completion_tokens, created_at, first_token_at, "
+            "completed_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                turn.turn_id,
+                turn.session_id,
+                seq,
+                turn.turn_type,
+                turn.status,
+                turn.model,
+                encode_ids(turn.prompt_token_ids),
+                encode_ids(turn.completion_token_ids),
+                encode_floats(turn.completion_logprobs),
+                turn.policy_version,
+                turn.finish_reason,
+                turn.request_json,
+                turn.response_json,
+                json.dumps(turn.meta) if turn.meta else None,
+                len(turn.prompt_token_ids),
+                len(turn.completion_token_ids),
+                turn.created_at,
+                turn.first_token_at,
+                turn.completed_at,
+            ),
+        )
+        c.execute("UPDATE sessions SET updated_at=? WHERE session_id=?", (turn.completed_at, turn.session_id))
+        if end_reason is not None:
+            c.execute(
+                "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, key_hash=NULL WHERE session_id=?",
+                (end_reason, turn.completed_at, turn.session_id),
+            )
 
     def last_turn_id(self, session_id: str) -> str | None:
         with self.read() as c:
