@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,12 +21,13 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-from clawbridge_local.trainer import FsdpTrainerClient, TrainerConfig, TrainerError
+from clawbridge_local.trainer import FsdpTrainerClient, Nodes, TrainerConfig, TrainerError
 from clawbridge_local.trainer.batch import collate, micro_batches, shard
 from safetensors.torch import load_file
 
 from clawbridge.backend import Datum, LossConfig
 from clawbridge.devtools.tinymodel import TinyModelSpec, build_tiny_model
+from tests.support import free_port
 
 TINY = TinyModelSpec(
     hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, intermediate_size=128
@@ -268,3 +271,41 @@ def test_lora_checkpoint_of_a_tied_embedding_model_restores(tiny_model: Path, tm
     assert_metrics_close(after_a, b.train_step(make_batch(3), LOSS).metrics, rel=1e-6)
     b.close()
 
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_rank_step_like_one_node_of_two(tiny_model: Path, tmp_path: Path) -> None:
+    """torchrun --nnodes=2 --node-rank=0/1 --master-addr=127.0.0.1 (gloo, one rank per node; node 1
+    joined by `python -m clawbridge_local.trainer.node`, as another machine would) gives the same
+    metrics and weights as --nproc_per_node=2 on one node."""
+    from clawbridge_local.trainer.client import RUN_FILE, worker_env
+
+    b1, b2 = make_batch(4), make_batch(5)
+    one = FsdpTrainerClient(config(tiny_model, micro_batch_size=1), tmp_path / "one", launcher="torchrun")
+    one.start(2)
+    m1 = [one.train_step(b, LOSS).metrics for b in (b1, b2)]
+    exp1 = one.export_weights(tmp_path / "exports-one")
+    one.close()
+
+    work = tmp_path / "two"
+    node1 = subprocess.Popen([sys.executable, "-m", "clawbridge_local.trainer.node", "--work-dir", str(work),
+                              "--node-rank", "1", "--once", "--wait-s", "300"], env=worker_env(1))
+    two = FsdpTrainerClient(config(tiny_model, micro_batch_size=1), work, launcher="torchrun",
+                            nodes=Nodes(2, "127.0.0.1", free_port()))
+    try:
+        two.start(2)
+        m2 = [two.train_step(b, LOSS).metrics for b in (b1, b2)]
+        exp2 = two.export_weights(tmp_path / "exports-two")
+        two.close()
+        assert node1.wait(120) == 0  # node 1's rank left with the run (shutdown), cleanly
+    finally:
+        two.close()
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
+    assert not (work / RUN_FILE).exists()
+    assert m2[0]["world_size"] == 2 and m2[0]["micro_batches"] == 2
+    for a, b in zip(m1, m2, strict=True):
+        assert_metrics_close(a, b, rel=1e-6)
+    assert_close_dicts(load_file(str(exp1 / "model.safetensors")), load_file(str(exp2 / "model.safetensors")),
+                       atol=1e-6)

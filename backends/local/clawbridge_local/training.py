@@ -25,7 +25,7 @@ from typing import Any
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
 from clawbridge_local.settings import local_settings
-from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher
+from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher, Nodes
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
 CHECKPOINT_STATE = "trainer_state.json"
@@ -111,10 +111,12 @@ class LocalTrainer:
         self.model_dir = resolve_model_folder(settings.model)
         self.work_dir = settings.state_path / "trainer" / "local"
         self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
-        self.world_size = local_settings(settings).train_world_size
-        """Trainer processes (`[backends.local] train_world_size`)."""
+        options = local_settings(settings)
+        self.world_size = options.train_world_size
+        """Trainer processes (`[backends.local] train_world_size`), over all nodes."""
+        nodes = Nodes(options.train_nnodes, options.train_master_addr, options.train_master_port)
         self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir), cpu_threads), self.work_dir,
-                                        launcher=launcher)
+                                        launcher=launcher, nodes=nodes)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
             shutil.rmtree(partial, ignore_errors=True)
         self._base: dict[str, Any] | None = None

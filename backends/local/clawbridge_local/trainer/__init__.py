@@ -6,8 +6,8 @@ shard, export), `step` (`TrainerCore`, the step code of one rank), `protocol` (c
 files), `worker` (torchrun entry point), `client` (`FsdpTrainerClient`).
 """
 
-from clawbridge_local.trainer.client import CheckpointInfo, FsdpTrainerClient
+from clawbridge_local.trainer.client import CheckpointInfo, FsdpTrainerClient, Nodes
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 from clawbridge_local.trainer.protocol import TrainerError
 
-__all__ = ["CheckpointInfo", "FsdpTrainerClient", "LoraSettings", "TrainerConfig", "TrainerError"]
+__all__ = ["CheckpointInfo", "FsdpTrainerClient", "LoraSettings", "Nodes", "TrainerConfig", "TrainerError"]

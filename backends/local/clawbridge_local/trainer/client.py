@@ -4,6 +4,13 @@ Invariants:
 - World size 1 with launcher `auto`/`inprocess` runs `TrainerCore` in this process (no torchrun,
   no process group); otherwise `torchrun --standalone` runs `world_size` worker ranks and the
   client talks to them through the file protocol in `protocol` (one request at a time).
+- Across machines (`Nodes.count > 1`): this client's torchrun is node 0 (`--node-rank 0`,
+  static rendezvous at `Nodes.master_addr:master_port`) with `world_size / count` ranks; each
+  other node runs `python -m clawbridge_local.trainer.node --work-dir <work_dir> --node-rank K`,
+  which reads `<work_dir>/current-run.json` (written before the group starts) and joins that run.
+  Every rank reads requests and batches from the run dir, so `work_dir` must be on a filesystem
+  every node mounts at the same path. A rank on another node leaves when its run is no longer
+  the current one (closed, restarted, or replaced by a new start after a crash).
 - Every method either returns or raises `TrainerError` within `config.step_timeout_s` (startup:
   `start_timeout_s`); a dead or stuck group is killed (whole process group) and reported with
   the failing rank's traceback and the log tail. After an error the client is stopped;
@@ -34,6 +41,51 @@ from clawbridge_local.trainer.config import TrainerConfig
 from clawbridge_local.trainer.protocol import TrainerError
 
 Launcher = Literal["auto", "inprocess", "torchrun"]
+RUN_FILE = "current-run.json"
+"""In the work dir: the run other nodes join (`Nodes`); removed when the client closes."""
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where the trainer's ranks run: `count` machines, this one node 0."""
+
+    count: int = 1
+    master_addr: str = "127.0.0.1"
+    """torchrun's `--master-addr`: node 0's address as the other nodes reach it."""
+    master_port: int = 29500
+    """torchrun's `--master-port` on node 0."""
+
+    def ranks_per_node(self, world_size: int) -> int:
+        if world_size % self.count:
+            raise ValueError(f"world size {world_size} does not split over {self.count} nodes")
+        return world_size // self.count
+
+
+def torchrun_command(python: str, nproc: int, nodes: Nodes, node_rank: int, run_dir: Path,
+                     client_pid: int) -> list[str]:
+    """The torchrun command of one node of a run (node 0 with `--standalone` when alone)."""
+    if nodes.count == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes.count}", f"--node-rank={node_rank}", f"--master-addr={nodes.master_addr}",
+                 f"--master-port={nodes.master_port}"]
+    run_file = run_dir.parent / RUN_FILE
+    return [
+        python, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}",
+        "--max_restarts=0", "--monitor_interval=0.2",
+        "-m", "clawbridge_local.trainer.worker", "--run-dir", str(run_dir), "--client-pid", str(client_pid),
+        *(["--run-file", str(run_file)] if nodes.count > 1 else []),
+    ]  # fmt: skip
+
+
+def worker_env(nproc: int, cpu_threads: int = 0) -> dict[str, str]:
+    """The environment of a node's torchrun: `clawbridge_local` importable, threads split per rank."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    if cpu_threads > 0:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding `clawbridge_local` (put on the workers' PYTHONPATH)."""
 
@@ -59,10 +111,13 @@ class FsdpTrainerClient:
         launcher: Launcher = "auto",
         start_timeout_s: float = 600.0,
         python: str = sys.executable,
+        nodes: Nodes | None = None,
     ) -> None:
         self.config = config
         self.work_dir = Path(work_dir)
         self.launcher: Launcher = launcher
+        self.nodes = nodes or Nodes()
+        """The machines the ranks run on (one unless set)."""
         self.start_timeout_s = start_timeout_s
         self.python = python
         self.world_size = 0
@@ -97,7 +152,9 @@ class FsdpTrainerClient:
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
         self.world_size = world_size
-        if world_size == 1 and self.launcher in ("auto", "inprocess"):
+        if self.nodes.count > 1 and self.launcher == "inprocess":
+            raise ValueError("more than one node needs the torchrun launcher")
+        if world_size == 1 and self.nodes.count == 1 and self.launcher in ("auto", "inprocess"):
             from clawbridge_local.trainer.step import TrainerCore
 
             self.core = TrainerCore(self.config)
@@ -108,22 +165,19 @@ class FsdpTrainerClient:
         self._launch(world_size)
 
     def _launch(self, world_size: int) -> None:
+        nproc = self.nodes.ranks_per_node(world_size)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         run_dir = Path(tempfile.mkdtemp(prefix=f"run{next(self._runs)}-", dir=self.work_dir))
         protocol.init_run_dir(run_dir, self.config.to_json())
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-        if self.config.cpu_threads > 0:
-            env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
-        cmd = [
-            self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-            "--max_restarts=0", "--monitor_interval=0.2",
-            "-m", "clawbridge_local.trainer.worker", "--run-dir", str(run_dir), "--client-pid", str(os.getpid()),
-        ]  # fmt: skip
+        cmd = torchrun_command(self.python, nproc, self.nodes, 0, run_dir, os.getpid())
+        if self.nodes.count > 1:  # the run the other nodes join (`clawbridge_local.trainer.node`)
+            protocol.write_json_atomic(self.work_dir / RUN_FILE, {
+                "run_dir": str(run_dir), "nproc_per_node": nproc, "nnodes": self.nodes.count,
+                "master_addr": self.nodes.master_addr, "master_port": self.nodes.master_port})
         log = open(run_dir / "torchrun.log", "wb")  # noqa: SIM115 - owned by the child
         self._proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env(nproc, self.config.cpu_threads),
+            start_new_session=True,
         )
         log.close()
         self._run_dir, self._seq = run_dir, 0
@@ -132,8 +186,11 @@ class FsdpTrainerClient:
             self._check_alive("while starting")
             if time.monotonic() > deadline:
                 self._kill()
+                waiting = (f"; node 0 waited for {self.nodes.count - 1} other node(s): run `python -m "
+                           f"clawbridge_local.trainer.node --work-dir {self.work_dir} --node-rank K` on each"
+                           if self.nodes.count > 1 else "")
                 raise TrainerError(
-                    f"trainer group not ready after {self.start_timeout_s:.0f}s; log: {run_dir}"
+                    f"trainer group not ready after {self.start_timeout_s:.0f}s{waiting}; log: {run_dir}"
                 )
             time.sleep(0.05)
         self.step = int(json.loads(protocol.ready_path(run_dir).read_text())["step"])
@@ -160,6 +217,7 @@ class FsdpTrainerClient:
             except (TrainerError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        (self.work_dir / RUN_FILE).unlink(missing_ok=True)  # other nodes' ranks leave
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None

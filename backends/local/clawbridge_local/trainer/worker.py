@@ -6,6 +6,8 @@ Invariants:
   the same order without any idle collective (no process-group timeout while nobody trains).
 - Rank 0 alone writes `ready.json`, responses and exported files; any exception is fatal.
 - Process group backend: NCCL when CUDA is available, else gloo.
+- A rank stops waiting for requests when the client's process is gone (`--client-pid`, on the
+  client's machine) or, on another node, when `--run-file` no longer names its run dir.
 """
 
 from __future__ import annotations
@@ -41,8 +43,20 @@ def _client_alive(pid: int) -> bool:
     return True
 
 
-def _wait_request(run_dir: Path, seq: int, client_pid: int) -> dict[str, Any] | None:
-    """The next request, or None when the client went away."""
+def _current_run(run_file: Path | None, run_dir: Path) -> bool:
+    """Whether `run_file` (the client's `current-run.json`; None: not checked) still names `run_dir`."""
+    if run_file is None:
+        return True
+    import json
+
+    try:
+        return Path(json.loads(run_file.read_text())["run_dir"]) == run_dir
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _wait_request(run_dir: Path, seq: int, client_pid: int, run_file: Path | None = None) -> dict[str, Any] | None:
+    """The next request, or None when the client went away (or, on another node, the run ended)."""
     path = protocol.request_path(run_dir, seq)
     delay, last_check = 0.002, time.monotonic()
     while not path.exists():
@@ -50,7 +64,7 @@ def _wait_request(run_dir: Path, seq: int, client_pid: int) -> dict[str, Any] | 
         delay = min(delay * 1.5, 0.05)
         if time.monotonic() - last_check > 1.0:
             last_check = time.monotonic()
-            if not _client_alive(client_pid):
+            if not _client_alive(client_pid) or not _current_run(run_file, run_dir):
                 return None
     import json
 
@@ -80,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--client-pid", type=int, default=0)
+    parser.add_argument("--run-file", type=Path, help="another node's ranks: leave once this stops naming the run")
     ns = parser.parse_args(argv)
     run_dir: Path = ns.run_dir
     rank, world, local_rank = (
@@ -98,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol.write_json_atomic(protocol.ready_path(run_dir), {"world_size": world, "step": core.step})
         seq = 1
         while True:
-            req = _wait_request(run_dir, seq, ns.client_pid)
+            req = _wait_request(run_dir, seq, ns.client_pid, ns.run_file)
             if req is None:
                 break
             result = dispatch(core, run_dir, req)
