@@ -116,6 +116,9 @@ class FakeSGLang:
     """rids of requests whose client went away before they finished."""
     weights_tag: str = "base"
     running: int = 0
+    refuse_updates: str = ""
+    """When set, /update_weights_from_disk answers 400 with this message (and keeps its weights, as
+    SGLang restores its old weights when a load fails)."""
 
     def __post_init__(self) -> None:
         cfg = json.loads((self.model_path / "config.json").read_text())
@@ -235,6 +238,7 @@ class FakeSGLang:
                 folder = Path(b["model_path"])
                 _check((folder / "config.json").is_file() and any(folder.glob("*.safetensors")),
                        f"{folder} has no config.json + *.safetensors")
+                _check(not self.refuse_updates, self.refuse_updates)
             except Invalid as exc:
                 return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": 0}, status_code=400)
             self._updating = True  # writer lock: new requests wait, running ones finish first

@@ -29,7 +29,7 @@ MOVED = ("engine", "device", "dtype", "engine_batch_decode", "engine_threads", "
          "sglang_mem_fraction", "sglang_extra_args", "sglang_startup_timeout_s", "max_grad_norm",
          "micro_batch_size", "train_world_size", "train_launcher")
 """Every option that was flat on `Settings` and only the local backend reads."""
-NEW = ("max_loaded_versions",)
+NEW = ("max_loaded_versions", "sglang_urls", "train_nnodes", "train_master_addr", "train_master_port")
 """Options added to the section since (no flat name to keep)."""
 
 
@@ -156,3 +156,16 @@ def test_a_factory_only_backend_is_listed_and_a_disagreement_is_reported(
     backend = load_backend("local", Settings(state_dir=tmp_path, model="m", backends={"local": {"engine": "torch"}}))
     assert isinstance(backend, LocalBackend) and backend.options.engine == "torch"
     assert "names clawbridge_tinker.settings:TinkerSettings but its factory declares LocalSettings" in caplog.text
+
+
+def test_nodes_and_replicas_are_checked_when_read() -> None:
+    """`train_nnodes` must split `train_world_size` evenly and needs torchrun; one server or replicas, not both."""
+    from pydantic import ValidationError
+
+    assert LocalSettings(train_nnodes=2, train_world_size=4).train_nnodes == 2
+    with pytest.raises(ValidationError, match="does not split over train_nnodes 2"):
+        LocalSettings(train_nnodes=2, train_world_size=3)
+    with pytest.raises(ValidationError, match="needs train_launcher torchrun"):
+        LocalSettings(train_nnodes=2, train_world_size=2, train_launcher="inprocess")
+    with pytest.raises(ValidationError, match="not both"):
+        LocalSettings(sglang_url="http://127.0.0.1:1", sglang_urls=["http://127.0.0.1:2"])

@@ -416,3 +416,81 @@ def test_real_sglang_sample_and_lora_publish(tiny_model_dir: Path, tmp_path: Pat
         run(go())
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------- replicas
+@pytest.fixture
+def replicas(tiny_model_dir: Path) -> Iterator[list[FakeSGLang]]:
+    servers = [FakeSGLang(tiny_model_dir, port=free_port(), enable_lora=True, max_lora_rank=8,
+                          lora_target_modules=("q_proj", "v_proj")).start() for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_lora_publish_reaches_every_replica_before_it_serves(replicas: list[FakeSGLang], tmp_path: Path) -> None:
+    a, b = replicas
+
+    async def go() -> None:
+        engine = await SGLangEngine.connect([a.url, b.url], lora=True)
+        streams = [await engine.sample([3, 4], SamplingParams(max_tokens=30)) for _ in range(4)]
+        assert len(a.requests) == len(b.requests) == 2  # spread over both
+        for s in streams:
+            await collect(s)
+        assert await engine.publish_lora(adapter(tmp_path / "a1"), 1) == 1
+        assert set(a.adapters) == set(b.adapters) == {"v1"}  # loaded on both before v1 serves
+        s1 = [await engine.sample([3, 4], SamplingParams(max_tokens=2)) for _ in range(2)]
+        assert a.requests[-1]["lora_path"] == b.requests[-1]["lora_path"] == "v1"
+        for s in s1:
+            await collect(s)
+        # A load refused by one replica: not announced, the other unloads it again, v1 serves on both.
+        b.max_lora_rank = 4
+        with pytest.raises(SamplerUnavailable, match=f"failed on 1 of 2 .*{b.url}.*still serves version 1"):
+            await engine.publish_lora(adapter(tmp_path / "a2", rank=8), 2)
+        assert engine.policy_version == 1 and set(a.adapters) == set(b.adapters) == {"v1"}
+        assert ("/unload_lora_adapter", {"lora_name": "v2"}) in a.calls
+        s2 = [await engine.sample([3, 4], SamplingParams(max_tokens=2)) for _ in range(2)]
+        assert {a.requests[-1]["lora_path"], b.requests[-1]["lora_path"]} == {"v1"}
+        assert [s.policy_version for s in s2] == [1, 1]
+        for s in s2:
+            await collect(s)
+        b.max_lora_rank = 8
+        assert await engine.publish_lora(adapter(tmp_path / "a3"), 3) == 3  # the next publish works
+        await engine.drain_unloads()
+        assert set(a.adapters) == set(b.adapters) == {"v3"}
+        await engine.aclose()
+
+    run(go())
+
+
+def test_full_publish_on_replicas_loads_back_or_leaves_rotation(replicas: list[FakeSGLang], tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    a, b = replicas
+    step1 = Path(shutil.copytree(tiny_model_dir, tmp_path / "step-1"))
+    step2 = Path(shutil.copytree(tiny_model_dir, tmp_path / "step-2"))
+
+    async def go() -> None:
+        engine = await SGLangEngine.connect([a.url, b.url])
+        assert await engine.publish_full(step1, 1) == 1
+        assert a.weights_tag == b.weights_tag == "1"
+        # One replica refuses the load (SGLang keeps its old weights): the other loads step-1 back.
+        b.refuse_updates = "out of memory"
+        with pytest.raises(SamplerUnavailable, match="serve version 1"):
+            await engine.publish_full(step2, 2)
+        assert engine.policy_version == 1 and a.weights_tag == b.weights_tag == "1" and engine.down == set()
+        assert a.calls[-2:] == [("/update_weights_from_disk", {"model_path": str(step2), "weight_version": "2"}),
+                                ("/update_weights_from_disk", {"model_path": str(step1), "weight_version": "1"})]
+        # A replica that does not answer: its weights are unknown, so it leaves rotation.
+        b.refuse_updates = ""
+        b.stop()
+        with pytest.raises(SamplerUnavailable, match=f"{b.url} out of rotation"):
+            await engine.publish_full(step2, 2)
+        assert engine.down == {1} and a.weights_tag == "1"
+        before = len(a.requests)
+        streams = [await engine.sample([3, 4], SamplingParams(max_tokens=2)) for _ in range(3)]
+        assert len(a.requests) == before + 3 and [s.policy_version for s in streams] == [1, 1, 1]
+        for s in streams:
+            await collect(s)
+        await engine.aclose()
+
+    run(go())

@@ -67,7 +67,7 @@ def trainer_launcher(options: LocalSettings) -> Launcher:
     """`train_launcher` for the trainer client: `auto` keeps world size 1 in-process."""
     if options.train_launcher != "auto":
         return options.train_launcher
-    return "inprocess" if options.train_world_size == 1 else "torchrun"
+    return "inprocess" if options.train_world_size == 1 and options.train_nnodes == 1 else "torchrun"
 
 
 def sglang_installed() -> bool:
@@ -84,7 +84,7 @@ def cuda_available() -> bool:
 def _check_engine(options: LocalSettings) -> str:
     """The engine to run: 'torch' or 'sglang' (auto: SGLang with a GPU and the package)."""
     if options.engine == "auto":
-        if options.sglang_url or (cuda_available() and sglang_installed()):
+        if options.sglang_url or options.sglang_urls or (cuda_available() and sglang_installed()):
             return "sglang"
         return "torch"
     return options.engine
@@ -138,9 +138,9 @@ class LocalBackend:
         )
 
     async def _start_sglang(self) -> None:
-        """Connect to `sglang_url`, or launch SGLang and wait until healthy."""
+        """Connect to `sglang_urls` (replicas) or `sglang_url`, or launch SGLang and wait until healthy."""
         s, o = self.settings, self.options
-        url = o.sglang_url
+        url: str | list[str] = o.sglang_urls or o.sglang_url
         if not url:
             if self._sglang_command is None and not sglang_installed():
                 raise EngineNotAvailable(

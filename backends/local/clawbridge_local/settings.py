@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clawbridge.backend_settings import backend_section
 from clawbridge.config import Settings
@@ -28,6 +28,11 @@ NAME = "local"
 def _env(option: str) -> dict[str, Any]:
     """`json_schema_extra` naming the option's variables: the section's own, then the old flat one."""
     return {"env": [f"CLAWBRIDGE_LOCAL_{option.upper()}", f"CLAWBRIDGE_{option.upper()}"]}
+
+
+def _new_env(option: str) -> dict[str, Any]:
+    """`json_schema_extra` of an option added after the move (no old flat name)."""
+    return {"env": [f"CLAWBRIDGE_LOCAL_{option.upper()}"]}
 
 
 class LocalSettings(BaseModel):
@@ -63,6 +68,10 @@ class LocalSettings(BaseModel):
     # --- sglang
     sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "
                             "(default: launch one).", json_schema_extra=_env("sglang_url"))
+    sglang_urls: list[str] = Field(default_factory=list, description="engine sglang: URLs of several running "
+                                   "SGLang servers of the model (replicas): each request goes to the least busy one, and "
+                                   "every publish loads on all of them before the new version serves (instead of "
+                                   "sglang_url).", json_schema_extra=_new_env("sglang_urls"))
     sglang_port: int = Field(0, ge=0, description="engine sglang: port of the launched server (0: a free one).",
                              json_schema_extra=_env("sglang_port"))
     sglang_tp_size: int = Field(1, ge=1, description="engine sglang: tensor-parallel GPUs per replica (--tp-size).",
@@ -91,6 +100,29 @@ class LocalSettings(BaseModel):
         "(its own process). On CPU with the torch engine, torchrun lets decoding and training overlap instead of "
         "taking turns on the GIL (the real demo uses it). Larger world sizes always use torchrun.",
         json_schema_extra=_env("train_launcher"))
+    train_nnodes: int = Field(
+        1, ge=1, description="Machines the trainer's ranks run on (torchrun --nnodes); this one is node 0 and "
+        "each other runs `python -m clawbridge_local.trainer.node --work-dir <state_dir>/trainer/local "
+        "--node-rank K`, with the state dir on a filesystem every node mounts at the same path. "
+        "train_world_size counts the ranks of all nodes.", json_schema_extra=_new_env("train_nnodes"))
+    train_master_addr: str = Field(
+        "127.0.0.1", description="With train_nnodes > 1: this machine's address as the other nodes reach it "
+        "(torchrun --master-addr).", json_schema_extra=_new_env("train_master_addr"))
+    train_master_port: int = Field(
+        29500, ge=1, le=65535, description="With train_nnodes > 1: the rendezvous port on this machine "
+        "(torchrun --master-port).", json_schema_extra=_new_env("train_master_port"))
+
+    @model_validator(mode="after")
+    def _nodes_split_the_world(self) -> LocalSettings:
+        if self.sglang_url and self.sglang_urls:
+            raise ValueError("set sglang_url (one server) or sglang_urls (replicas), not both")
+        if self.train_nnodes > 1:
+            if self.train_launcher == "inprocess":
+                raise ValueError("train_nnodes > 1 needs train_launcher torchrun (or auto)")
+            if self.train_world_size % self.train_nnodes:
+                raise ValueError(f"train_world_size {self.train_world_size} does not split over train_nnodes "
+                                 f"{self.train_nnodes} (each node runs the same number of ranks)")
+        return self
 
 
 def local_settings(settings: Settings) -> LocalSettings:

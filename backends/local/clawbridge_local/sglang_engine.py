@@ -29,6 +29,16 @@ Invariants:
 - Full publish drains: new streams wait (no error) while `/update_weights_from_disk` runs; SGLang
   itself lets in-flight requests finish on the old weights before loading (its writer lock), so
   every stream finishes on the weights it started on. The wait is bounded by the longest stream.
+- Replicas (several servers of one model, `sglang_urls`): each stream goes to the replica with
+  the fewest streams of this engine. A publish reaches EVERY replica before the version is
+  announced (new streams sample it). When it fails on one: LoRA: the adapter is unloaded again
+  where it loaded (an adapter no request names is harmless if that fails too) and every replica
+  serves the old version. Full weights: SGLang restores its old weights itself when a load fails;
+  the replicas that did load are loaded back from the served folder; a replica whose state is not
+  known (no answer, or the load back failed) is taken out of rotation, so no stream is ever
+  sampled by weights other than its recorded version. The next full publish that succeeds on every
+  replica brings them all back. sglang-router (0.3.2) has no weight-update routes (only
+  /flush_cache and /get_loads reach every worker), which is why the engine addresses replicas itself.
 - Cancelling (`aclose()` or cancelling the consuming task) closes the HTTP stream; SGLang aborts a
   request whose client disconnected. In flight streams are bounded (`max_in_flight`): past it
   `sample` raises `SamplerOverloaded` at once, as do SGLang's 429/503 and queue-full aborts.
@@ -82,11 +92,11 @@ class SGLangVersionSampler:
 
 
 class SGLangEngine:
-    """A `Sampler` (and publisher) over one SGLang server (see module docstring)."""
+    """A `Sampler` (and publisher) over one SGLang server or several replicas (see module docstring)."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         context_window: int,
         lora: bool = False,
@@ -97,9 +107,15 @@ class SGLangEngine:
         publish_timeout_s: float = 1800.0,
         retry_after_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        served_path: str | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        """The server, e.g. http://127.0.0.1:30000."""
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("SGLangEngine needs at least one server URL")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        """Every replica, e.g. [http://127.0.0.1:30000, http://10.0.0.2:30000]."""
+        self.base_url = self.base_urls[0]
+        """The first replica."""
         self.context_window = context_window
         """Maximum prompt + completion tokens (the server's max_model_len)."""
         self.lora = lora
@@ -107,12 +123,19 @@ class SGLangEngine:
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
         self.publish_timeout_s = publish_timeout_s
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
+        self._clients = [httpx.AsyncClient(
+            base_url=url,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
             transport=transport,
-        )
+        ) for url in self.base_urls]
+        self._client = self._clients[0]
+        self._load = [0] * len(self._clients)
+        """This engine's streams per replica."""
+        self.down: set[int] = set()
+        """Replicas out of rotation: a failed full publish left their weights unknown."""
+        self._served_path = served_path
+        """The folder the served full weights were loaded from (a failed publish loads it back)."""
         self._version = policy_version
         self._adapter: str | None = lora_name(policy_version) if lora and policy_version > 0 else None
         self._users: Counter[int] = Counter()
@@ -131,20 +154,26 @@ class SGLangEngine:
         self._closed = False
 
     @classmethod
-    async def connect(cls, base_url: str, **kwargs: Any) -> SGLangEngine:
-        """An engine for the server at `base_url`, with its context window from `/v1/models`."""
-        async with httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=30.0, transport=kwargs.get("transport")
-        ) as client:
-            try:
-                info = (await client.get("/get_model_info")).raise_for_status().json()
-                models = (await client.get("/v1/models")).raise_for_status().json()
-            except httpx.HTTPError as exc:
-                raise transport_error(exc, "connect") from None
-        if not info.get("is_generation", True):
-            raise SamplerUnavailable(f"{base_url} serves a non-generation model")
-        context = int(models["data"][0]["max_model_len"])
-        return cls(base_url, context_window=context, **kwargs)
+    async def connect(cls, base_url: str | Sequence[str], **kwargs: Any) -> SGLangEngine:
+        """An engine for the server(s) at `base_url`, with the context window from `/v1/models`
+        (the smallest of the replicas')."""
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        contexts, paths = [], []
+        for url in urls:
+            async with httpx.AsyncClient(
+                base_url=url.rstrip("/"), timeout=30.0, transport=kwargs.get("transport")
+            ) as client:
+                try:
+                    info = (await client.get("/get_model_info")).raise_for_status().json()
+                    models = (await client.get("/v1/models")).raise_for_status().json()
+                except httpx.HTTPError as exc:
+                    raise transport_error(exc, f"connect to {url}") from None
+            if not info.get("is_generation", True):
+                raise SamplerUnavailable(f"{url} serves a non-generation model")
+            contexts.append(int(models["data"][0]["max_model_len"]))
+            paths.append(info.get("model_path"))
+        kwargs.setdefault("served_path", paths[0] if len(set(paths)) == 1 else None)
+        return cls(urls, context_window=min(contexts), **kwargs)
 
     @property
     def policy_version(self) -> int:
@@ -210,37 +239,50 @@ class SGLangEngine:
             )
         await self._open.wait()  # a full-weight publish is loading
         version, adapter = pinned or (self._version, self._adapter)
+        replica = self._pick()
+        client = self._clients[replica]
+        self._load[replica] += 1
         self._users[version] += 1
         self._starting += 1
         self._idle.clear()
         response: httpx.Response | None = None
         try:
-            request = self._client.build_request(
+            request = client.build_request(
                 "POST", "/generate", json=self._body(prompt, params, adapter)
             )
             try:
-                response = await self._client.send(request, stream=True)
+                response = await client.send(request, stream=True)
             except httpx.HTTPError as exc:
                 raise transport_error(exc, "/generate") from None
             if response.status_code != 200:
                 await response.aread()
                 raise request_error(response.status_code, error_message(response_json(response)), self.retry_after_s)
-            stream = SGLangSampleStream(response, version, params, release=functools.partial(self._release, version),
+            stream = SGLangSampleStream(response, version, params,
+                                        release=functools.partial(self._release, version, replica),
                                         retry_after_s=self.retry_after_s)
             await stream._prime()
             return stream
         except BaseException:
             if response is not None:
                 await response.aclose()
-            self._release(version)
+            self._release(version, replica)
             raise
         finally:
             self._starting -= 1
             if self._starting == 0:
                 self._idle.set()
 
-    def _release(self, version: int) -> None:
+    def _pick(self) -> int:
+        """The replica in rotation with the fewest streams (the first of equals)."""
+        up = [i for i in range(len(self._clients)) if i not in self.down]
+        if not up:
+            raise SamplerUnavailable("no sglang replica is in rotation (a failed publish left their weights "
+                                     "unknown); the next successful publish brings them back")
+        return min(up, key=lambda i: self._load[i])
+
+    def _release(self, version: int, replica: int = 0) -> None:
         """A stream of `version` ended: unload that LoRA version if nothing needs it any more."""
+        self._load[replica] -= 1
         self._users[version] -= 1
         if self._users[version] <= 0:
             del self._users[version]
@@ -255,20 +297,41 @@ class SGLangEngine:
                 or version in self._pinned:
             return
         self._loaded.discard(version)
-        try:
-            await self._post("/unload_lora_adapter", {"lora_name": lora_name(version)})
-        except SamplerError as exc:  # stays loaded on the server; retried at the next publish
+        failed = await self._post_each("/unload_lora_adapter", {"lora_name": lora_name(version)})
+        if failed:  # stays loaded there; retried at the next publish
             self._loaded.add(version)
-            log.warning("could not unload LoRA %s: %s", lora_name(version), exc)
+            for i, exc in failed.items():
+                log.warning("could not unload LoRA %s from %s: %s", lora_name(version), self.base_urls[i], exc)
 
     async def drain_unloads(self) -> None:
         """Wait for background unloads (tests, shutdown)."""
         while self._unloads:
             await asyncio.gather(*list(self._unloads), return_exceptions=True)
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+    async def _post_each(self, path: str, body: dict[str, Any],
+                         replicas: Sequence[int] | None = None) -> dict[int, SamplerError]:
+        """POST to every replica (or `replicas`) at once; the failures by replica."""
+        targets = list(range(len(self._clients))) if replicas is None else list(replicas)
+        results = await asyncio.gather(*(self._post(path, body, i) for i in targets), return_exceptions=True)
+        failed: dict[int, SamplerError] = {}
+        for i, result in zip(targets, results, strict=True):
+            if isinstance(result, SamplerError):
+                failed[i] = result
+            elif isinstance(result, BaseException):
+                raise result
+        return failed
+
+    def _publish_failed(self, version: int, failed: dict[int, SamplerError], state: str) -> SamplerError:
+        """The error of a publish that failed on `failed` (one replica alone: its own error)."""
+        if len(self._clients) == 1:
+            return failed[0]
+        where = "; ".join(f"{self.base_urls[i]}: {exc}" for i, exc in sorted(failed.items()))
+        return SamplerUnavailable(f"publishing version {version} failed on {len(failed)} of "
+                                  f"{len(self._clients)} sglang replicas ({where}); not announced: {state}")
+
+    async def _post(self, path: str, body: dict[str, Any], replica: int = 0) -> Any:
         try:
-            r = await self._client.post(path, json=body, timeout=self.publish_timeout_s)
+            r = await self._clients[replica].post(path, json=body, timeout=self.publish_timeout_s)
         except httpx.HTTPError as exc:
             raise transport_error(exc, path) from None
         data = response_json(r)
@@ -292,15 +355,24 @@ class SGLangEngine:
             raise ValueError("this engine serves full weights; use publish_full")
         async with self._publish_lock:
             self._check_version(version)
-            await self._post(
-                "/load_lora_adapter", {"lora_name": lora_name(version), "lora_path": str(adapter_dir)}
-            )
-            self._loaded.add(version)
+            await self._load_adapter(adapter_dir, version)
             self._version, self._adapter = version, lora_name(version)
             for old in sorted(self._loaded - {version}):
                 if self._users[old] == 0:
                     await self._unload(old)
         return version
+
+    async def _load_adapter(self, adapter_dir: str | Path, version: int) -> None:
+        """Load the adapter as `v{version}` on every replica, or on none (unloaded again where it
+        loaded) and raise."""
+        name = lora_name(version)
+        failed = await self._post_each("/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter_dir)})
+        if failed:
+            loaded = [i for i in range(len(self._clients)) if i not in failed]
+            for i, exc in (await self._post_each("/unload_lora_adapter", {"lora_name": name}, loaded)).items():
+                log.warning("LoRA %s stays loaded (unused) on %s: %s", name, self.base_urls[i], exc)
+            raise self._publish_failed(version, failed, f"every replica still serves version {self._version}")
+        self._loaded.add(version)
 
     async def load_lora_version(self, adapter_dir: str | Path | None, version: int) -> SGLangVersionSampler:
         """Pin committed LoRA `version` (its peft adapter folder; None for version 0, the base) and
@@ -313,8 +385,7 @@ class SGLangEngine:
             if version > 0 and version not in self._loaded:
                 if adapter_dir is None:
                     raise ValueError(f"LoRA version {version} needs its adapter folder")
-                await self._post("/load_lora_adapter", {"lora_name": lora_name(version), "lora_path": str(adapter_dir)})
-                self._loaded.add(version)
+                await self._load_adapter(adapter_dir, version)
             self._pinned.add(version)
         return SGLangVersionSampler(self, version, lora_name(version) if version > 0 else None)
 
@@ -333,20 +404,42 @@ class SGLangEngine:
             self._open.clear()
             try:
                 await self._idle.wait()  # every started stream is inside sglang (holds its reader lock)
-                await self._post(
+                failed = await self._post_each(
                     "/update_weights_from_disk",
                     {"model_path": str(model_dir), "weight_version": str(version)},
                 )
-                self._version = version
-                try:
-                    r = await self._client.post("/flush_cache", timeout=60.0)
-                    if r.status_code != 200:
-                        log.info("sglang /flush_cache answered %d (requests running)", r.status_code)
-                except httpx.HTTPError as exc:
-                    log.warning("sglang /flush_cache failed: %r", exc)
+                if failed:
+                    raise self._publish_failed(version, failed, await self._load_back(failed))
+                self._version, self._served_path = version, str(model_dir)
+                self.down.clear()  # every replica now serves `version`
+                for client in self._clients:
+                    try:
+                        r = await client.post("/flush_cache", timeout=60.0)
+                        if r.status_code != 200:
+                            log.info("sglang /flush_cache answered %d (requests running)", r.status_code)
+                    except httpx.HTTPError as exc:
+                        log.warning("sglang /flush_cache failed: %r", exc)
             finally:
                 self._open.set()
         return version
+
+    async def _load_back(self, failed: dict[int, SamplerError]) -> str:
+        """After a full publish failed on `failed`: the replicas that loaded it load the served
+        folder again; any replica whose weights are then unknown leaves rotation. Says the state."""
+        unknown = {i for i, exc in failed.items() if not isinstance(exc, SamplerUnavailable)
+                   or "unreachable" in str(exc) or "timed out" in str(exc)}
+        loaded = [i for i in range(len(self._clients)) if i not in failed]
+        if loaded and self._served_path is None:
+            unknown |= set(loaded)
+        elif loaded:
+            body = {"model_path": self._served_path, "weight_version": str(self._version)}
+            unknown |= set(await self._post_each("/update_weights_from_disk", body, loaded))
+        self.down |= unknown
+        for i in sorted(unknown):
+            log.error("sglang replica %s is out of rotation until a publish succeeds on every replica: its "
+                      "weights may not be version %d's", self.base_urls[i], self._version)
+        out = f" ({', '.join(self.base_urls[i] for i in sorted(self.down))} out of rotation)" if self.down else ""
+        return f"the replicas in rotation serve version {self._version}{out}"
 
     def _check_version(self, version: int) -> None:
         if self._closed:
@@ -360,7 +453,8 @@ class SGLangEngine:
             return
         await self.drain_unloads()
         self._closed = True
-        try:
-            await self._client.aclose()
-        except Exception as exc:  # connections of an event loop that already ended
-            log.debug("closing the sglang client: %r", exc)
+        for client in self._clients:
+            try:
+                await client.aclose()
+            except Exception as exc:  # connections of an event loop that already ended
+                log.debug("closing the sglang client: %r", exc)
