@@ -200,6 +200,7 @@ class MessagesApi:
     """The Anthropic Messages API as a `model_routes.ApiAdapter`."""
 
     name = "anthropic"
+    prepare_reads_store = False
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
         with refused_as_400():

@@ -159,8 +159,11 @@ class SampledCall:
     """One model call, from the normalised request (`ChatRequest` + OpenAI-shaped data) to the turn."""
 
     def __init__(self, state: ProxyState, req: ChatRequest, data: dict[str, Any], stored: str,
-                 call: CallSession) -> None:
-        """`stored`: the request as recorded (`clawbridge.proxy.request.stored_request`)."""
+                 call: CallSession, *, with_history: bool = False) -> None:
+        """`stored`: the request as recorded (`clawbridge.proxy.request.stored_request`);
+        `with_history`: `data` holds stored turns too (previous_response_id), so its size is not
+        the body's and it is rendered off the loop whatever the body's size."""
+        self.with_history = with_history
         self.state = state
         self.req = req
         self.data = data
@@ -204,7 +207,8 @@ class SampledCall:
 
     async def start(self) -> None:
         # Rendering and tokenizing grow with the prompt: off the loop when it is large.
-        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, self.data)
+        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, self.data,
+                                               reads_store=self.with_history)
         self.prompt_ids = self.prompt.ids
         if self.prompt.forced is not None or (self.req.parallel_tool_calls is False and self.data.get("tools")):
             # A forced call is the whole answer (as OpenAI answers a named tool_choice), and with

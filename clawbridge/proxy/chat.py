@@ -139,6 +139,7 @@ class ChatApi:
     """OpenAI chat completions as a `model_routes.ApiAdapter`."""
 
     name = "chat"
+    prepare_reads_store = False
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
         return Prepared(validate_chat_request(body), body, ChatShape)

@@ -62,6 +62,8 @@ class ApiAdapter(Protocol):
 
     name: str
     """Recorded as the turn's `meta.api`."""
+    prepare_reads_store: bool
+    """Whether `prepare` may read the store (previous_response_id): it then never runs on the loop."""
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
         """Validate `body` (raising `ApiError` 4xx) into what the shared path runs."""
@@ -98,7 +100,8 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         settings = state.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Parsing and validation grow with the body (up to max_body_bytes): off the loop when large.
-        prepared, fields, stored = await state.compute(len(raw), parse_and_prepare, state, api, raw)
+        prepared, fields, stored = await state.compute(len(raw), parse_and_prepare, state, api, raw,
+                                                       reads_store=api.prepare_reads_store)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
         if principal.kind == "session" and any(sid != principal.session_id for sid in prepared.reads):
             raise ApiError(403, "a session key can only continue responses of its own session",
@@ -108,7 +111,7 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         check_model(state, prepared.req.model)
         if task_id is not None and call.source == TRAJECTORY_SOURCE:
             await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id)
-        sampled = SampledCall(state, prepared.req, prepared.data, stored, call)
+        sampled = SampledCall(state, prepared.req, prepared.data, stored, call, with_history=bool(prepared.reads))
         return await sampled.respond(request, prepared.shape(sampled))
     except ApiError as exc:
         return api.error_response(exc)

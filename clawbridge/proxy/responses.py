@@ -262,6 +262,7 @@ class ResponsesApi:
     """The Responses API as a `model_routes.ApiAdapter`."""
 
     name = "responses"
+    prepare_reads_store = True
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
         items, limit = body.get("input"), state.settings.max_messages

@@ -206,14 +206,16 @@ class ProxyState:
     def __post_init__(self) -> None:
         self.router = VersionRouter(self.backend, VersionStore(self.store), (self.model_info.name, "default"))
 
-    async def compute(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+    async def compute(self, size: int, fn: Callable[..., T], *args: Any, reads_store: bool = False) -> T:
         """`fn(*args)`: CPU work that grows with a request of `size` bytes (parsing, validation,
         rendering). Up to `INLINE_BYTES` it runs right here on the loop: under the GIL a worker
         thread runs no sooner, and each hop costs a thread handoff and up to a 5 ms switch
         interval per call, which at 16 concurrent calls was most of the proxy's added latency
         (docs/benchmarks.md, "proxy overhead"). Larger requests go to a worker thread, so one huge
-        body cannot hold the loop for its whole render."""
-        if size <= INLINE_BYTES:
+        body cannot hold the loop for its whole render. `reads_store`: `fn` may read the store (or
+        works on what it read, whose size `size` does not show), so it always runs in a worker
+        thread (the store's lock may be held for a whole transaction)."""
+        if size <= INLINE_BYTES and not reads_store:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 
