@@ -198,3 +198,19 @@ class FakeSampler:
                 reason = "stop"
                 break
         return FinishedStream(toks, self.version, reason, delay_s=self.delay_s)
+
+
+@runtime_checkable
+class EngineStatus(Protocol):
+    """Optional: a serving engine that can say how full its KV budget is (status pages show it)."""
+
+    def engine_status(self) -> dict[str, object]:
+        """A snapshot: kv_budget_tokens, kv_used_tokens (reserved by running requests),
+        kv_cached_tokens (evictable prefixes), kv_used_fraction, running, waiting (accepted, not yet
+        running), waited_for_budget (requests so far that found the budget full)."""
+        ...
+
+
+def engine_status(engine: object) -> dict[str, object] | None:
+    """`engine.engine_status()` when the engine has one, else None."""
+    return engine.engine_status() if isinstance(engine, EngineStatus) else None

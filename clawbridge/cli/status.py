@@ -43,6 +43,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                     info["store"] = r.json()["store"]
                     info["trainer"] = r.json().get("trainer")
                     info["privacy"] = r.json().get("privacy")
+                    info["engine"] = r.json().get("engine")
             except (httpx.HTTPError, ValueError):
                 pass
         break
@@ -91,6 +92,8 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     print_trainer(console, info.get("trainer"))
     if info["running"] and "store" in info:
         console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
+    if info.get("engine"):
+        console.print(engine_line(info["engine"]), highlight=False)
 
 
 def _fmt_metrics(m: dict[str, Any] | None) -> str:
@@ -143,6 +146,14 @@ def privacy_line(p: dict[str, Any] | None, samples: dict[str, Any]) -> str:
     private = (samples.get("dropped") or {}).get("private", 0)
     return (f"privacy filter: on for {' and '.join(where)}; masked in trained data: {kinds(masked['train'])}; "
             f"in judge prompts: {kinds(masked['judge'])} (since start-up); turns dropped as private: {private}")
+
+
+def engine_line(e: dict[str, Any]) -> str:
+    """One line saying how full the serving engine's KV budget is and how many requests wait."""
+    return (f"engine: KV budget {e['kv_used_fraction']:.0%} reserved ({e['kv_used_tokens']} of "
+            f"{e['kv_budget_tokens']} tokens; {e['kv_cached_tokens']} more hold reusable prefixes), "
+            f"{e['running']} running, {e['waiting']} waiting; {e['waited_for_budget']} request(s) so far "
+            "waited for room (raise kv_budget_tokens if this grows)")
 
 
 def waiting_line(w: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.rewards.next_state import text_of, turn_view
+from clawbridge.sampler import engine_status
 from clawbridge.store.observe import ObserveStore
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.versions import VersionStore
@@ -97,6 +98,7 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
             "judge": "off" if judge is None else ("running" if judge["running"] else "stopped"),
             "store": str(state.store.path),
             "sessions": n_sessions,
+            "engine": engine_status(state.backend.sampler()),
         },
         "rewards": {
             "points": [{"session": p.session_index, "session_id": p.session_id, "version": p.policy_version,

@@ -36,6 +36,7 @@ from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
+from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
 
 log = logging.getLogger("clawbridge.proxy")
@@ -244,6 +245,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),
                 "trainer": await state.read(trainer.status) if trainer is not None else None,
                 "judge": await state.read(judge.status) if judge is not None else None,
-                "privacy": state.privacy.status() if state.privacy is not None else None}
+                "privacy": state.privacy.status() if state.privacy is not None else None,
+                "engine": engine_status(state.backend.sampler())}
 
     return router

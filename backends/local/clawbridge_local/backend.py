@@ -135,6 +135,7 @@ class LocalBackend:
             max_queued=o.max_queued_requests,
             progress=self._progress,
             batch_decode=o.engine_batch_decode,
+            kv_budget_tokens=o.kv_budget_tokens or None,
         )
 
     async def _start_sglang(self) -> None:

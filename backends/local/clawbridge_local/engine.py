@@ -4,16 +4,21 @@ Threading:
 - One worker thread owns the model and does all torch work. The asyncio side only validates,
   counts and enqueues (`sample`), and reads tokens from a per-request `asyncio.Queue` that the
   worker fills through `loop.call_soon_threadsafe`.
-- The worker admits up to `max_running` requests; each has its own transformers `DynamicCache`.
-  A round gives every running request one step (its prefill, or one decode token), so all running
-  requests progress together. Requests past `max_running` wait, up to `max_queued` of them; past
-  that `sample` raises `SamplerOverloaded` at once.
-- Prefills run one request at a time. Decode steps of running requests on the same weights run
-  as one batched forward (`clawbridge_local.batching`: left-padded caches, masked, explicit
-  positions) unless `batch_decode` is off. A request's logprobs then equal its unbatched ones up
-  to float summation order (<= 1e-4), so a seeded request's tokens are reproducible alone, and
-  with neighbours except where a draw falls within that distance of a boundary; with
+- Keys and values live in one preallocated `KVPool` (`kv_budget_tokens` positions; see
+  `clawbridge_local.kvpool`). The worker admits a waiting request (FIFO) while fewer than
+  `max_running` run and the pool can reserve its prompt + max_tokens (after reusing a cached
+  prefix and evicting least-recently-used ones); otherwise it waits, however long: a full budget
+  never refuses a request. Past `max_running + max_queued` accepted requests `sample` raises
+  `SamplerOverloaded` (429) at once.
+- A round gives every running request one step (its prefill, or one decode token), so all running
+  requests progress together. Prefills run one request at a time. Decode steps of running
+  requests on the same weights run as one forward whose attention reads each request's region of
+  the pool in place, unless `batch_decode` is off. A request's logprobs then equal its unbatched
+  ones up to float summation order (<= 1e-4), so a seeded request's tokens are reproducible alone,
+  and with neighbours except where a draw falls within that distance of a boundary; with
   `batch_decode` off they are the same whether or not other requests run beside it.
+- A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
+  later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
 
 Invariants:
 - The slot count (`in flight`) is requests accepted and not yet released; a request is released
@@ -26,6 +31,9 @@ Invariants:
   * if no accepted request holds the current weights, they are updated in place;
   * otherwise the model is copied, the copy is updated and becomes current, and the old copy is
     freed when its last stream ends (peak memory: two copies while old streams finish).
+  Either way the cached prefixes of the replaced weights are dropped.
+- Pool accounting: an admitted request holds one region until it ends; when no request runs,
+  `kv_used_tokens` is 0 (only evictable prefixes remain).
 - `load_version` keeps another committed version beside the current weights (a model copy held
   by the `TorchVersionSampler` it returns; the backend bounds how many, `max_loaded_versions`).
   Its streams share the slots and rounds of all others; publishing never touches it.
@@ -60,7 +68,7 @@ from clawbridge.sampler import (
     SamplerUnavailable,
     SamplingParams,
 )
-from clawbridge_local.batching import can_batch, decode_batch, plan_batches
+from clawbridge_local.kvpool import KVPool, Row, install
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.sampling import Choice, choose, make_generator
 from clawbridge_local.serving import WeightSource
@@ -101,7 +109,16 @@ class _Request:
     out: asyncio.Queue[SampledToken | _End]
     cancelled: bool = False
     released: bool = False
-    cache: Any = None
+    start: int = -1
+    """Start of the request's pool region (-1: none reserved)."""
+    reserved: int = 0
+    """Tokens reserved at `start`: prompt + max_tokens - 1 (the last token's KV is never needed)."""
+    cached: int = 0
+    """Tokens of `tokens` whose keys/values are in the region."""
+    tokens: list[int] = field(default_factory=list)
+    """Prompt then sampled tokens."""
+    waited: bool = False
+    """Found the KV budget full at least once."""
     generator: torch.Generator | None = None
     last_token: int = -1
     generated: int = 0
@@ -188,12 +205,19 @@ class TorchEngine:
         policy_version: int = 0,
         retry_after_s: float = 1.0,
         batch_decode: bool = True,
+        kv_budget_tokens: int | None = None,
     ) -> None:
         if max_running < 1 or max_queued < 0:
             raise ValueError("max_running must be >= 1 and max_queued >= 0")
         cfg: Any = getattr(model, "config", None)
-        self.context_window: int = int(cfg.max_position_embeddings)
-        """Maximum prompt + completion tokens (the model's max_position_embeddings)."""
+        window = int(cfg.max_position_embeddings)
+        budget = kv_budget_tokens or default_kv_budget(window, max_running)
+        self.pool = KVPool.for_model(model, budget)
+        """Keys and values of every request (see `clawbridge_local.kvpool`); worker thread only."""
+        self.context_window: int = min(window, budget)
+        """Maximum prompt + completion tokens: the model's max_position_embeddings, or the KV
+        budget if smaller (one request must fit the budget)."""
+        install(model)
         self.vocab_size: int = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
         self.device: torch.device = next(model.parameters()).device
         self.max_running = max_running
@@ -203,6 +227,8 @@ class TorchEngine:
         """Batch the decode steps of running requests on the same weights (see `batching`)."""
         self.batched_steps = 0
         """Batched decode forwards run so far (each decodes one token for two or more requests)."""
+        self.waited = 0
+        """Requests that found the KV budget full and waited for room (so far)."""
         model.eval()
         self._lock = threading.Lock()
         self._current = _Weights(model, policy_version)
@@ -228,6 +254,7 @@ class TorchEngine:
         progress: bool = True,
         local_files_only: bool = True,
         batch_decode: bool = True,
+        kv_budget_tokens: int | None = None,
     ) -> TorchEngine:
         """Load `model` (a folder, or a cached HF id) and start the engine. Blocking."""
         dev = resolve_device(device)
@@ -235,7 +262,7 @@ class TorchEngine:
             model, dev, resolve_dtype(dtype, dev), local_files_only=local_files_only, progress=progress
         )
         return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version,
-                   batch_decode=batch_decode)
+                   batch_decode=batch_decode, kv_budget_tokens=kv_budget_tokens)
 
     # ------------------------------------------------------------------ asyncio side
 
@@ -248,6 +275,17 @@ class TorchEngine:
     def in_flight(self) -> int:
         """Requests accepted and not yet released (running + waiting)."""
         return self._in_flight
+
+    def engine_status(self) -> dict[str, Any]:
+        """`EngineStatus`: how full the KV budget is and how many requests run and wait (a snapshot
+        read from any thread)."""
+        st = self.pool.stats()
+        running = len(self._running)
+        return {"kv_budget_tokens": st.budget_tokens, "kv_used_tokens": st.used_tokens,
+                "kv_cached_tokens": st.cached_tokens, "kv_used_fraction": round(st.used_tokens / st.budget_tokens, 4),
+                "prefix_entries": st.prefix_entries, "prefix_hits": st.prefix_hits,
+                "prefix_tokens_reused": st.prefix_tokens_reused, "running": running,
+                "waiting": max(0, self._in_flight - running), "waited_for_budget": self.waited}
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> TorchSampleStream:
         """Start sampling; raises PromptTooLong, SamplerOverloaded or SamplerUnavailable."""
@@ -268,7 +306,7 @@ class TorchEngine:
         if len(prompt) + 1 > self.context_window:
             raise PromptTooLong(
                 f"prompt has {len(prompt)} tokens; the context window is {self.context_window} "
-                "and at least one must be left for the completion"
+                "(the model's, or kv_budget_tokens if smaller) and at least one must be left for the completion"
             )
         fits = self.context_window - len(prompt)
         if params.max_tokens > fits:
@@ -350,13 +388,10 @@ class TorchEngine:
         try:
             with torch.inference_mode():
                 while self._drain_inbox(block=not self._running and not self._waiting):
-                    while self._waiting and len(self._running) < self.max_running:
-                        req = self._waiting.popleft()
-                        if not req.cancelled:
-                            self._running.append(req)
                     for req in [r for r in self._running if r.cancelled]:
                         self._running.remove(req)
-                        req.cache = None
+                        self._free_region(req)
+                    self._admit()
                     self._round()
         finally:  # shutdown, or a bug in this loop: nobody may wait forever
             self._closed = True
@@ -386,61 +421,93 @@ class TorchEngine:
             elif isinstance(item, _Swap):
                 self._apply_swap(item)
 
+    def _admit(self) -> None:
+        """Move waiting requests (FIFO) to running while a slot is free and the KV budget has room."""
+        while self._waiting and len(self._running) < self.max_running:
+            req = self._waiting[0]
+            if req.cancelled:
+                self._waiting.popleft()
+                continue
+            if not self._reserve(req):
+                if not self._running:  # cannot happen (need <= budget, nothing else holds room): never spin
+                    self._waiting.popleft()
+                    self._finish(req, _End("cancelled", SamplerFailed("torch engine: the KV pool lost track of room")))
+                    continue
+                if not req.waited:
+                    req.waited = True
+                    self.waited += 1
+                return
+            self._waiting.popleft()
+            self._running.append(req)
+
+    def _reserve(self, req: _Request) -> bool:
+        """Reserve `req`'s region, reusing a cached prefix of its prompt where one exists."""
+        pool = self.pool
+        need = len(req.prompt) + req.params.max_tokens - 1
+        entry = pool.take_prefix(req.weights, req.prompt)
+        start = pool.allocate(need)
+        if start is None and entry is not None:  # the entry itself may be what is in the way
+            pool.keep_prefix(req.weights, entry.tokens, entry.start, len(entry.tokens))
+            entry, start = None, pool.allocate(need)
+        if start is None:
+            return False
+        req.start, req.reserved, req.tokens = start, need, list(req.prompt)
+        if entry is not None:
+            req.cached = pool.reuse(entry, req.prompt, start)
+        return True
+
+    def _free_region(self, req: _Request, keep: bool = False) -> None:
+        """Give `req`'s region back (worker thread); with `keep`, as a reusable prefix."""
+        if req.start < 0:
+            return
+        if keep:
+            self.pool.keep_prefix(req.weights, req.tokens[:req.cached], req.start, req.reserved)
+        else:
+            self.pool.free(req.start, req.reserved)
+        req.start = -1
+
     def _round(self) -> None:
         """One step for every running request: prefills one by one, then the decode steps of
-        requests on the same weights batched (`batching`), or one by one where they cannot be."""
+        requests on the same weights in one forward (or one by one without `batch_decode`)."""
         decoders: dict[int, list[_Request]] = {}
         for req in list(self._running):
-            if req.cache is None or not (self.batch_decode and can_batch(req.cache)):
-                self._step(req)
+            if req.generated == 0 or not self.batch_decode:
+                self._step([req])
             else:
                 decoders.setdefault(id(req.weights), []).append(req)
         for group in decoders.values():
-            for part in plan_batches([r.cache.get_seq_length() for r in group]):
-                batch = [group[i] for i in part]
-                if len(batch) == 1:
-                    self._step(batch[0])
-                else:
-                    self._step_batch(batch)
+            self._step(group)
 
-    def _step_batch(self, reqs: list[_Request]) -> None:
-        """Decode one token for each of `reqs` (same weights) in one forward."""
+    def _step(self, reqs: list[_Request]) -> None:
+        """One forward: the prefill of one request (its first step), or one decode token for each
+        of `reqs` (same weights); hand the tokens over."""
         try:
-            logits = decode_batch(reqs[0].weights.model, [r.cache for r in reqs], [r.last_token for r in reqs],
-                                  self.device)
+            if reqs[0].generated == 0:
+                req = reqs[0]
+                req.generator = make_generator(req.params.seed, self.device)
+                rows = [Row(req.start, req.cached, len(req.prompt) - req.cached)]
+                tokens = [req.prompt[req.cached:]]
+            else:
+                rows = [Row(r.start, r.cached, 1) for r in reqs]
+                tokens = [[r.last_token] for r in reqs]
+            logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
+            for r, row in zip(reqs, rows, strict=True):
+                r.cached += row.new
             choices = [choose(logits[b], r.params, r.generator) for b, r in enumerate(reqs)]
-            self.batched_steps += 1
+            if len(reqs) > 1:
+                self.batched_steps += 1
         except Exception as e:  # a bug in this engine, not an unreachable model
-            log.exception("torch engine failed on a batched decode step")
+            log.exception("torch engine failed on a forward")
             for r in reqs:
                 self._finish(r, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
             return
         for r, choice in zip(reqs, choices, strict=True):
             self._accept(r, choice)
 
-    def _step(self, req: _Request) -> None:
-        """Prefill (first call) or decode one token for `req`, and hand the token over."""
-        model = req.weights.model
-        try:
-            if req.cache is None:
-                from transformers import DynamicCache
-
-                req.cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
-                req.generator = make_generator(req.params.seed, self.device)
-                ids = torch.tensor([req.prompt], dtype=torch.long, device=self.device)
-            else:
-                ids = torch.tensor([[req.last_token]], dtype=torch.long, device=self.device)
-            out = model(input_ids=ids, past_key_values=req.cache, use_cache=True, logits_to_keep=1)
-            choice = choose(out.logits[0, -1], req.params, req.generator)
-        except Exception as e:  # a bug in this engine, not an unreachable model
-            log.exception("torch engine failed on a decode step")
-            self._finish(req, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
-            return
-        self._accept(req, choice)
-
     def _accept(self, req: _Request, choice: Choice) -> None:
         """Hand `choice` to the request's stream and end the request if it stops here."""
         req.last_token = choice.token_id
+        req.tokens.append(choice.token_id)
         req.generated += 1
         self._emit(req, choice.to_sampled())
         if choice.token_id in req.params.stop_token_ids:
@@ -451,7 +518,7 @@ class TorchEngine:
     def _finish(self, req: _Request, end: _End) -> None:
         if req in self._running:
             self._running.remove(req)
-        req.cache = None
+        self._free_region(req, keep=end.error is None and end.reason in ("stop", "length") and not req.cancelled)
         self._release(req)
         self._emit(req, end)
 
@@ -487,6 +554,7 @@ class TorchEngine:
             in_place = cur.users == 0
             if in_place:  # nobody holds these weights: new requests get the new version right away
                 self._current = _Weights(cur.model, version)
+        self.pool.drop_prefixes(cur)  # their keys/values came from the weights being replaced
         if in_place:
             _apply_update(cur.model, update)
             return version
@@ -495,6 +563,13 @@ class TorchEngine:
         with self._lock:
             self._current = _Weights(fresh, version)
         return version
+
+
+def default_kv_budget(context_window: int, max_running: int) -> int:
+    """The KV budget when none is given: one request of the whole context window fits, and every
+    running request can hold 4,096 tokens (or the context window, if smaller). The pool is
+    allocated with `torch.empty`, so its pages are committed only as they are first written."""
+    return max(context_window, max_running * min(context_window, 4096))
 
 
 def _check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:

@@ -59,6 +59,11 @@ class LocalSettings(BaseModel):
                                       json_schema_extra=_env("max_running_requests"))
     max_queued_requests: int = Field(64, ge=0, description="Requests waiting for a slot before new ones get 429.",
                                      json_schema_extra=_env("max_queued_requests"))
+    kv_budget_tokens: int = Field(
+        0, ge=0, description="torch engine: token positions of the preallocated KV cache shared by all requests "
+        "(0: auto, max(context window, max_running_requests x min(context, 4096))); requests wait when it is full; "
+        "memory is this x 2 x layers x kv heads x head dim x dtype size (shown by `clawbridge status`).",
+        json_schema_extra=_env("kv_budget_tokens"))
     max_loaded_versions: int = Field(
         2, ge=1, description="Committed versions other than the published one kept loaded for `model: NAME@N` and "
         "promotion, least recently used dropped (torch engine: a copy of the model's weights each; SGLang + LoRA: "

@@ -110,8 +110,10 @@ function renderSessions(doc) {
 }
 function renderHealth(doc) {
   const h = doc.health;
-  fill("health", table(["model", "backend", "serving version", "training", "judge", "sessions", "up"],
-    [[h.model, h.backend, `v${h.serving_policy_version}`, h.training, h.judge, String(h.sessions), age(h.uptime_s)]]));
+  const e = h.engine;  // the KV budget of an engine that reports one (torch engine), else null
+  const kv = e ? `${Math.round(e.kv_used_fraction * 100)}% of ${e.kv_budget_tokens} tokens, ${e.running} running, ${e.waiting} waiting` : "–";
+  fill("health", table(["model", "backend", "serving version", "training", "judge", "sessions", "up", "KV budget"],
+    [[h.model, h.backend, `v${h.serving_policy_version}`, h.training, h.judge, String(h.sessions), age(h.uptime_s), kv]]));
   fill("versions", table(["version", "published by step", "published", "turns served"],
     doc.versions.map((v) => [`v${v.policy_version}`, num(v.step),
       v.published_at ? new Date(v.published_at * 1000).toLocaleString() : (v.policy_version === 0 ? "base" : "–"),

@@ -1,4 +1,6 @@
-"""One decode step for several requests at once: their KV caches left-padded into one batch.
+"""BASELINE COPY for bench/engine_memory.py (the engine before the KV pool; not used by clawbridge).
+
+One decode step for several requests at once: their KV caches left-padded into one batch.
 
 Every running request of `TorchEngine` owns a transformers `DynamicCache` of batch size 1. A
 decode step of a small model on CPU is mostly per-layer overhead, not arithmetic, so running the

@@ -1,0 +1,314 @@
+"""`KVPool`: the torch engine's preallocated KV budget, read in place by every forward.
+
+Why this shape (issue 22 §1): the engine used to give each request its own transformers
+`DynamicCache` (grown by `torch.cat` every token) and batched a decode step by padding and
+concatenating every running cache per layer, then cloning each back out: each token copied all
+caches, and the allocator churn kept the process at 8-9 GB for a 0.54 GB model. Here:
+
+- One pool per layer, `keys[layer]` / `values[layer]` of shape [kv_heads, budget_tokens, head_dim],
+  allocated once with `torch.empty` (pages are committed as they are first written, so the
+  resident size is bounded by the budget's high-water mark, never by tokens served).
+- A request owns one contiguous region of the pool (first fit over a free list), reserved at
+  admission for its prompt plus its max_tokens, so a running request never needs more room.
+  A request that does not fit waits; nothing is refused for lack of room.
+- Attention runs through `pool_attention`, registered as a transformers attention implementation:
+  while the worker has a `StepPlan` active, each layer writes the new keys/values of row b into
+  that row's region and attends over a *view* of it (no gather, no padding, no copy of past
+  tokens); the linear layers still run batched over all rows. Without an active plan (any other
+  caller of a model sharing the config, e.g. a trainer) it is exactly transformers' SDPA.
+- Prefix reuse: a request that ends normally keeps its region (shrunk to its cached tokens) as a
+  prefix entry keyed by its weights and tokens; a later request on the same weights whose prompt
+  starts with those tokens copies them once into its own region and prefills only the rest.
+  Entries are evicted least-recently-used when an allocation needs room, and all entries of a set
+  of weights are dropped when those weights change in place.
+
+Invariants:
+- Regions never overlap; free ranges are kept sorted and coalesced; `used + cached + free ==
+  budget` at all times (`check`).
+- Exactness: row b attends over exactly its own positions [0, cached + new) at positions given
+  explicitly, so its logits equal an unbatched forward's up to float summation order (<= 1e-4).
+- Only the engine's worker thread touches a pool (no locks); `stats` is read from other threads
+  as a snapshot of plain ints.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "clawbridge_pool"
+"""The transformers attention implementation name that `install` gives an engine's model."""
+
+
+@dataclass
+class Row:
+    """One row of a batched forward: its region start, tokens already cached, new tokens."""
+
+    start: int
+    cached: int
+    new: int
+
+
+@dataclass
+class StepPlan:
+    """What `pool_attention` needs for one forward: the pool and one `Row` per batch row."""
+
+    pool: KVPool
+    rows: Sequence[Row]
+
+
+_active = threading.local()
+
+
+@dataclass(eq=False)
+class PrefixEntry:
+    """The KV of a finished request kept for reuse: `tokens` are cached at [start, start+len)."""
+
+    owner: weakref.ref[Any]
+    tokens: tuple[int, ...]
+    start: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot for status pages (token counts)."""
+
+    budget_tokens: int
+    used_tokens: int
+    """Reserved by admitted requests."""
+    cached_tokens: int
+    """Held by prefix entries (evictable)."""
+    prefix_entries: int
+    prefix_hits: int
+    prefix_tokens_reused: int
+
+
+class KVPool:
+    """Per-layer key/value pools of `budget_tokens` positions (see module docstring)."""
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, budget_tokens: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if budget_tokens < 2:
+            raise ValueError("the KV budget must hold at least 2 tokens")
+        self.budget_tokens = budget_tokens
+        shape = (kv_heads, budget_tokens, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self._free: list[tuple[int, int]] = [(0, budget_tokens)]
+        self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
+        self.used_tokens = 0
+        self.cached_tokens = 0
+        self.prefix_hits = 0
+        self.prefix_tokens_reused = 0
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, budget_tokens: int) -> KVPool:
+        cfg: Any = model.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        p = next(model.parameters())
+        return cls(int(cfg.num_hidden_layers), kv_heads, head_dim, budget_tokens, p.dtype, p.device)
+
+    @staticmethod
+    def bytes_per_token(model: torch.nn.Module) -> int:
+        """Bytes of keys + values for one token over all layers."""
+        cfg: Any = model.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        size = next(model.parameters()).element_size()
+        return 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * size
+
+    # ------------------------------------------------------------------ regions
+
+    def allocate(self, n: int) -> int | None:
+        """Start of a free region of `n` tokens, evicting LRU prefix entries if needed; None if
+        the pool cannot hold it now."""
+        while True:
+            start = self._first_fit(n)
+            if start is not None:
+                self.used_tokens += n
+                return start
+            if not self._entries:
+                return None
+            self._evict_oldest()
+
+    def free(self, start: int, n: int) -> None:
+        """Give a region back (`n` == 0 is a no-op)."""
+        if n > 0:
+            self.used_tokens -= n
+            self._give_back(start, n)
+
+    def _first_fit(self, n: int) -> int | None:
+        for i, (s, size) in enumerate(self._free):
+            if size >= n:
+                if size == n:
+                    del self._free[i]
+                else:
+                    self._free[i] = (s + n, size - n)
+                return s
+        return None
+
+    def _give_back(self, start: int, n: int) -> None:
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < start:
+            i += 1
+        free.insert(i, (start, n))
+        if i + 1 < len(free) and free[i][0] + free[i][1] == free[i + 1][0]:  # merge right
+            free[i] = (free[i][0], free[i][1] + free[i + 1][1])
+            del free[i + 1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:  # merge left
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free[i][1])
+            del free[i]
+
+    def free_tokens(self) -> int:
+        return sum(n for _, n in self._free)
+
+    def check(self) -> None:
+        """Assert the accounting invariant (tests)."""
+        assert self.used_tokens + self.cached_tokens + self.free_tokens() == self.budget_tokens
+
+    # ------------------------------------------------------------------ prefix entries
+
+    def keep_prefix(self, owner: object, tokens: Sequence[int], start: int, reserved: int) -> None:
+        """Turn a finished request's region (`reserved` tokens at `start`, the first
+        len(tokens) of them cached) into a prefix entry; the rest goes back to the free list."""
+        n = len(tokens)
+        self.used_tokens -= reserved
+        if n == 0:
+            self._give_back(start, reserved)
+            return
+        if reserved > n:
+            self._give_back(start + n, reserved - n)
+        entry = PrefixEntry(weakref.ref(owner), tuple(tokens), start)
+        self._entries[id(entry)] = entry
+        self.cached_tokens += n
+
+    def take_prefix(self, owner: object, prompt: Sequence[int]) -> PrefixEntry | None:
+        """The entry on `owner`'s weights sharing the longest prefix with `prompt` (at least one
+        token, and always leaving one prompt token to prefill), removed from the LRU order for the
+        caller to `reuse`; None if none matches."""
+        best: PrefixEntry | None = None
+        best_n = 0
+        limit = len(prompt) - 1
+        for entry in self._entries.values():
+            if entry.owner() is not owner:
+                continue
+            n = _common_prefix(entry.tokens, prompt, limit)
+            if n > best_n:
+                best, best_n = entry, n
+        if best is None:
+            return None
+        del self._entries[id(best)]
+        self.cached_tokens -= len(best.tokens)
+        self.used_tokens += len(best.tokens)  # held by the caller until `reuse` frees it
+        return best
+
+    def reuse(self, entry: PrefixEntry, prompt: Sequence[int], dst: int) -> int:
+        """Copy the cached prefix that `entry` shares with `prompt` into the region at `dst`, free
+        the entry's region, and return how many tokens were copied."""
+        n = _common_prefix(entry.tokens, prompt, len(prompt) - 1)
+        if dst != entry.start:
+            for pool in (*self.keys, *self.values):
+                pool[:, dst:dst + n].copy_(pool[:, entry.start:entry.start + n])
+        self.free(entry.start, len(entry.tokens))
+        self.prefix_hits += 1
+        self.prefix_tokens_reused += n
+        return n
+
+    def drop_prefixes(self, owner: object | None = None) -> None:
+        """Evict every entry of `owner` (all entries when None), e.g. when its weights change."""
+        for key, entry in list(self._entries.items()):
+            if owner is None or entry.owner() is owner or entry.owner() is None:
+                del self._entries[key]
+                self.cached_tokens -= len(entry.tokens)
+                self._give_back(entry.start, len(entry.tokens))
+
+    def _evict_oldest(self) -> None:
+        _, entry = self._entries.popitem(last=False)
+        self.cached_tokens -= len(entry.tokens)
+        self._give_back(entry.start, len(entry.tokens))
+
+    def stats(self) -> PoolStats:
+        return PoolStats(self.budget_tokens, self.used_tokens, self.cached_tokens, len(self._entries),
+                         self.prefix_hits, self.prefix_tokens_reused)
+
+    # ------------------------------------------------------------------ forwards
+
+    def forward(self, model: torch.nn.Module, tokens: list[list[int]], rows: Sequence[Row]) -> torch.Tensor:
+        """Run `model` on `tokens` (one equal-length list per row) against this pool; return the
+        last position's logits per row [B, vocab]. Writes each row's new keys/values in place."""
+        device = self.keys[0].device
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        pos = torch.tensor([[r.cached + i for i in range(r.new)] for r in rows], dtype=torch.long, device=device)
+        _active.plan = StepPlan(self, rows)
+        try:
+            out = model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=1)
+        finally:
+            _active.plan = None
+        return out.logits[:, -1]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A transformers attention function: SDPA over the pool regions of the active `StepPlan`
+    (see module docstring), or plain transformers SDPA when no plan is active."""
+    plan: StepPlan | None = getattr(_active, "plan", None)
+    if plan is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,  # type: ignore[return-value]
+                                      dropout=dropout, sliding_window=sliding_window, **kwargs)
+    li = int(module.layer_idx)  # type: ignore[arg-type]
+    pk, pv = plan.pool.keys[li], plan.pool.values[li]
+    kv_heads = key.shape[1]
+    group = query.shape[1] // kv_heads
+    outs = []
+    for b, r in enumerate(plan.rows):
+        q_n = r.new
+        end = r.start + r.cached + q_n
+        pk[:, r.start + r.cached:end].copy_(key[b, :, -q_n:])
+        pv[:, r.start + r.cached:end].copy_(value[b, :, -q_n:])
+        k, v = pk[:, r.start:end], pv[:, r.start:end]  # views [kv_heads, L, D]
+        # GQA without repeat_kv: the query heads of one key/value head attend as one block
+        q = query[b, :, -q_n:].reshape(kv_heads, group * q_n, -1)
+        mask = None
+        if q_n > 1 or (sliding_window is not None and r.cached + 1 > sliding_window):
+            qpos = torch.arange(r.cached, r.cached + q_n, device=q.device).repeat(group)[:, None]
+            kpos = torch.arange(0, r.cached + q_n, device=q.device)[None, :]
+            mask = kpos <= qpos
+            if sliding_window is not None:
+                mask &= qpos - kpos < sliding_window
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        outs.append(o.reshape(kv_heads * group, q_n, -1).transpose(0, 1))  # [q_n, heads, D]
+    return torch.stack(outs), None
+
+
+def install(model: torch.nn.Module) -> None:
+    """Make `model` attend through `pool_attention` (plain SDPA outside an engine forward)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, pool_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    cfg: Any = model.config
+    for c in [cfg, *(getattr(cfg, k) for k in ("text_config",) if hasattr(cfg, k))]:
+        c._attn_implementation = ATTN_NAME

@@ -1,0 +1,165 @@
+"""TorchEngine's KV budget (`clawbridge_local.kvpool`): admission when the budget is full, prefix
+reuse, accounting back to zero, cancel freeing a region, prefixes dropped on publish.
+
+Real torch, the tiny Qwen3 model; references are plain full forwards of transformers (no cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("clawbridge_local")
+
+from clawbridge_local.engine import TorchEngine  # noqa: E402
+from clawbridge_local.kvpool import KVPool  # noqa: E402
+
+from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
+from clawbridge.sampler import PromptTooLong, SamplingParams  # noqa: E402
+from tests.test_engine import PROMPT, collect, full_forward_logprobs, run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_kvpool"))
+
+
+@pytest.fixture
+def make_engine(model_dir: Path) -> Iterator[Any]:
+    made: list[TorchEngine] = []
+
+    def make(**kw: Any) -> TorchEngine:
+        eng = TorchEngine.load(str(model_dir), device="cpu", progress=False, **kw)
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in made:
+        eng.shutdown()
+
+
+def assert_logprobs_exact(eng: TorchEngine, prompt: list[int], toks: list[Any], temperature: float) -> None:
+    ref = full_forward_logprobs(eng, prompt + [t.token_id for t in toks], temperature)
+    for i, tok in enumerate(toks):
+        assert tok.logprob == pytest.approx(ref[len(prompt) - 1 + i, tok.token_id].item(), abs=1e-4)
+
+
+def test_full_budget_queues_requests_which_all_complete(make_engine: Any) -> None:
+    """A budget of 64 tokens holds two requests of 8 + 20 tokens at once: six concurrent ones wait
+    their turn, all complete with exact logprobs, none is refused, and the pool ends empty."""
+    eng: TorchEngine = make_engine(max_running=8, max_queued=8, kv_budget_tokens=64)
+    prompts = [[i + 1, *PROMPT] for i in range(6)]
+    params = SamplingParams(max_tokens=20, temperature=0.8, seed=7)
+    seen_waiting: list[int] = []
+
+    async def go() -> list[Any]:
+        streams = [await eng.sample(p, params) for p in prompts]
+        out = []
+        for s in streams:
+            toks = []
+            async for t in s:
+                toks.append(t)
+                seen_waiting.append(eng.engine_status()["waiting"])
+            out.append((toks, s.finish_reason))
+        return out
+
+    results = run(go())
+    assert [r for _, r in results] == ["length"] * 6
+    assert eng.waited >= 1 and max(seen_waiting) >= 1  # the budget, not max_running, held them back
+    for prompt, (toks, _) in zip(prompts, results, strict=True):
+        assert_logprobs_exact(eng, prompt, toks, params.temperature)
+    status = eng.engine_status()
+    assert (status["kv_used_tokens"], status["running"], status["waiting"]) == (0, 0, 0)
+    eng.pool.check()
+
+
+def test_prompt_longer_than_the_budget_is_prompt_too_long(make_engine: Any) -> None:
+    eng: TorchEngine = make_engine(kv_budget_tokens=16)
+    assert eng.context_window == 16
+    with pytest.raises(PromptTooLong, match="kv_budget_tokens"):
+        run(collect(eng, list(range(1, 17)), SamplingParams(max_tokens=1)))
+    toks, reason = run(collect(eng, list(range(1, 9)), SamplingParams(max_tokens=100)))
+    assert (len(toks), reason) == (8, "length")  # clamped to what the budget holds
+
+
+def test_prefix_reuse_gives_the_cold_logprobs(make_engine: Any) -> None:
+    """A second call that resends the first call's prompt and answer plus a new turn prefills only
+    the new tokens, and its logprobs equal a cold full forward's."""
+    eng: TorchEngine = make_engine(max_running=2)
+    first, _ = run(collect(eng, PROMPT, SamplingParams(max_tokens=10, temperature=0.0)))
+    prompt2 = PROMPT + [t.token_id for t in first] + [17, 23, 5]
+    params = SamplingParams(max_tokens=12, temperature=0.9, seed=11, top_logprobs=2)
+    toks, _ = run(collect(eng, prompt2, params))
+    status = eng.engine_status()
+    assert status["prefix_hits"] == 1
+    assert status["prefix_tokens_reused"] == len(PROMPT) + 9  # the last answer token was never cached
+    assert_logprobs_exact(eng, prompt2, toks, params.temperature)
+    # The same prompt on an engine with nothing cached samples the same tokens (same seed).
+    cold: TorchEngine = make_engine(max_running=2)
+    cold_toks, _ = run(collect(cold, prompt2, params))
+    assert [t.token_id for t in cold_toks] == [t.token_id for t in toks]
+    assert cold.engine_status()["prefix_hits"] == 0
+
+
+def test_cancel_mid_stream_frees_its_region(make_engine: Any) -> None:
+    """With a budget one request fills, a second one runs only once the first is cancelled."""
+    eng: TorchEngine = make_engine(max_running=4, kv_budget_tokens=64)
+
+    async def go() -> None:
+        first = await eng.sample(PROMPT, SamplingParams(max_tokens=10_000, seed=0))  # clamped: fills the pool
+        it = first.__aiter__()
+        await it.__anext__()
+        assert eng.engine_status()["kv_used_tokens"] == 63
+        second = await eng.sample(PROMPT, SamplingParams(max_tokens=10_000, seed=1))
+        await first.aclose()
+        toks = [t async for t in second]
+        assert (len(toks), second.finish_reason) == (64 - len(PROMPT), "length")
+
+    run(asyncio.wait_for(go(), 120))
+    assert eng.engine_status()["kv_used_tokens"] == 0
+    assert eng.in_flight == 0
+    eng.pool.check()
+
+
+def test_publish_drops_the_old_weights_prefixes(make_engine: Any) -> None:
+    eng: TorchEngine = make_engine(max_running=2)
+    run(collect(eng, PROMPT, SamplingParams(max_tokens=4, temperature=0.0)))
+    assert eng.engine_status()["prefix_entries"] == 1
+
+    def bump(model: torch.nn.Module) -> None:
+        for p in model.parameters():
+            p.add_(0.01)
+
+    run(eng.swap_weights(bump, 1))
+    toks, _ = run(collect(eng, [*PROMPT, 3, 4], SamplingParams(max_tokens=4, temperature=0.0)))
+    assert eng.engine_status()["prefix_hits"] == 0  # the old entry was dropped, not reused
+    assert_logprobs_exact(eng, [*PROMPT, 3, 4], toks, 0.0)
+
+
+def test_pool_allocator_coalesces_and_evicts_lru() -> None:
+    pool = KVPool(n_layers=1, kv_heads=1, head_dim=2, budget_tokens=10, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    class Weights:
+        """Stands for the engine's `_Weights` (entries hold a weak reference to their owner)."""
+
+    owner = Weights()
+    a, b = pool.allocate(4), pool.allocate(4)
+    assert (a, b) == (0, 4)
+    assert pool.allocate(4) is None  # 2 free, no entries to evict
+    pool.keep_prefix(owner, [1, 2, 3], a, 4)  # a becomes a 3-token prefix, 1 token freed
+    pool.free(b, 4)
+    pool.check()
+    assert pool.allocate(7) == 3  # fits after the entry without evicting it
+    assert pool.stats().prefix_entries == 1
+    pool.free(3, 7)
+    assert pool.allocate(10) == 0  # needs the whole pool: the entry is evicted
+    assert pool.stats().prefix_entries == 0
+    pool.free(0, 10)
+    pool.check()
+    assert pool.free_tokens() == 10
