@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
     admin_key: SecretStr | None = Field(None, description="Admin key for /rl/* management (generated if unset).")
     metrics_key: SecretStr | None = Field(None, description="Key that may read /metrics (besides the admin key); environment only.")
+    trust_user_header: bool = Field(False, description="Let the shared client key name its user with an X-User-Id header (single-tenant convenience; users' own keys need no header; see docs/users.md).")
     report_to: str = Field("", description="Also send training step metrics to: tensorboard, wandb or both (comma-separated); off when empty.")
     report_dir: str = Field("", description="Where tensorboard event files and wandb runs go (default: <state_dir>/runs).")
     wandb_project: str = Field("clawbridge", description="report_to wandb: the W&B project (WANDB_MODE=offline works without a network).")

@@ -150,7 +150,8 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
             await backend.close()
         raise
     state = ProxyState(settings=settings, backend=backend, model_info=info, renderer=renderer, store=store,
-                       writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value))
+                       writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value,
+                                                           trust_user_header=settings.trust_user_header))
     state.privacy = build_guard(settings, backend, renderer)
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
         state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)

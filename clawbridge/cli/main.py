@@ -388,8 +388,10 @@ def _mount_optional() -> None:
     """Sub-commands that live in their own modules."""
     from clawbridge.cli.sessions_cmd import app as sessions_app
     from clawbridge.cli.store_cmd import app as store_app
+    from clawbridge.cli.users_cmd import app as users_app
 
     app.add_typer(sessions_app, name="sessions")
+    app.add_typer(users_app, name="users")
 
     app.add_typer(store_app, name="store")
     try:

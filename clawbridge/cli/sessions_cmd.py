@@ -132,6 +132,7 @@ def sessions_export(
     max_reward: Annotated[float | None, typer.Option(help="Turns whose reward is at most this.")] = None,
     turn_type: Annotated[str | None, typer.Option(help="main or side turns only.")] = None,
     include_failed: Annotated[bool, typer.Option(help="Also cancelled and errored turns.")] = False,
+    user: Annotated[str | None, typer.Option(help="Only this user's sessions (see `clawbridge users`).")] = None,
 ) -> None:
     """Export recorded sessions or turns in a format other tools read (rewards and advantages by the
     trainer's own rules; see clawbridge/export/records.py)."""
@@ -147,12 +148,12 @@ def sessions_export(
     settings = settings_or_exit(config, state_dir=state_dir)
     store = store_or_exit(settings)
     if format_ == "sessions":
-        n = _export_sessions(store, out, status_, _when(since, "--since"), _when(until, "--until"))
+        n = _export_sessions(store, out, status_, _when(since, "--since"), _when(until, "--until"), user)
         err.print(f"exported {n} session(s)")
         return
     flt = ExportFilter(since=_when(since, "--since"), until=_when(until, "--until"), min_reward=min_reward,
                        max_reward=max_reward, status=status_, turn_type=turn_type,  # type: ignore[arg-type]
-                       include_failed=include_failed)
+                       include_failed=include_failed, user=user)
     records = export_records(store, settings, flt)
     if format_ == "hf":
         if str(out) == "-":
@@ -177,12 +178,13 @@ def sessions_export(
     err.print(f"exported {len(records)} turn(s) as {format_}")
 
 
-def _export_sessions(store: Any, out: Path, status: str | None, since: float | None, until: float | None) -> int:
+def _export_sessions(store: Any, out: Path, status: str | None, since: float | None, until: float | None,
+                     user: str | None = None) -> int:
     fh = sys.stdout if str(out) == "-" else out.open("w")
     n, offset = 0, 0
     try:
         while True:
-            rows = store.list_sessions(limit=500, offset=offset, status=status)
+            rows = store.list_sessions(limit=500, offset=offset, status=status, user=user)
             if not rows:
                 break
             for r in rows:

@@ -13,7 +13,8 @@ from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
 
 
-def _admin_key(settings: Settings) -> str | None:
+def admin_key(settings: Settings) -> str | None:
+    """The admin key from the settings (environment) or the state dir's key file; None if neither."""
     if settings.admin_key is not None:
         return settings.admin_key.get_secret_value()
     try:
@@ -28,7 +29,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
 
     configured = root_url_for(settings.host, settings.port)
     info: dict[str, Any] = {"server": configured, "running": False}
-    key = _admin_key(settings)
+    key = admin_key(settings)
     for base in candidate_urls(settings.state_path, configured):
         try:
             h = httpx.get(f"{base}/health", timeout=2.0).json()
@@ -44,6 +45,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                     info["trainer"] = r.json().get("trainer")
                     info["privacy"] = r.json().get("privacy")
                     info["engine"] = r.json().get("engine")
+                    info["users"] = r.json().get("users")
             except (httpx.HTTPError, ValueError):
                 pass
         break
@@ -53,10 +55,12 @@ def gather_status(settings: Settings) -> dict[str, Any]:
         path = settings.state_path / DB_FILENAME
         if path.exists():
             from clawbridge.store.training import TrainingStore
+            from clawbridge.store.users import UserStore
 
             store = Store(path)
             try:
                 info["store"] = store.stats()
+                info["users"] = UserStore(store).stats()
                 ts = TrainingStore(store, wait_for_judge=settings.judge != "off")
                 info["trainer"] = {**ts.training_stats(),
                                    "waiting": ts.waiting(settings.reward_wait_s, settings.batch_size)}
@@ -89,11 +93,26 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
                   f"tokens: {s['prompt_tokens']} prompt, {s['completion_tokens']} completion")
     console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
                   f"last trained policy: {s['last_trained_policy_version']}")
+    print_users(console, info.get("users"))
     print_trainer(console, info.get("trainer"))
     if info["running"] and "store" in info:
         console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
     if info.get("engine"):
         console.print(engine_line(info["engine"]), highlight=False)
+
+
+def print_users(console: Console, users: list[dict[str, Any]] | None) -> None:
+    """One line per user (and one for sessions without a user), when there are users."""
+    if not users or all(u["user"] is None for u in users):
+        return
+    console.print("users:")
+    for u in users:
+        mean = "-" if u["mean_reward"] is None else f"{u['mean_reward']:.3g}"
+        name = u["user"] if u["user"] is not None else "(no user: shared client key / admin)"
+        status = "" if u["status"] in (None, "active") else f" [{u['status']}]"
+        console.print(f"  {name}{status}: {u['sessions']} session(s), {u['turns']} turn(s), "
+                      f"{u['pending_turns']} pending, mean reward {mean} over {u['rewards']} reward(s)",
+                      highlight=False)
 
 
 def _fmt_metrics(m: dict[str, Any] | None) -> str:

@@ -19,6 +19,7 @@ from clawbridge.rewards.next_state import text_of, turn_view
 from clawbridge.sampler import engine_status
 from clawbridge.store.observe import ObserveStore
 from clawbridge.store.rewards import RewardStore
+from clawbridge.store.users import UserStore
 from clawbridge.store.versions import VersionStore
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
             "waiting_for": waiting_for(state, counts, samples),
             "config": None if trainer is None else trainer.get("config"),
         },
+        "users": UserStore(state.store).stats(),
         "versions": versions,
         "checkpoints": checkpoints(state),
         "config": config,

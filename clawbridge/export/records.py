@@ -58,6 +58,8 @@ class ExportFilter:
     turn_type: TurnType | None = None
     include_failed: bool = False
     """Also export cancelled and errored turns (never trained)."""
+    user: str | None = None
+    """Only this user's sessions (`clawbridge.store.users`)."""
 
     def keeps(self, rec: dict[str, Any]) -> bool:
         if self.since is not None and rec["created_at"] < self.since:
@@ -79,10 +81,10 @@ class ExportFilter:
         return True
 
 
-def _sessions(store: Store, status: str | None) -> list[SessionRow]:
-    """Every session (with `status`), oldest first."""
+def _sessions(store: Store, status: str | None, user: str | None = None) -> list[SessionRow]:
+    """Every session (with `status`, of `user` when given), oldest first."""
     out: list[SessionRow] = []
-    while page := store.list_sessions(limit=500, offset=len(out), status=status):
+    while page := store.list_sessions(limit=500, offset=len(out), status=status, user=user):
         out.extend(page)
     return sorted(out, key=lambda r: (r.created_at, r.session_id))
 
@@ -92,7 +94,7 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
     tstore, rstore, observe = TrainingStore(store), RewardStore(store), ObserveStore(store)
     records: list[dict[str, Any]] = []
     items: list[tuple[dict[str, Any], AdvantageItem, list[float] | None]] = []
-    for session in _sessions(store, flt.status):
+    for session in _sessions(store, flt.status, flt.user):
         sid = session.session_id
         turns = store.session_turns(sid)
         if not turns:
@@ -115,6 +117,7 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
             rec: dict[str, Any] = {
                 "session_id": sid, "turn_id": tid, "seq": t["seq"], "turn_type": t["turn_type"],
                 "status": t["status"], "session_status": session.status, "task_id": session.task_id,
+                "user": session.user_id,
                 "policy_version": t["policy_version"], "created_at": t["created_at"],
                 "finish_reason": t["finish_reason"],
                 "messages": view.messages, "answer": view.answer,

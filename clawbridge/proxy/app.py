@@ -28,6 +28,7 @@ from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.trajectory_routes import build_trajectory_router
+from clawbridge.proxy.user_routes import build_user_router
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -107,6 +108,7 @@ def build_app(state: ProxyState) -> FastAPI:
                 "store": problem or "ok"}
         return JSONResponse(body, status_code=503 if problem else 200)
 
+    app.include_router(build_user_router(state))  # before /rl/*: its own prefix
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))
     add_model_routes(app, state, "chat/completions", ChatApi())

@@ -1,7 +1,15 @@
-"""Who is calling: the client key (model calls), the admin key (everything), or a session key.
+"""Who is calling: the client key (model calls), the admin key (everything), a user's key, or a
+session key.
 
 Invariants:
-- Keys are compared in constant time; a session key is looked up by its sha256 only.
+- Keys are compared in constant time; a user key and a session key are looked up by their sha256
+  only. Unknown and revoked keys are the same 401 (`invalid_api_key`).
+- A user key is a client key whose every call is that user's (`Principal.user`); a session key is
+  its session's user's. With `trust_user_header`, the shared client key names its user with
+  `X-User-Id` (a revoked user named so is 401 too).
+- Who sees a session (`sees`): the admin key every session; a session key its own session; any
+  other caller the sessions of its own user (the shared client key: sessions without a user).
+  A caller that does not see a session is told it does not exist (404), never that it is another's.
 - The key lookup runs off the event loop (`asyncio.to_thread`): the store's lock may be held by a
   trainer thread for a whole transaction, and no request may wait on it with the loop.
 - A session key reaches model calls (recorded in its own session) and `/rl/set_reward`,
@@ -19,21 +27,37 @@ from fastapi import Request
 from clawbridge.keys import keys_equal
 from clawbridge.proxy.errors import ApiError
 from clawbridge.store import Store
+from clawbridge.store.users import UserError, UserStore, check_user_name
+
+USER_HEADER = "x-user-id"
 
 
 @dataclass(frozen=True)
 class Principal:
     """The authenticated caller."""
 
-    kind: Literal["admin", "client", "session"]
+    kind: Literal["admin", "client", "session", "user"]
     session_id: str | None = None
     """For kind 'session': the session the key belongs to."""
+    user: str | None = None
+    """Whose calls these are: kind 'user', a session key's session's user, or the user a trusted
+    `X-User-Id` named; None for the admin key and the plain client key."""
+
+    def sees(self, session_id: str, owner: str | None) -> bool:
+        """Whether this caller may read, reward or end session `session_id` of user `owner`."""
+        if self.kind == "admin":
+            return True
+        if self.kind == "session":
+            return session_id == self.session_id
+        return owner == self.user
 
 
 @dataclass(frozen=True)
 class Keys:
     client: str
     admin: str
+    trust_user_header: bool = False
+    """Setting `trust_user_header`: the client key may name its user with `X-User-Id`."""
 
 
 def presented_key(request: Request) -> str | None:
@@ -54,11 +78,35 @@ async def authenticate(request: Request, keys: Keys, store: Store) -> Principal:
     if keys_equal(key, keys.admin):
         return Principal("admin")
     if keys_equal(key, keys.client):
-        return Principal("client")
-    session_id = await asyncio.to_thread(store.session_for_key, key)
-    if session_id is not None:
-        return Principal("session", session_id)
-    raise ApiError(401, "invalid API key", code="invalid_api_key")
+        named = request.headers.get(USER_HEADER, "").strip()
+        if not keys.trust_user_header or not named:
+            return Principal("client")
+        return await asyncio.to_thread(_header_user, store, named)
+    principal = await asyncio.to_thread(_key_principal, store, key)
+    if principal is not None:
+        return principal
+    raise ApiError(401, "invalid API key (unknown, or the user's key was revoked)", code="invalid_api_key")
+
+
+def _key_principal(store: Store, key: str) -> Principal | None:
+    user = UserStore(store).user_for_key(key)
+    if user is not None:
+        return Principal("user", user=user)
+    session_id = store.session_for_key(key)
+    if session_id is None:
+        return None
+    session = store.get_session(session_id)
+    return Principal("session", session_id, user=None if session is None else session.user_id)
+
+
+def _header_user(store: Store, named: str) -> Principal:
+    try:
+        check_user_name(named)
+    except UserError as exc:
+        raise ApiError(400, f"X-User-Id: {exc}", code="invalid_user") from None
+    if UserStore(store).is_revoked(named):
+        raise ApiError(401, f"user {named!r} was revoked", code="invalid_api_key")
+    return Principal("client", user=named)
 
 
 def require_admin(principal: Principal) -> None:

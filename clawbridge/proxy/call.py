@@ -292,7 +292,7 @@ class SampledCall:
             request_json=self.stored,
             response_json=json.dumps(response) if response is not None else None,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
-            meta=meta, turn_id=self.turn_id,
+            meta=meta, turn_id=self.turn_id, user_id=self.call.user,
         )
 
     async def record(self, status: str, response: dict[str, Any] | None) -> None:

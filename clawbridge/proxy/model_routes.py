@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import ApiShape, SampledCall
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.ownership import check_recordable, visible
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState
@@ -106,11 +107,18 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         if principal.kind == "session" and any(sid != principal.session_id for sid in prepared.reads):
             raise ApiError(403, "a session key can only continue responses of its own session",
                            code="session_mismatch")
+        for sid in prepared.reads:
+            if not await visible(state, principal, sid):
+                raise ApiError(400, "no response given as previous_response_id was recorded by this server",
+                               param="previous_response_id", code="response_not_found")
         call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
+        if call.source != "implicit":
+            await check_recordable(state, principal, call.session_id)
         call = dataclasses.replace(call, meta={**call.meta, **prepared.meta, "api": api.name})
         check_model(state, prepared.req.model)
         if task_id is not None and call.source == TRAJECTORY_SOURCE:
-            await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id)
+            await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id,
+                                    call.user)
         sampled = SampledCall(state, prepared.req, prepared.data, stored, call, with_history=bool(prepared.reads))
         return await sampled.respond(request, prepared.shape(sampled))
     except ApiError as exc:

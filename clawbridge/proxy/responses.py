@@ -31,6 +31,7 @@ from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, turn_id_for
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.model_routes import Prepared, openai_error
+from clawbridge.proxy.ownership import visible
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.responses_request import (
     ResponsesRequest,
@@ -289,6 +290,9 @@ def add_responses_retrieval(app: FastAPI, state: ProxyState) -> None:
         turn = await state.read(stored_response, state, response_id, "response_id")
         if principal.kind == "session" and turn["session_id"] != principal.session_id:
             raise ApiError(403, "a session key can only read responses of its own session", code="session_mismatch")
+        if not await visible(state, principal, turn["session_id"]):
+            raise ApiError(404, f"no response {response_id!r} was recorded by this server", param="response_id",
+                           code="response_not_found")
         return JSONResponse(turn["response"])
 
     app.add_api_route("/v1/responses/{response_id}", retrieve, methods=["GET"])

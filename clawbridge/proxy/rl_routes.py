@@ -1,9 +1,13 @@
 """The session API (`/rl/*`), shaped like AReaL's online proxy.
 
-- POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key)
-- POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, or the session's key)
-- POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, or the session's key)
-- GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}, GET /rl/status   (admin)
+- POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key, or a user's: the session is theirs)
+- POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, the session's key, its user)
+- POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, the session's key, its user)
+- GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own)
+- GET  /rl/status                                                   (admin; per-user counts under `users`)
+
+A user's key (`clawbridge.proxy.user_routes`) reaches only that user's sessions; another user's
+session or interaction is 404, exactly as if it did not exist (`clawbridge.proxy.ownership`).
 
 AReaL compatibility:
 - `interaction_id` may be the turn id or any id the client received for the call
@@ -34,10 +38,12 @@ from clawbridge.keys import keys_equal
 from clawbridge.proxy.auth import Principal, authenticate, require_admin
 from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.ownership import find_session, visible
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
+from clawbridge.store.users import UserStore
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -82,16 +88,22 @@ def _validate(model: type[BaseModel], data: dict[str, Any], route: str = "") -> 
         raise ApiError(422, f"invalid field {loc}: {err['msg']}", param=loc) from None
 
 
-def _target_session(principal: Principal, asked: str | None) -> str:
+def _is_user(principal: Principal) -> bool:
+    """A user's key (or the client key naming a user with a trusted X-User-Id)."""
+    return principal.kind != "session" and principal.user is not None
+
+
+async def _target_session(state: ProxyState, principal: Principal, asked: str | None) -> str:
     if principal.kind == "session":
         if asked is not None and asked != principal.session_id:
             raise ApiError(403, "a session key can only manage its own session", code="session_mismatch")
         assert principal.session_id is not None
         return principal.session_id
-    require_admin(principal)
+    if not _is_user(principal):
+        require_admin(principal)
     if not asked:
-        raise ApiError(400, "session_id is required with the admin key", param="session_id")
-    return asked
+        raise ApiError(400, f"session_id is required with the {principal.kind} key", param="session_id")
+    return asked if principal.kind == "admin" else await find_session(state, principal, asked)
 
 
 def _check_session_key(key: str, state: ProxyState) -> None:
@@ -138,7 +150,9 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.post("/start_session")
     async def start_session(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        principal = await authenticate(request, state.keys, state.store)
+        if not _is_user(principal):
+            require_admin(principal)
         req = _validate(StartSession, await body_of(request), "/rl/start_session")
         # --- trainer capacity mode (owned by clawbridge/trainer): new sessions only, never model calls
         if state.trainer is not None:
@@ -154,7 +168,10 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         key = req.api_key or f"cbs-{secrets.token_urlsafe(24)}"
         _check_session_key(key, state)
         replaced = await state.read(state.store.session_for_key, key)
-        session_id = await state.writer.call(state.store.start_keyed_session, key, req.task_id)
+        if replaced is not None and not await visible(state, principal, replaced):
+            raise ApiError(400, "api_key is in use by another session; omit api_key to get a new one",
+                           param="api_key", code="invalid_session_key")
+        session_id = await state.writer.call(state.store.start_keyed_session, key, req.task_id, principal.user)
         if replaced is not None:
             log.info("session %s refreshed: key now records into %s", replaced, session_id)
             await default_reward(state, replaced)
@@ -164,7 +181,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def end_session(request: Request) -> dict[str, Any]:
         principal = await authenticate(request, state.keys, state.store)
         req = _validate(EndSession, await body_of(request), "/rl/end_session")
-        sid = _target_session(principal, req.session_id)
+        sid = await _target_session(state, principal, req.session_id)
         if await state.read(state.store.get_session, sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
         ended = await state.writer.call(state.store.end_session, sid, "end_session")
@@ -185,13 +202,13 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         turn_id = turn_id_for(req.interaction_id) if req.interaction_id is not None else None
         if turn_id is not None:
             owner = await state.read(state.store.turn_session, turn_id)
-            if owner is None:
+            if owner is None or (_is_user(principal) and not await visible(state, principal, owner)):
                 raise ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
-            sid = _target_session(principal, req.session_id or owner)
+            sid = await _target_session(state, principal, req.session_id or owner)
             if sid != owner:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
         else:
-            sid = _target_session(principal, req.session_id)
+            sid = await _target_session(state, principal, req.session_id)
             if await state.read(state.store.get_session, sid) is None:
                 raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
             turn_id = await state.read(state.store.last_turn_id, sid)
@@ -210,7 +227,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         req = _validate(SetReward, await body_of(request))
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        sid = _target_session(principal, req.session_id)
+        sid = await _target_session(state, principal, req.session_id)
         try:
             reward_id = await state.writer.call(state.store.add_reward, sid, req.reward, "api", None)
         except StoreError as exc:
@@ -220,18 +237,20 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.get("/sessions")
     async def list_sessions(request: Request, limit: int = 50, offset: int = 0,
                             status: str | None = None) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        principal = await authenticate(request, state.keys, state.store)
+        if not _is_user(principal):
+            require_admin(principal)
         if not 1 <= limit <= 1000:
             raise ApiError(422, "limit must be 1..1000", param="limit")
         if not 0 <= offset <= MAX_OFFSET:
             raise ApiError(422, f"offset must be 0..{MAX_OFFSET}", param="offset")
-        rows = await state.read(state.store.list_sessions, limit, offset, status)
+        rows = await state.read(state.store.list_sessions, limit, offset, status, principal.user)
         return {"sessions": [r.__dict__ for r in rows]}
 
     @router.get("/sessions/{session_id}")
     async def get_session(request: Request, session_id: str) -> dict[str, Any]:
         principal = await authenticate(request, state.keys, state.store)
-        _target_session(principal, session_id)
+        session_id = await _target_session(state, principal, session_id)
         view = await state.read(state.store.session_view, session_id)
         if view is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
@@ -243,6 +262,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         trainer, judge = state.trainer, state.judge
         return {"model": state.model_info.name, "backend": state.backend.name,
                 "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),
+                "users": await state.read(UserStore(state.store).stats),
                 "trainer": await state.read(trainer.status) if trainer is not None else None,
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,

@@ -9,6 +9,8 @@ Resolution order (first match wins):
    `/{trajectory_uid}/{prompt_uid}/v1/...` (source `trajectory`).
 5. OpenClaw's `Runtime: ... session=<key>` line in the first user message: source `openclaw_runtime`.
 (A session key with a different session in the header, body or URL is 403, never re-routed.)
+A caller with a user (`Principal.user`) records into `user:id` for an id it named (1, 2, 4, 5):
+two users' agents may both name their session `main` (`clawbridge.store.users.scoped_session_id`).
 6. Nothing: the call is its own one-turn session (source `implicit`), ended after the call.
 Nothing is dropped: every call is recorded in some session.
 
@@ -29,6 +31,7 @@ from clawbridge.openclaw.runtime_line import SESSION_ID_RE, parse_runtime_sessio
 from clawbridge.proxy.auth import Principal
 from clawbridge.proxy.errors import ApiError
 from clawbridge.store import new_id
+from clawbridge.store.users import scoped_session_id
 
 SESSION_HEADER = "x-session-id"
 TURN_TYPE_HEADER = "x-turn-type"
@@ -49,6 +52,8 @@ class CallSession:
     end_after: str | None = None
     """'done_header' or 'single_call' when the session ends after this call."""
     meta: dict[str, Any] = field(default_factory=dict)
+    user: str | None = None
+    """The caller's user: the session is created as theirs (`sessions.user_id`)."""
 
 
 def check_session_id(value: str, what: str) -> str:
@@ -108,6 +113,7 @@ def resolve_call_session(
             or (body_done is not None and str(body_done).strip().lower() in TRUTHY))
     end_after = "done_header" if done else None
 
+    user = None if principal.kind == "session" else principal.user
     body_sid = _body_str(fields, "session_id")
     for sid, source, what in ((header_sid, "header", None), (body_sid, "body", "body field session_id")):
         if sid is None:
@@ -115,15 +121,15 @@ def resolve_call_session(
         sid = check_session_id(sid.strip(), what) if what else sid.strip()
         if principal.kind == "session" and principal.session_id != sid:
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(sid, source, turn_type, end_after, meta)
+        return CallSession(scoped_session_id(user, sid), source, turn_type, end_after, meta, user)
     if principal.kind == "session" and principal.session_id:
         if url_session is not None and url_session != principal.session_id:
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta)
+        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta, user)
     if url_session is not None:
         sid = check_session_id(url_session, "session id in the URL")
-        return CallSession(sid, url_source, turn_type, end_after, meta)
+        return CallSession(scoped_session_id(user, sid), url_source, turn_type, end_after, meta, user)
     runtime = parse_runtime_session(messages)
     if runtime is not None:
-        return CallSession(runtime, "openclaw_runtime", turn_type, end_after, meta)
-    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta)
+        return CallSession(scoped_session_id(user, runtime), "openclaw_runtime", turn_type, end_after, meta, user)
+    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta, user)

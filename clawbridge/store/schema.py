@@ -163,6 +163,18 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE policy_versions ADD COLUMN pruned_at REAL;
     """,
+    # v5: users (clawbridge.store.users): a user is a name and the sha256 of its key (the key itself
+    # is never stored); every session records the user whose key (or trusted X-User-Id) made it.
+    """
+    CREATE TABLE users (
+        user_id      TEXT PRIMARY KEY,     -- the name the admin gave (USER_NAME_RE)
+        key_hash     TEXT UNIQUE,          -- sha256 of the user's key, NULL once revoked
+        created_at   REAL NOT NULL,
+        revoked_at   REAL
+    );
+    ALTER TABLE sessions ADD COLUMN user_id TEXT;
+    CREATE INDEX sessions_user ON sessions(user_id);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

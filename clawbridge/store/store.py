@@ -9,7 +9,11 @@ Invariants:
   only through `write()` (one committed transaction) and `read()`, never its private fields.
   Other processes (the CLI) open their own `Store` on the same file: WAL lets them read while the
   server writes.
-- Secrets are never stored: session keys are kept as their sha256.
+- Secrets are never stored: session keys and user keys are kept as their sha256.
+- A session belongs to at most one user (`sessions.user_id`, set when the session is created and
+  never changed); every turn, reward and sample of the session is that user's (`clawbridge.store.users`).
+- Deleted rows leave no bytes behind: `secure_delete` is on, and `vacuum()` rebuilds the file and
+  truncates the WAL (how `clawbridge users forget` makes sure nothing of a user remains).
 - Timestamps come from `Store.clock` (`clawbridge.clock`), so a test can move time instead of waiting.
 - The file (and so its -wal and -shm) is created 0600; see `health` for the checks made before a
   server uses it.
@@ -62,6 +66,8 @@ class SessionRow:
     updated_at: float
     ended_at: float | None
     turn_count: int = 0
+    user_id: str | None = None
+    """The user whose key made the session (None: the shared client key or the admin key)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class TurnRecord:
     first_token_at: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     turn_id: str = field(default_factory=lambda: new_id("turn"))
+    user_id: str | None = None
+    """The caller's user: recorded on the session when this turn creates it."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,7 @@ class Store:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA foreign_keys=ON")
         self._conn.execute("PRAGMA busy_timeout=30000")
+        self._conn.execute("PRAGMA secure_delete=ON")  # a deleted row's bytes are overwritten, not left free
         self._migrate()
 
     @classmethod
@@ -140,6 +149,16 @@ class Store:
                     self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    def vacuum(self) -> bool:
+        """Rebuild the file without free pages and truncate the WAL, so deleted rows leave no bytes
+        in either. Holds the lock (writes wait) for as long as the rebuild takes. Returns whether
+        the WAL was truncated (False when another connection's open read kept it)."""
+        with self._lock:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._conn.execute("VACUUM")
+            busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        return int(busy) == 0
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -175,16 +194,17 @@ class Store:
         return int(row[0])
 
     # ------------------------------------------------------------------ sessions
-    def ensure_session(self, session_id: str, source: str, task_id: str | None = None) -> SessionRow:
-        """Get the session, creating it (or reopening it if it had ended)."""
+    def ensure_session(self, session_id: str, source: str, task_id: str | None = None,
+                       user_id: str | None = None) -> SessionRow:
+        """Get the session, creating it for `user_id` (or reopening it if it had ended)."""
         now = self.clock.now()
         with self.write() as c:
             row = c.execute("SELECT status FROM sessions WHERE session_id=?", (session_id,)).fetchone()
             if row is None:
                 c.execute(
-                    "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
-                    "VALUES(?,?,?,?,?,?)",
-                    (session_id, task_id, source, "active", now, now),
+                    "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at, user_id) "
+                    "VALUES(?,?,?,?,?,?,?)",
+                    (session_id, task_id, source, "active", now, now, user_id),
                 )
             elif row["status"] != "active":
                 c.execute(
@@ -196,8 +216,8 @@ class Store:
         assert session is not None
         return session
 
-    def start_keyed_session(self, key: str, task_id: str | None) -> str:
-        """Start a session reached by `key`; a session already on that key is ended first."""
+    def start_keyed_session(self, key: str, task_id: str | None, user_id: str | None = None) -> str:
+        """Start a session (of `user_id`) reached by `key`; a session already on that key is ended first."""
         now = self.clock.now()
         kh = hash_key(key)
         session_id = new_id("sess")
@@ -208,9 +228,9 @@ class Store:
                 (now, now, kh),
             )
             c.execute(
-                "INSERT INTO sessions(session_id, key_hash, task_id, source, status, created_at, updated_at) "
-                "VALUES(?,?,?,?,?,?,?)",
-                (session_id, kh, task_id, "session_key", "active", now, now),
+                "INSERT INTO sessions(session_id, key_hash, task_id, source, status, created_at, updated_at, "
+                "user_id) VALUES(?,?,?,?,?,?,?,?)",
+                (session_id, kh, task_id, "session_key", "active", now, now, user_id),
             )
         return session_id
 
@@ -257,13 +277,20 @@ class Store:
             ).fetchone()
         return None if row is None else _session_row(row)
 
-    def list_sessions(self, limit: int = 50, offset: int = 0, status: str | None = None) -> list[SessionRow]:
-        """Newest first."""
+    def list_sessions(self, limit: int = 50, offset: int = 0, status: str | None = None,
+                      user: str | None = None) -> list[SessionRow]:
+        """Newest first; only `user`'s sessions when given."""
         sql = "SELECT s.*, (SELECT COUNT(*) FROM turns t WHERE t.session_id=s.session_id) AS n FROM sessions s"
+        where: list[str] = []
         args: list[Any] = []
         if status:
-            sql += " WHERE status=?"
+            where.append("status=?")
             args.append(status)
+        if user is not None:
+            where.append("user_id=?")
+            args.append(user)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC, session_id LIMIT ? OFFSET ?"
         args += [limit, offset]
         with self.read() as c:
@@ -308,9 +335,9 @@ class Store:
         row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
         if row is None:
             c.execute(
-                "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at) "
-                "VALUES(?,?,?,?,?,?)",
-                (turn.session_id, None, session_source, "active", turn.created_at, turn.completed_at),
+                "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at, user_id) "
+                "VALUES(?,?,?,?,?,?,?)",
+                (turn.session_id, None, session_source, "active", turn.created_at, turn.completed_at, turn.user_id),
             )
         elif row["status"] != "active":
             c.execute(
@@ -420,6 +447,7 @@ class Store:
             "status": session.status,
             "source": session.source,
             "task_id": session.task_id,
+            "user": session.user_id,
             "end_reason": session.end_reason,
             "created_at": session.created_at,
             "ended_at": session.ended_at,
@@ -478,4 +506,5 @@ def _session_row(row: sqlite3.Row) -> SessionRow:
         updated_at=float(row["updated_at"]),
         ended_at=row["ended_at"],
         turn_count=int(row["n"]),
+        user_id=row["user_id"],
     )

@@ -56,6 +56,8 @@ class PendingSample:
     """How the session was resolved (header, session_key, ...): the running-mean key without a task."""
     completion_tokens: int
     created_at: float
+    user_id: str | None = None
+    """The session's user (`clawbridge.store.users`): per-user adapters batch one user at a time."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class TrainingStore:
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT sa.turn_id, sa.session_id, t.seq, sa.policy_version, s.task_id, s.source, "
-                "t.completion_tokens, sa.created_at FROM samples sa "
+                "t.completion_tokens, sa.created_at, s.user_id FROM samples sa "
                 "JOIN turns t ON t.turn_id = sa.turn_id JOIN sessions s ON s.session_id = sa.session_id "
                 "WHERE sa.consumed_step IS NULL AND sa.dropped_reason IS NULL AND s.status='ended' "
                 "AND EXISTS (SELECT 1 FROM rewards r WHERE r.session_id = sa.session_id) "
@@ -141,7 +143,7 @@ class TrainingStore:
                 + " ORDER BY sa.created_at, s.ended_at, sa.session_id, t.seq"
             ).fetchall()
         return [
-            PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]))
+            PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]), r[8])
             for r in rows
         ]
 

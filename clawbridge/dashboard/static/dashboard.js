@@ -128,10 +128,16 @@ function renderHealth(doc) {
     el("p", {class: "muted"}, ck.note)));
   fill("config", table(["option", "value"], Object.entries(doc.config).map(([k, v]) => [k, JSON.stringify(v)])));
 }
+function renderUsers(users) {
+  fill("users", users.length === 0 ? el("p", {class: "muted"}, "no sessions yet") :
+    table(["user", "status", "sessions", "turns", "pending turns", "mean reward (n)"],
+      users.map((u) => [u.user === null ? "(no user)" : u.user, u.status || "–", String(u.sessions), String(u.turns),
+        String(u.pending_turns), u.mean_reward === null ? "–" : `${num(u.mean_reward)} (${u.rewards})`])));
+}
 async function overviewPage() {
   poll(async () => {
     const [doc, sessions] = await Promise.all([getJSON("/dashboard/api/overview"), getJSON("/dashboard/api/sessions?limit=30")]);
-    renderRewards(doc.rewards); renderTraining(doc.training); renderSessions(sessions); renderHealth(doc);
+    renderRewards(doc.rewards); renderTraining(doc.training); renderSessions(sessions); renderHealth(doc); renderUsers(doc.users);
     document.body.dataset.loaded = "1";
   });
 }

@@ -1,0 +1,169 @@
+"""Users through `clawbridge up` (tiny model) with the real openai SDK, the `clawbridge users` CLI
+against the running server, and forgetting checked on the raw bytes of the SQLite file and its WAL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from clawbridge.store import DB_FILENAME, Store, TurnRecord
+from clawbridge.store.training import TrainingStore
+from clawbridge.store.users import UserError, UserStore
+from tests.support import ProxyProcess
+from tests.test_cli import cli
+
+
+@pytest.fixture(scope="module")
+def proxy(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    p = ProxyProcess(tiny_model_dir, tmp_path_factory.mktemp("users-state"), extra_args=("--no-train",)).start()
+    yield p
+    p.stop()
+
+
+def call(proxy: ProxyProcess, method: str, path: str, key: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return httpx.request(method, proxy.base + path, json=body, headers={"Authorization": f"Bearer {key}"},
+                         timeout=60.0)
+
+
+def chat(key: str, proxy: ProxyProcess, text: str, session: str) -> Any:
+    client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=key, max_retries=0)
+    return client.chat.completions.create(model="default", max_tokens=4, messages=[{"role": "user", "content": text}],
+                                          extra_headers={"X-Session-Id": session})
+
+
+def raw_bytes(state_dir: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in state_dir.glob(DB_FILENAME + "*"))
+
+
+def test_user_admin_api_validates(proxy: ProxyProcess) -> None:
+    admin = proxy.admin_key
+    for bad in ("", "a b", "../x", "x" * 65, "-lead", "al:ice"):
+        r = call(proxy, "POST", "/rl/users", admin, {"user": bad})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_user", (bad, r.text)
+    assert call(proxy, "POST", "/rl/users", admin, {"name": "x"}).status_code == 422
+    assert call(proxy, "POST", "/rl/users", admin, {"user": 5}).status_code == 422
+    assert call(proxy, "POST", "/rl/users", admin, {"user": "carol"}).status_code == 200
+    dup = call(proxy, "POST", "/rl/users", admin, {"user": "carol"})
+    assert dup.status_code == 409 and dup.json()["error"]["code"] == "user_exists"
+    assert call(proxy, "POST", "/rl/users", proxy.key(), {"user": "dave"}).status_code == 403
+    assert call(proxy, "DELETE", "/rl/users/nobody", admin).status_code == 404
+    assert call(proxy, "POST", "/rl/users/nobody/forget", admin).status_code == 404
+    listed = call(proxy, "GET", "/rl/users", admin).json()["users"]
+    assert [u["user"] for u in listed] == ["carol"] and "api_key" not in json.dumps(listed)
+
+
+def test_two_users_isolated_then_forgotten(proxy: ProxyProcess, tmp_path: Path) -> None:
+    state = ["--state-dir", str(proxy.state_dir)]
+    alice_key = json.loads(cli("users", "add", "alice", "--json", *state).stdout)["api_key"]
+    bob_key = call(proxy, "POST", "/rl/users", proxy.admin_key, {"user": "bob"}).json()["api_key"]
+    assert alice_key != bob_key and alice_key not in raw_bytes(proxy.state_dir).decode("latin-1")
+    secret_a, secret_b = f"alice-{uuid.uuid4().hex}", f"bob-{uuid.uuid4().hex}"
+
+    # Both agents call their session "main": each is recorded as its own user's.
+    answer_a = chat(alice_key, proxy, f"remember {secret_a}", "main")
+    chat(bob_key, proxy, f"remember {secret_b}", "main")
+    mine = call(proxy, "GET", "/rl/sessions", alice_key).json()["sessions"]
+    assert [(s["session_id"], s["user_id"], s["turn_count"]) for s in mine] == [("alice:main", "alice", 1)]
+    view = call(proxy, "GET", "/rl/sessions/main", alice_key).json()
+    assert view["user"] == "alice" and secret_a in json.dumps(view) and secret_b not in json.dumps(view)
+
+    # Bob cannot see, reward or end Alice's session: 404, the same as a session that does not exist.
+    missing = call(proxy, "GET", "/rl/sessions/no-such-session", bob_key)
+    for method, path, body in (
+        ("GET", "/rl/sessions/alice:main", None),
+        ("POST", "/rl/set_reward", {"reward": 1, "session_id": "alice:main"}),
+        ("POST", "/rl/set_reward", {"reward": 1, "interaction_id": answer_a.id}),
+        ("POST", "/rl/set_session_reward", {"reward": 1, "session_id": "alice:main"}),
+        ("POST", "/rl/end_session", {"session_id": "alice:main"}),
+    ):
+        r = call(proxy, method, path, bob_key, body)
+        assert r.status_code == 404 and r.json()["error"]["type"] == missing.json()["error"]["type"], (path, r.text)
+        assert "alice" not in r.json()["error"]["message"] or "alice:main" in json.dumps(body or path)
+    # The shared client key cannot record into a user's session either.
+    with pytest.raises(openai.NotFoundError):
+        chat(proxy.key(), proxy, "hi", "alice:main")
+
+    # Alice rewards and ends her own session by the name her agent used.
+    assert call(proxy, "POST", "/rl/set_reward", alice_key, {"reward": 1.0, "session_id": "main"}).status_code == 200
+    assert call(proxy, "POST", "/rl/end_session", alice_key, {"session_id": "main"}).json()["ended"] is True
+    everything = call(proxy, "GET", "/rl/sessions", proxy.admin_key).json()["sessions"]
+    assert {"alice:main", "bob:main"} <= {s["session_id"] for s in everything}
+
+    # Per-user counts: /rl/status, `clawbridge status`, the dashboard.
+    users = {u["user"]: u for u in call(proxy, "GET", "/rl/status", proxy.admin_key).json()["users"]}
+    assert (users["alice"]["sessions"], users["alice"]["turns"], users["alice"]["mean_reward"]) == (1, 1, 1.0)
+    assert users["bob"]["pending_turns"] == 1 and users["bob"]["mean_reward"] is None
+    status = json.loads(cli("status", "--json", *state).stdout)
+    assert {u["user"] for u in status["users"]} >= {"alice", "bob"}
+    assert "alice: 1 session(s), 1 turn(s)" in cli("status", *state).stdout
+
+    # Exports filter by user.
+    out = tmp_path / "alice.jsonl"
+    cli("sessions", "export", str(out), "--format", "chat", "--user", "alice", *state)
+    exported = out.read_text()
+    assert secret_a in exported and secret_b not in exported
+
+    # Revoked and unknown keys: 401 with an OpenAI-style body.
+    assert call(proxy, "DELETE", "/rl/users/bob", proxy.admin_key).json()["status"] == "revoked"
+    for key in (bob_key, "cbu-not-a-key"):
+        with pytest.raises(openai.AuthenticationError) as info:
+            chat(key, proxy, "hi", "main")
+        assert info.value.status_code == 401 and info.value.body["type"] == "authentication_error"  # type: ignore[index]
+
+    # Forget Alice: everything of hers is gone from the file, the WAL, the API, the dashboard and exports.
+    assert secret_a.encode() in raw_bytes(proxy.state_dir)
+    report = json.loads(cli("users", "forget", "alice", "--yes", "--json", *state).stdout)
+    assert report["deleted"] == {"users": 1, "sessions": 1, "turns": 1, "rewards": 1} and report["wal_truncated"]
+    blob = raw_bytes(proxy.state_dir)
+    assert secret_a.encode() not in blob and b"alice:main" not in blob
+    assert secret_b.encode() in blob  # the same search finds what was not forgotten
+    with pytest.raises(openai.AuthenticationError):
+        chat(alice_key, proxy, "hi", "main")
+    admin = proxy.admin_key
+    assert "alice" not in json.dumps(call(proxy, "GET", "/rl/sessions", admin).json())
+    assert "alice" not in json.dumps(call(proxy, "GET", "/dashboard/api/overview", admin).json()["users"])
+    assert secret_a not in call(proxy, "GET", "/dashboard/api/sessions", admin).text
+    cli("sessions", "export", str(out), "--format", "sessions", *state)
+    assert secret_a not in out.read_text() and secret_b in out.read_text()
+    assert "alice" not in cli("users", "list", *state).stdout
+    assert call(proxy, "POST", "/rl/users/alice/forget", admin).status_code == 404
+
+
+def _turn(session_id: str, user: str | None, text: str) -> TurnRecord:
+    return TurnRecord(session_id=session_id, turn_type="main", status="ok", model="m", prompt_token_ids=[1, 2],
+                      completion_token_ids=[3], completion_logprobs=[-0.5], policy_version=0, finish_reason="stop",
+                      request_json=json.dumps({"messages": [{"role": "user", "content": text}]}),
+                      response_json=None, created_at=1.0, completed_at=2.0, user_id=user)
+
+
+def test_forget_during_a_step_fails_that_step_only(tmp_path: Path) -> None:
+    """A step that was training on samples that get forgotten cannot commit (its update holds the
+    forgotten data; the trainer undoes a failed step); the other user's samples stay pending and
+    train in the next step."""
+    store = Store.open(tmp_path)
+    users, ts = UserStore(store), TrainingStore(store)
+    for user in ("alice", "bob"):
+        users.add(user)
+        store.record_turn(_turn(f"{user}:s", user, f"{user} text"), end_reason="end_session")
+        store.add_reward(f"{user}:s", 1.0, "api", store.last_turn_id(f"{user}:s"))
+    ts.ingest_ended()
+    batch = ts.ready_samples()
+    assert sorted(s.user_id or "" for s in batch) == ["alice", "bob"]
+    step = ts.begin_step()
+    report = users.forget("alice")
+    assert report.deleted["samples"] == 1 and report.deleted["turns"] == 1
+    with pytest.raises(Exception, match="no longer pending"):
+        ts.commit_step(step, 1, {}, [s.turn_id for s in batch])
+    ts.fail_step(step, "forgotten")
+    assert [s.user_id for s in ts.ready_samples()] == ["bob"]
+    with pytest.raises(UserError):
+        users.forget("alice")
+    store.close()
+    assert b"alice text" not in raw_bytes(tmp_path) and b"bob text" in raw_bytes(tmp_path)
