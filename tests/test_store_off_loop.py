@@ -54,7 +54,7 @@ def test_a_held_store_lock_never_stalls_request_handling(proxy: InProcessProxy) 
 
     results: dict[str, object] = {}
 
-    def keyed_call() -> None:  # a session key is looked up in the store: it must wait, but not on the loop
+    def keyed_call() -> None:  # a user or session key is looked up in the store: it must wait, but not on the loop
         results["keyed"] = httpx.post(proxy.base + "/v1/chat/completions", json={"model": "tiny", "messages": MSG},
                                       headers={"Authorization": f"Bearer {session_key}"}, timeout=120)
 
@@ -64,7 +64,7 @@ def test_a_held_store_lock_never_stalls_request_handling(proxy: InProcessProxy) 
     try:
         assert held.wait(30)
         keyed.start()
-        wait_for(lambda: waiting_in("session_for_key"), what="the keyed call to wait for the store")
+        wait_for(lambda: waiting_in("_key_principal"), what="the keyed call to wait for the store")
         # The loop is free: /health answers and a streamed answer arrives, token by token ...
         assert httpx.get(proxy.base + "/health", timeout=30).status_code == 200
         with httpx.stream("POST", proxy.base + "/v1/chat/completions", timeout=120,
@@ -74,7 +74,7 @@ def test_a_held_store_lock_never_stalls_request_handling(proxy: InProcessProxy) 
             first = next(line for line in lines if line.startswith("data: "))
             assert '"content"' in first or '"role"' in first
             # ... while the keyed call still waits for the lock (so the lock was really in the way).
-            assert keyed.is_alive() and waiting_in("session_for_key")
+            assert keyed.is_alive() and waiting_in("_key_principal")
             release.set()
             rest = [line for line in lines if line.startswith("data: ")]
         assert rest[-1] == "data: [DONE]"  # the turn was recorded once the lock was free, then closed
