@@ -167,3 +167,40 @@ def test_forget_during_a_step_fails_that_step_only(tmp_path: Path) -> None:
         users.forget("alice")
     store.close()
     assert b"alice text" not in raw_bytes(tmp_path) and b"bob text" in raw_bytes(tmp_path)
+
+
+def test_trusted_user_header_names_the_user(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`trust_user_header`: the shared client key names its user with X-User-Id; off by default."""
+    from clawbridge.render import Renderer
+    from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
+
+    sampler = SwitchableSampler(script=script_for(Renderer.from_pretrained(str(tiny_model_dir)), "ok"))
+    for trusted in (False, True):
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / str(trusted), sampler, trust_user_header=trusted)
+        try:
+            keys = proxy.state.keys
+            client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=keys.client, max_retries=0)
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           extra_headers={"X-Session-Id": "main", "X-User-Id": "work"})
+            users = {s.session_id: s.user_id for s in proxy.state.store.list_sessions()}
+            assert users == ({"work:main": "work"} if trusted else {"main": None})
+            if not trusted:
+                continue
+            h = {"Authorization": f"Bearer {keys.client}"}
+            mine = httpx.get(proxy.base + "/rl/sessions/main", headers={**h, "X-User-Id": "work"})
+            assert mine.status_code == 200 and mine.json()["user"] == "work"
+            assert httpx.get(proxy.base + "/rl/sessions/main", headers={**h, "X-User-Id": "home"}).status_code == 404
+            assert httpx.get(proxy.base + "/rl/sessions/main", headers=h).status_code == 403  # plain client key
+            bad = httpx.get(proxy.base + "/rl/sessions/main", headers={**h, "X-User-Id": "no/such"})
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_user"
+            admin = {"Authorization": f"Bearer {keys.admin}"}
+            assert httpx.post(proxy.base + "/rl/users", json={"user": "home"}, headers=admin).status_code == 200
+            assert httpx.delete(proxy.base + "/rl/users/home", headers=admin).status_code == 200
+            with pytest.raises(openai.AuthenticationError):
+                client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                               extra_headers={"X-User-Id": "home"})
+            # A name never added is forgotten like any user.
+            gone = httpx.post(proxy.base + "/rl/users/work/forget", headers=admin).json()
+            assert gone["deleted"] == {"sessions": 1, "turns": 1} and proxy.state.store.list_sessions() == []
+        finally:
+            proxy.stop()
