@@ -204,3 +204,40 @@ def test_trusted_user_header_names_the_user(tiny_model_dir: Path, tmp_path: Path
             assert gone["deleted"] == {"sessions": 1, "turns": 1} and proxy.state.store.list_sessions() == []
         finally:
             proxy.stop()
+
+
+def test_forget_while_the_trainer_loop_steps(tmp_path: Path) -> None:
+    """The trainer loop with alice forgotten in the middle of its train_step: the step fails (its
+    samples are gone), its update is undone, the loop goes on, and the next step trains bob only."""
+    from clawbridge.backend import LossConfig, StepResult
+    from clawbridge.trainer import FakeTrainingBackend
+    from tests.test_trainer_loop import INFO, loop_for, run
+
+    store = Store.open(tmp_path)
+    users = UserStore(store)
+    turns: dict[str, list[str]] = {}
+    for user, n in (("alice", 1), ("bob", 2)):
+        users.add(user)
+        turns[user] = [store.record_turn(_turn(f"{user}:s", user, f"{user} {i}")) for i in range(n)]
+        store.add_reward(f"{user}:s", 1.0, "api", turns[user][-1])
+        store.end_session(f"{user}:s", "end_session")
+
+    class ForgetMidStep(FakeTrainingBackend):
+        async def train_step(self, batch: Any, loss: LossConfig) -> StepResult:
+            if not self.batches:
+                users.forget("alice")  # as `clawbridge users forget alice` would, while the step runs
+            return await super().train_step(batch, loss)
+
+    from clawbridge.sampler import FakeSampler
+
+    b = ForgetMidStep(FakeSampler(script=[7, 8]), INFO)
+    loop = loop_for(store, b, batch_size=2)
+    failed = run(loop.run_once())
+    assert failed is not None and not failed.ok and "no longer pending" in (failed.error or "")
+    assert sorted(failed.turn_ids) == sorted(turns["alice"] + turns["bob"])
+    assert b.applied == []  # the failed step's update was undone
+    ok = run(loop.run_once())
+    assert ok is not None and ok.ok and sorted(ok.turn_ids) == sorted(turns["bob"])
+    assert b.applied == turns["bob"]
+    store.close()
+    assert b"alice 0" not in raw_bytes(tmp_path)
