@@ -10,6 +10,11 @@
  *   X-Turn-Trigger  the run trigger OpenClaw reported (`user`, `manual`, `heartbeat`, `cron`,
  *                   `memory`, `overflow`, ...), or `completion` for direct completions
  *
+ * and, with `agentAsUser: true` in the plugin config, a fifth:
+ *
+ *   X-User-Id       the OpenClaw agent id (`main` of `agent:main:main`): clawbridge records each
+ *                   agent as its own user (the server needs `trust_user_header = true`)
+ *
  * Invariants:
  * - No global patching: headers travel only through the provider hooks OpenClaw gives us
  *   (`wrapStreamFn`, `wrapSimpleCompletionStreamFn`, `resolveTransportTurnState`), so they
@@ -31,6 +36,7 @@ export const DEFAULT_HEADERS = Object.freeze({
     turnType: "X-Turn-Type",
     turnId: "X-Turn-Id",
     turnTrigger: "X-Turn-Trigger",
+    userId: "X-User-Id",
 });
 export const DEFAULT_MAX_TRACKED_SESSIONS = 1024;
 /** Triggers that mean a person asked for this turn. */
@@ -82,7 +88,18 @@ export function resolveConfig(raw, warn = () => { }) {
     const maxRaw = cfg.maxTrackedSessions;
     if (typeof maxRaw === "number" && Number.isInteger(maxRaw) && maxRaw > 0)
         maxTrackedSessions = maxRaw;
-    return { providerId, headers, maxTrackedSessions };
+    const agentAsUser = cfg.agentAsUser === true;
+    if (cfg.agentAsUser !== undefined && typeof cfg.agentAsUser !== "boolean") {
+        warn(`clawbridge: ignoring non-boolean agentAsUser ${JSON.stringify(cfg.agentAsUser)}`);
+    }
+    return { providerId, headers, maxTrackedSessions, agentAsUser };
+}
+/** The agent a run belongs to: the hook's `agentId`, else the `<id>` of an `agent:<id>:...` session key. */
+export function agentIdOf(agentId, sessionKey) {
+    if (agentId !== undefined)
+        return agentId;
+    const parts = sessionKey?.split(":");
+    return parts !== undefined && parts.length >= 3 && parts[0] === "agent" && parts[1] !== "" ? parts[1] : undefined;
 }
 /** `main` only for a user/manual trigger whose input did not come from another session or the system. */
 export function classifyTurn(facts) {
@@ -127,14 +144,19 @@ export class SessionFactsMap {
         const sameRun = runId === undefined || previous?.runId === undefined || previous.runId === runId;
         const next = sameRun
             ? { ...previous }
-            : previous?.sessionKey !== undefined
-                ? { sessionKey: previous.sessionKey }
-                : {};
+            : { sessionKey: previous?.sessionKey, agentId: previous?.agentId };
+        if (next.sessionKey === undefined)
+            delete next.sessionKey;
+        if (next.agentId === undefined)
+            delete next.agentId;
         const sessionKey = nonEmptyString(ctx.sessionKey);
+        const agentId = nonEmptyString(ctx.agentId);
         const trigger = nonEmptyString(ctx.trigger);
         const provenanceKind = nonEmptyString(ctx.inputProvenance?.kind);
         if (sessionKey !== undefined)
             next.sessionKey = sessionKey;
+        if (agentId !== undefined)
+            next.agentId = agentId;
         if (runId !== undefined)
             next.runId = runId;
         if (trigger !== undefined)
@@ -151,11 +173,17 @@ export class SessionFactsMap {
         }
     }
 }
-/** The headers for one model request. `forceSide` marks calls made outside an agent run. */
-export function buildHeaders(names, facts, turnId, forceSide = false) {
+/**
+ * The headers for one model request. `forceSide` marks calls made outside an agent run;
+ * `agentAsUser` adds the agent id as the user header when the agent is known.
+ */
+export function buildHeaders(names, facts, turnId, forceSide = false, agentAsUser = false) {
     const headers = {};
     if (facts?.sessionKey !== undefined)
         headers[names.sessionId] = headerValue(facts.sessionKey);
+    const agent = agentAsUser ? agentIdOf(facts?.agentId, facts?.sessionKey) : undefined;
+    if (agent !== undefined)
+        headers[names.userId] = headerValue(agent);
     headers[names.turnType] = forceSide ? "side" : classifyTurn(facts);
     headers[names.turnId] = headerValue(turnId);
     headers[names.turnTrigger] = headerValue(forceSide ? "completion" : (facts?.trigger ?? "unknown"));
@@ -192,7 +220,7 @@ export function register(api) {
         return (model, context, options) => {
             const facts = sessions.get(nonEmptyString(options?.sessionId));
             const turnId = nonEmptyString(options?.requestId) ?? crypto.randomUUID();
-            const ours = buildHeaders(config.headers, facts, turnId, forceSide);
+            const ours = buildHeaders(config.headers, facts, turnId, forceSide, config.agentAsUser);
             debug(`clawbridge: session ${options?.sessionId ?? "?"} headers ${JSON.stringify(ours)}`);
             return inner(model, context, { ...options, headers: mergeHeaders(options?.headers, ours) });
         };
@@ -206,7 +234,7 @@ export function register(api) {
         // Transports that do not go through a wrapped stream function still get the headers;
         // where both apply, the stream options' headers (set above) win over these.
         resolveTransportTurnState: (ctx) => ({
-            headers: buildHeaders(config.headers, sessions.get(nonEmptyString(ctx.sessionId)), ctx.turnId),
+            headers: buildHeaders(config.headers, sessions.get(nonEmptyString(ctx.sessionId)), ctx.turnId, false, config.agentAsUser),
         }),
     });
     return sessions;

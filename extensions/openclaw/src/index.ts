@@ -10,6 +10,11 @@
  *   X-Turn-Trigger  the run trigger OpenClaw reported (`user`, `manual`, `heartbeat`, `cron`,
  *                   `memory`, `overflow`, ...), or `completion` for direct completions
  *
+ * and, with `agentAsUser: true` in the plugin config, a fifth:
+ *
+ *   X-User-Id       the OpenClaw agent id (`main` of `agent:main:main`): clawbridge records each
+ *                   agent as its own user (the server needs `trust_user_header = true`)
+ *
  * Invariants:
  * - No global patching: headers travel only through the provider hooks OpenClaw gives us
  *   (`wrapStreamFn`, `wrapSimpleCompletionStreamFn`, `resolveTransportTurnState`), so they
@@ -32,6 +37,7 @@ export interface HeaderNames {
   turnType: string;
   turnId: string;
   turnTrigger: string;
+  userId: string;
 }
 
 /** The resolved plugin configuration. */
@@ -39,11 +45,14 @@ export interface ClawbridgeConfig {
   providerId: string;
   headers: HeaderNames;
   maxTrackedSessions: number;
+  /** Send the agent id as the user header (`agentAsUser`; off by default). */
+  agentAsUser: boolean;
 }
 
 /** What the agent hooks told us about the latest run of one session. */
 export interface SessionFacts {
   sessionKey?: string;
+  agentId?: string;
   runId?: string;
   trigger?: string;
   provenanceKind?: string;
@@ -57,6 +66,7 @@ export const DEFAULT_HEADERS: Readonly<HeaderNames> = Object.freeze({
   turnType: "X-Turn-Type",
   turnId: "X-Turn-Id",
   turnTrigger: "X-Turn-Trigger",
+  userId: "X-User-Id",
 });
 export const DEFAULT_MAX_TRACKED_SESSIONS = 1024;
 
@@ -166,7 +176,18 @@ export function resolveConfig(raw: unknown, warn: (message: string) => void = ()
   let maxTrackedSessions = DEFAULT_MAX_TRACKED_SESSIONS;
   const maxRaw = cfg.maxTrackedSessions;
   if (typeof maxRaw === "number" && Number.isInteger(maxRaw) && maxRaw > 0) maxTrackedSessions = maxRaw;
-  return { providerId, headers, maxTrackedSessions };
+  const agentAsUser = cfg.agentAsUser === true;
+  if (cfg.agentAsUser !== undefined && typeof cfg.agentAsUser !== "boolean") {
+    warn(`clawbridge: ignoring non-boolean agentAsUser ${JSON.stringify(cfg.agentAsUser)}`);
+  }
+  return { providerId, headers, maxTrackedSessions, agentAsUser };
+}
+
+/** The agent a run belongs to: the hook's `agentId`, else the `<id>` of an `agent:<id>:...` session key. */
+export function agentIdOf(agentId: string | undefined, sessionKey: string | undefined): string | undefined {
+  if (agentId !== undefined) return agentId;
+  const parts = sessionKey?.split(":");
+  return parts !== undefined && parts.length >= 3 && parts[0] === "agent" && parts[1] !== "" ? parts[1] : undefined;
 }
 
 /** `main` only for a user/manual trigger whose input did not come from another session or the system. */
@@ -212,13 +233,15 @@ export class SessionFactsMap {
     const sameRun = runId === undefined || previous?.runId === undefined || previous.runId === runId;
     const next: SessionFacts = sameRun
       ? { ...previous }
-      : previous?.sessionKey !== undefined
-        ? { sessionKey: previous.sessionKey }
-        : {};
+      : { sessionKey: previous?.sessionKey, agentId: previous?.agentId };
+    if (next.sessionKey === undefined) delete next.sessionKey;
+    if (next.agentId === undefined) delete next.agentId;
     const sessionKey = nonEmptyString(ctx.sessionKey);
+    const agentId = nonEmptyString(ctx.agentId);
     const trigger = nonEmptyString(ctx.trigger);
     const provenanceKind = nonEmptyString(ctx.inputProvenance?.kind);
     if (sessionKey !== undefined) next.sessionKey = sessionKey;
+    if (agentId !== undefined) next.agentId = agentId;
     if (runId !== undefined) next.runId = runId;
     if (trigger !== undefined) next.trigger = trigger;
     if (provenanceKind !== undefined) next.provenanceKind = provenanceKind;
@@ -232,15 +255,21 @@ export class SessionFactsMap {
   }
 }
 
-/** The headers for one model request. `forceSide` marks calls made outside an agent run. */
+/**
+ * The headers for one model request. `forceSide` marks calls made outside an agent run;
+ * `agentAsUser` adds the agent id as the user header when the agent is known.
+ */
 export function buildHeaders(
   names: HeaderNames,
   facts: SessionFacts | undefined,
   turnId: string,
   forceSide = false,
+  agentAsUser = false,
 ): Record<string, string> {
   const headers: Record<string, string> = {};
   if (facts?.sessionKey !== undefined) headers[names.sessionId] = headerValue(facts.sessionKey);
+  const agent = agentAsUser ? agentIdOf(facts?.agentId, facts?.sessionKey) : undefined;
+  if (agent !== undefined) headers[names.userId] = headerValue(agent);
   headers[names.turnType] = forceSide ? "side" : classifyTurn(facts);
   headers[names.turnId] = headerValue(turnId);
   headers[names.turnTrigger] = headerValue(forceSide ? "completion" : (facts?.trigger ?? "unknown"));
@@ -285,7 +314,7 @@ export function register(api: PluginApi): SessionFactsMap {
       return (model, context, options) => {
         const facts = sessions.get(nonEmptyString(options?.sessionId));
         const turnId = nonEmptyString(options?.requestId) ?? crypto.randomUUID();
-        const ours = buildHeaders(config.headers, facts, turnId, forceSide);
+        const ours = buildHeaders(config.headers, facts, turnId, forceSide, config.agentAsUser);
         debug(`clawbridge: session ${options?.sessionId ?? "?"} headers ${JSON.stringify(ours)}`);
         return inner(model, context, { ...options, headers: mergeHeaders(options?.headers, ours) });
       };
@@ -300,7 +329,8 @@ export function register(api: PluginApi): SessionFactsMap {
     // Transports that do not go through a wrapped stream function still get the headers;
     // where both apply, the stream options' headers (set above) win over these.
     resolveTransportTurnState: (ctx) => ({
-      headers: buildHeaders(config.headers, sessions.get(nonEmptyString(ctx.sessionId)), ctx.turnId),
+      headers: buildHeaders(config.headers, sessions.get(nonEmptyString(ctx.sessionId)), ctx.turnId, false,
+        config.agentAsUser),
     }),
   });
   return sessions;

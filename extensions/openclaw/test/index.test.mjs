@@ -234,3 +234,39 @@ test("index.js does not touch fetch", () => {
   const source = readFileSync(new URL("../index.js", import.meta.url), "utf8");
   assert.doesNotMatch(source, /globalThis\.fetch|\bfetch\s*=/);
 });
+
+test("agentAsUser sends the agent id as X-User-Id; off by default", () => {
+  const ctx = { sessionId: "s1", sessionKey: "agent:work:main", trigger: "user", runId: "r1" };
+  const off = setup({});
+  off.fire("before_model_resolve", {}, ctx);
+  const plain = wrapped(off.provider);
+  plain.fn("M", "C", { sessionId: "s1", requestId: "q1" });
+  assert.equal(plain.calls[0].options.headers["X-User-Id"], undefined);
+
+  const on = setup({ agentAsUser: true });
+  on.fire("before_model_resolve", {}, ctx);
+  const { fn, calls } = wrapped(on.provider);
+  fn("M", "C", { sessionId: "s1", requestId: "q1" });
+  assert.equal(calls[0].options.headers["X-User-Id"], "work");
+  // The hook's own agentId wins over the session key, and survives a new run of the session.
+  on.fire("before_agent_run", {}, { ...ctx, agentId: "home", runId: "r2" });
+  on.fire("llm_input", {}, { sessionId: "s1", runId: "r3", trigger: "user" });
+  fn("M", "C", { sessionId: "s1", requestId: "q2" });
+  assert.equal(calls[1].options.headers["X-User-Id"], "home");
+  assert.equal(calls[1].options.headers["X-Session-Id"], "agent:work:main");
+  // Transport turn state carries it too; an unknown session sends none.
+  const state = on.provider.resolveTransportTurnState({ sessionId: "s1", turnId: "t", attempt: 1, transport: "stream" });
+  assert.equal(state.headers["X-User-Id"], "home");
+  fn("M", "C", { sessionId: "other", requestId: "q3" });
+  assert.equal(calls[2].options.headers["X-User-Id"], undefined);
+});
+
+test("agentAsUser: a renamed header, and a non-boolean value is ignored with a warning", () => {
+  const warnings = [];
+  assert.equal(resolveConfig({ agentAsUser: "yes" }, (m) => warnings.push(m)).agentAsUser, false);
+  assert.match(warnings[0], /agentAsUser/);
+  const cfg = resolveConfig({ agentAsUser: true, headers: { userId: "X-Agent" } });
+  const h = buildHeaders(cfg.headers, { sessionKey: "agent:a.b:main", trigger: "user" }, "t", false, cfg.agentAsUser);
+  assert.equal(h["X-Agent"], "a.b");
+  assert.equal(buildHeaders(cfg.headers, { sessionKey: "plain-key" }, "t", false, true)["X-Agent"], undefined);
+});
