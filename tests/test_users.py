@@ -49,7 +49,16 @@ def test_user_admin_api_validates(proxy: ProxyProcess) -> None:
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_user", (bad, r.text)
     assert call(proxy, "POST", "/rl/users", admin, {"name": "x"}).status_code == 422
     assert call(proxy, "POST", "/rl/users", admin, {"user": 5}).status_code == 422
-    assert call(proxy, "POST", "/rl/users", admin, {"user": "carol"}).status_code == 200
+    carol = call(proxy, "POST", "/rl/users", admin, {"user": "carol"})
+    assert carol.status_code == 200 and carol.json()["api_key"].startswith("cbu-")
+    # A session key may not be a user's key (it would record into the wrong place).
+    clash = call(proxy, "POST", "/rl/start_session", admin, {"api_key": carol.json()["api_key"]})
+    assert clash.status_code == 400 and clash.json()["error"]["code"] == "invalid_session_key"
+    # A user's key starts sessions that are that user's.
+    started = call(proxy, "POST", "/rl/start_session", carol.json()["api_key"], {})
+    assert started.status_code == 200
+    listed_by_carol = call(proxy, "GET", "/rl/sessions", carol.json()["api_key"]).json()["sessions"]
+    assert [(s["session_id"], s["user_id"]) for s in listed_by_carol] == [(started.json()["session_id"], "carol")]
     dup = call(proxy, "POST", "/rl/users", admin, {"user": "carol"})
     assert dup.status_code == 409 and dup.json()["error"]["code"] == "user_exists"
     assert call(proxy, "POST", "/rl/users", proxy.key(), {"user": "dave"}).status_code == 403

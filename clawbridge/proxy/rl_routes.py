@@ -167,6 +167,9 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                            param="group_size")
         key = req.api_key or f"cbs-{secrets.token_urlsafe(24)}"
         _check_session_key(key, state)
+        if await state.read(UserStore(state.store).user_for_key, key) is not None:
+            raise ApiError(400, "api_key is a user's key; a session key must differ from every user's key "
+                           "(omit api_key to get a new one)", param="api_key", code="invalid_session_key")
         replaced = await state.read(state.store.session_for_key, key)
         if replaced is not None and not await visible(state, principal, replaced):
             raise ApiError(400, "api_key is in use by another session; omit api_key to get a new one",
