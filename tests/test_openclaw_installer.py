@@ -174,6 +174,15 @@ def test_install_into_missing_config_creates_it_private(tmp_path: Path) -> None:
     assert json5edit.loads(cfg.read_text()) == {}
 
 
+def test_install_agent_as_user_sets_the_extension_option(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cfg = tmp_path / "openclaw.json"
+    installer.install(state, _opts(cfg, agent_as_user=True))
+    assert json5edit.loads(cfg.read_text())["plugins"]["entries"]["clawbridge"]["config"] == {"agentAsUser": True}
+    installer.uninstall(state, cfg)
+    assert "clawbridge" not in json5edit.loads(cfg.read_text()).get("plugins", {}).get("entries", {})
+
+
 def test_user_additions_under_created_objects_survive_uninstall(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cfg = tmp_path / "openclaw.json"

@@ -79,6 +79,9 @@ def install(
     set_default: Annotated[
         bool, typer.Option("--set-default", help="Make it OpenClaw's default model.")
     ] = False,
+    agent_as_user: Annotated[bool, typer.Option(
+        "--agent-as-user", help="The extension sends each agent's id as X-User-Id, so clawbridge records every "
+        "agent as its own user (start the server with trust_user_header = true; see docs/users.md).")] = False,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -106,6 +109,7 @@ def install(
         context_window=int(info.get("context_window") or installer.DEFAULT_CONTEXT_WINDOW),
         max_tokens=int(info.get("max_output_tokens") or installer.DEFAULT_MAX_TOKENS),
         set_default=set_default,
+        agent_as_user=agent_as_user,
     )
     try:
         result = installer.install(state, opts)

@@ -6,7 +6,8 @@ What install does to `openclaw.json` (found like OpenClaw finds it: `$OPENCLAW_C
   `api: "openai-completions"`, one model whose `contextWindow` / `maxTokens` come from the server;
 - `plugins.load.paths` += the extension's directory (a copy under `<state_dir>/openclaw/extension`);
 - `plugins.entries.clawbridge`: enabled, `hooks.allowConversationAccess: true` (the extension
-  reads the session key and trigger from agent hooks), `config.providerId` when not the default;
+  reads the session key and trigger from agent hooks), `config.providerId` when not the default,
+  `config.agentAsUser: true` with `agent_as_user` (the agent id sent as X-User-Id);
 - `plugins.allow` += `clawbridge`, only when the user already has an allowlist;
 - with `set_default`: `agents.defaults.model.primary` = `<provider_id>/<model_id>`.
 
@@ -99,6 +100,9 @@ class InstallOptions:
     context_window: int = DEFAULT_CONTEXT_WINDOW
     max_tokens: int = DEFAULT_MAX_TOKENS
     set_default: bool = False
+    agent_as_user: bool = False
+    """The extension sends each OpenClaw agent's id as X-User-Id (`config.agentAsUser`; the
+    server records each agent as its own user when `trust_user_header` is on)."""
 
 
 @dataclass
@@ -142,11 +146,16 @@ def provider_entry(opts: InstallOptions) -> dict[str, Any]:
     }
 
 
-def plugin_entry(provider_id: str) -> dict[str, Any]:
+def plugin_entry(provider_id: str, agent_as_user: bool = False) -> dict[str, Any]:
     """The `plugins.entries.clawbridge` value."""
     entry: dict[str, Any] = {"enabled": True, "hooks": {"allowConversationAccess": True}}
+    config: dict[str, Any] = {}
     if provider_id != DEFAULT_PROVIDER_ID:
-        entry["config"] = {"providerId": provider_id}
+        config["providerId"] = provider_id
+    if agent_as_user:
+        config["agentAsUser"] = True
+    if config:
+        entry["config"] = config
     return entry
 
 
@@ -297,7 +306,7 @@ def install(state_dir: Path, opts: InstallOptions) -> InstallResult:
     changes: list[dict[str, Any]] = []
     text = _apply_set(text, ["models", "providers", opts.provider_id], provider_entry(opts), changes)
     text = _apply_append(text, ["plugins", "load", "paths"], str(extension_dir), changes)
-    text = _apply_set(text, ["plugins", "entries", PLUGIN_ID], plugin_entry(opts.provider_id), changes)
+    text = _apply_set(text, ["plugins", "entries", PLUGIN_ID], plugin_entry(opts.provider_id, opts.agent_as_user), changes)
     if isinstance(json5edit.get(text, ["plugins", "allow"]), list):
         text = _apply_append(text, ["plugins", "allow"], PLUGIN_ID, changes)
     if opts.set_default:
