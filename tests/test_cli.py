@@ -23,7 +23,7 @@ def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> su
 
 
 @pytest.mark.parametrize("cmd", [[], ["up"], ["status"], ["sessions"], ["sessions", "show"], ["sessions", "export"],
-                                 ["reward"], ["model", "tiny"], ["config", "show"]])
+                                 ["reward"], ["model", "tiny"], ["config", "show"], ["users"], ["users", "forget"]])
 def test_every_command_has_help(cmd: list[str]) -> None:
     out = cli(*cmd, "--help").stdout
     assert "Usage" in out and len(out) > 200
