@@ -19,6 +19,11 @@ Threading:
   `batch_decode` off they are the same whether or not other requests run beside it.
 - A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
   later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
+- Repeatable: a prefill runs the prompt but its last token in one forward, then the last token
+  alone, whether or not a prefix was reused. A prompt sent again (a retry, a probe) reuses exactly
+  the keys/values a cold prefill computes, so it gets bit-identical logprobs; a prompt that
+  extends an earlier answer reuses keys computed token by token, equal to a cold prefill's to
+  float summation order (<= 1e-4).
 
 Invariants:
 - The slot count (`in flight`) is requests accepted and not yet released; a request is released
@@ -482,11 +487,15 @@ class TorchEngine:
         """One forward: the prefill of one request (its first step), or one decode token for each
         of `reqs` (same weights); hand the tokens over."""
         try:
-            if reqs[0].generated == 0:
+            if reqs[0].generated == 0:  # prefill: the prompt but its last token, then that token
                 req = reqs[0]
                 req.generator = make_generator(req.params.seed, self.device)
-                rows = [Row(req.start, req.cached, len(req.prompt) - req.cached)]
-                tokens = [req.prompt[req.cached:]]
+                head = len(req.prompt) - 1 - req.cached
+                if head > 0:
+                    self.pool.forward(req.weights.model, [req.prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
+                    req.cached += head
+                rows = [Row(req.start, req.cached, 1)]
+                tokens = [req.prompt[-1:]]
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
                 tokens = [[r.last_token] for r in reqs]
