@@ -4,7 +4,7 @@ Invariants:
 - The trainer starts lazily (first step, or a checkpoint to restore): serving-only use pays nothing.
 - Publishing exports the trained weights (a transformers folder, or a peft adapter), turns them
   into a state dict named like the served model's parameters (LoRA is merged: W + (alpha/r)·B·A,
-  in float32 from the base weights kept at start), and swaps it into the engine under a new,
+  in float32 from the base weights, read from the model folder per publish, never kept), and swaps it into the engine under a new,
   strictly greater policy version. Streams already running finish on the weights they started on.
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
   `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,33 @@ def load_safetensors_dir(folder: Path) -> dict[str, Any]:
     return out
 
 
-def _base_weight(base: dict[str, Any], module: str) -> Any:
+class LazyTensors(Mapping[str, Any]):
+    """The tensors of a folder's *.safetensors files, each read from disk when asked for and not
+    kept: merging LoRA for the torch engine needs a few base matrices per publish, and holding a
+    whole second fp32 copy of the base for it would double the resident weights."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self._file: dict[str, str] = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as h:
+                self._file.update(dict.fromkeys(h.keys(), str(f)))
+
+    def __getitem__(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        with safe_open(self._file[name], framework="pt") as h:
+            return h.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+
+def _base_weight(base: Mapping[str, Any], module: str) -> Any:
     """The base weight of `module`; `lm_head` of a tied-embedding model is the input embedding."""
     name = f"{module}.weight"
     if name in base:
@@ -76,7 +102,7 @@ def _base_weight(base: dict[str, Any], module: str) -> Any:
     raise KeyError(f"adapter module {module!r} has no base weight {name!r}")
 
 
-def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
+def merge_lora(adapter_dir: Path, base: Mapping[str, Any]) -> dict[str, Any]:
     """Merged weights for every module the adapter touches: W + (alpha / r) * B @ A (float32;
     alpha / sqrt(r) with rslora). A merged `lm_head.weight` of a tied-embedding model is its own
     tensor: the engine unties it (`engine.untie_output_embeddings`) before loading it."""
@@ -86,7 +112,7 @@ def merge_lora(adapter_dir: Path, base: dict[str, Any]) -> dict[str, Any]:
     return merge_lora_tensors(load_safetensors_dir(adapter_dir), scale, base, str(adapter_dir))
 
 
-def merge_lora_tensors(tensors: dict[str, Any], scale: float, base: dict[str, Any], where: str) -> dict[str, Any]:
+def merge_lora_tensors(tensors: dict[str, Any], scale: float, base: Mapping[str, Any], where: str) -> dict[str, Any]:
     """`merge_lora` of LoRA matrices already loaded (an adapter's, or a checkpoint's peft names,
     `...lora_A.default.weight`); `where` names their source in errors."""
     merged: dict[str, Any] = {}
@@ -119,7 +145,7 @@ class LocalTrainer:
                                         launcher=launcher, nodes=nodes)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
             shutil.rmtree(partial, ignore_errors=True)
-        self._base: dict[str, Any] | None = None
+        self._base: Mapping[str, Any] | None = None
         self._last_export: Path | None = None
 
     @property
@@ -140,7 +166,7 @@ class LocalTrainer:
         export = self.export()
         if self.lora:
             if self._base is None:  # base weights are only needed to merge LoRA for the torch engine
-                self._base = load_safetensors_dir(self.model_dir)
+                self._base = LazyTensors(self.model_dir)
             return merge_lora(export, self._base)
         return load_safetensors_dir(export)
 
@@ -166,7 +192,7 @@ class LocalTrainer:
         if not self.lora:
             return tensors
         if self._base is None:
-            self._base = load_safetensors_dir(self.model_dir)
+            self._base = LazyTensors(self.model_dir)
         s = self.settings
         return merge_lora_tensors(tensors, float(s.lora_alpha) / s.lora_rank, self._base, str(checkpoint))
 
