@@ -1,0 +1,299 @@
+"""Torch engine memory and speed: the KV-pool engine against the OLD engine (issue 22 §1), same run.
+
+The old engine is `bench/old_engine` (a frozen copy of the engine before the KV pool: a
+`DynamicCache` per request, every cache padded and concatenated per decode token); it is used
+here only, as the baseline. Each measurement runs in its own fresh Python process (`--child`), one
+at a time, OMP_NUM_THREADS=1, so peaks do not mix:
+
+- serve+train: `LocalBackend` as `clawbridge up --backend local` runs it (engine + in-process LoRA
+  trainer), SmolLM2-135M-Instruct fp32, 16 concurrent streams of 96 tokens while 2 LoRA train
+  steps and publishes run. Peak RSS of the whole process tree (polled every 20 ms: the process and
+  all its children) and the process's own VmHWM.
+- growth: the engine alone on the tiny model (1,000 requests of SmolLM2 take too long on a shared
+  2-core box): 1,000 requests, 8 at a time, agent-like (each session resends its history plus a
+  new turn), RSS after 100 and after 1,000.
+- speed: SmolLM2 decode tokens/s at 1, 8 and 32 concurrent streams (32 tokens each, sampled,
+  seeded), wall time from the first request to the last token.
+- exactness: SmolLM2, 8 streams of 32 tokens, batched against `batch_decode=False` (one request
+  per forward): max |logprob difference| over the tokens both sampled before their first
+  difference; and the pool engine's batched logprobs against a plain transformers full forward.
+
+Run (about 8-10 minutes on 2 shared cores):
+    . .venv/bin/activate && python bench/engine_memory.py
+    python bench/engine_memory.py --quick      # smaller sizes, to check that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def tree_rss_kb(pid: int) -> int:
+    """RSS of `pid` and all its descendants (kB)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
+class PeakSampler:
+    """Polls the process tree's RSS in a thread; `peak_kb` is the highest seen."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak_kb = max(self.peak_kb, tree_rss_kb(os.getpid()))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak_kb, tree_rss_kb(os.getpid()))
+
+
+def engine_class(which: str) -> Any:
+    if which == "old":
+        from old_engine.engine import TorchEngine as Old
+
+        class OldEngine(Old):  # type: ignore[misc]
+            @classmethod
+            def load(cls, model: str, **kw: Any) -> Any:
+                kw.pop("kv_budget_tokens", None)
+                return super().load(model, **kw)
+
+        return OldEngine
+    from clawbridge_local.engine import TorchEngine
+
+    return TorchEngine
+
+
+# ------------------------------------------------------------------------------------------ children
+
+
+async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tokens: int) -> dict[str, Any]:
+    import clawbridge_local.backend as lb
+    from clawbridge_local.trainer.batch import read_batch
+
+    from clawbridge.backend import LossConfig
+    from clawbridge.config import Settings
+    from clawbridge.sampler import SamplingParams
+
+    lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]
+    settings = Settings.model_validate({
+        "model": str(model_dir), "state_dir": str(work), "lora_rank": 8, "lora_alpha": 16.0,
+        "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": streams,
+                               "engine_threads": 1}}})
+    sampler_peak = PeakSampler()
+    backend = lb.LocalBackend(settings, progress=False)
+    await backend.start()
+    batch = read_batch(model_dir.parent / "batch.json")
+    engine = backend.sampler()
+
+    async def one(i: int) -> int:
+        stream = await engine.sample([1, 2, 3 + i, *range(100, 120 + i)], SamplingParams(max_tokens=tokens, seed=i))
+        return len([t async for t in stream])
+
+    async def train() -> None:
+        for _ in range(2):
+            await backend.train_step(batch, LossConfig())
+            await backend.publish()
+
+    t0 = time.perf_counter()
+    done = await asyncio.gather(*(one(i) for i in range(streams)), train())
+    wall = time.perf_counter() - t0
+    await backend.close()
+    return {"tree_peak_kb": sampler_peak.stop(), "tokens": sum(done[:-1]), "wall_s": wall}
+
+
+async def growth(which: str, model_dir: Path, n: int) -> dict[str, Any]:
+    from clawbridge.sampler import SamplingParams
+
+    engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=8,
+                                      progress=False)
+    histories: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    done = 0
+
+    async def one(i: int) -> None:
+        nonlocal done
+        session = i % 24
+        if len(histories.get(session, [])) > 400:  # a session ends; a new one starts
+            histories.pop(session)
+        prompt = [*histories.get(session, [1, 2, 3]), 10 + i % 50, 11, 12, 13]
+        stream = await engine.sample(prompt, SamplingParams(max_tokens=16, seed=i))
+        histories[session] = prompt + [t.token_id async for t in stream]
+        done += 1
+        if done in (100, n):
+            rss[done] = tree_rss_kb(os.getpid())
+
+    for start in range(0, n, 8):
+        await asyncio.gather(*(one(i) for i in range(start, min(n, start + 8))))
+    engine.shutdown()
+    return {"rss100_kb": rss[100], "rss_n_kb": rss[n]}
+
+
+def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: bool = True) -> dict[str, Any]:
+    from clawbridge.sampler import SamplingParams
+
+    engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=concurrency,
+                                      progress=False, batch_decode=batch)
+    prompts = [list(range(10 + i, 30 + i + 3 * (i % 8))) for i in range(concurrency)]
+
+    async def one(i: int) -> list[tuple[int, float]]:
+        stream = await engine.sample(prompts[i], SamplingParams(max_tokens=tokens, seed=i))
+        return [(t.token_id, t.logprob) async for t in stream]
+
+    async def go() -> list[list[tuple[int, float]]]:
+        return list(await asyncio.gather(*(one(i) for i in range(concurrency))))
+
+    t0 = time.perf_counter()
+    out = asyncio.run(go())
+    wall = time.perf_counter() - t0
+    ref_diff = None
+    if which == "new":  # against a plain transformers forward of each whole sequence (no cache)
+        import torch
+
+        model = engine._current.model
+        ref_diff = 0.0
+        with torch.no_grad():
+            for p, toks in zip(prompts, out, strict=True):
+                ids = p + [t for t, _ in toks]
+                lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+                for k, (t, x) in enumerate(toks):
+                    ref_diff = max(ref_diff, abs(x - lp[len(p) - 1 + k, t].item()))
+    engine.shutdown()
+    return {"tok_s": concurrency * tokens / wall, "lps": out, "ref_diff": ref_diff}
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    kind, which = args.child.split(":")
+    model_dir = Path(args.model_dir)
+    if kind == "serve":
+        with tempfile.TemporaryDirectory() as work:
+            return asyncio.run(serve_train(which, model_dir, Path(work), args.streams, args.tokens))
+    if kind == "growth":
+        return asyncio.run(growth(which, model_dir, args.requests))
+    if kind.startswith("speed"):
+        c = int(kind.removeprefix("speed"))
+        return speed(which, model_dir, c, 32)
+    if kind == "exact":
+        a = speed(which, model_dir, 8, 32, batch=True)
+        b = speed(which, model_dir, 8, 32, batch=False)
+        diff = 0.0
+        for x, y in zip(a["lps"], b["lps"], strict=True):
+            for (ta, la), (tb, lb_) in zip(x, y, strict=True):
+                if ta != tb:
+                    break
+                diff = max(diff, abs(la - lb_))
+        return {"diff": diff, "ref_diff": a["ref_diff"]}
+    raise ValueError(kind)
+
+
+# -------------------------------------------------------------------------------------------- parent
+
+
+def run_child(name: str, model_dir: Path, args: argparse.Namespace, env: dict[str, str] | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", name, "--model-dir", str(model_dir), "--streams", str(args.streams),
+           "--tokens", str(args.tokens), "--requests", str(args.requests)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, **(env or {})})
+    if res.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{res.stderr[-3000:]}")
+    out = dict(json.loads(res.stdout.strip().splitlines()[-1]))
+    print(f"[{name}] {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4 streams x 16 tokens, 200 requests")
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps({k: v for k, v in child(args).items() if k != "lps"}))
+        return
+    if args.quick:
+        args.streams, args.tokens, args.requests = 4, 16, 200
+    from clawbridge_local.trainer.batch import write_batch
+    from train_throughput import make_batch
+
+    from clawbridge.devtools.tinymodel import build_tiny_model
+    from clawbridge.models import cached_model
+
+    t0 = time.perf_counter()
+    smol = cached_model("smollm2-135m-instruct")
+    rows: list[tuple[str, str, str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "smol"
+        work.mkdir()
+        os.symlink(smol, work / "model")
+        write_batch(work / "batch.json", make_batch(work / "model", 4, 64, 32))
+        tiny = build_tiny_model(Path(tmp) / "tiny" / "model")
+        mib = 1024
+        s = {w: run_child(f"serve:{w}", work / "model", args) for w in ("old", "new")}
+        rows.append((f"SmolLM2 + LoRA, {args.streams} streams x {args.tokens} tok: tree peak RSS",
+                     f"{s['old']['tree_peak_kb'] / mib:.0f} MiB", f"{s['new']['tree_peak_kb'] / mib:.0f} MiB",
+                     "<= 2048 MiB"))
+        arena = run_child("serve:new", work / "model", args, env={"MALLOC_ARENA_MAX": "2"})
+        rows.append(("  the same with MALLOC_ARENA_MAX=2 (glibc arenas)", "",
+                     f"{arena['tree_peak_kb'] / mib:.0f} MiB", ""))
+        rows.append(("  (same run: wall time, streams + 2 train steps)", f"{s['old']['wall_s']:.0f} s",
+                     f"{s['new']['wall_s']:.0f} s", ""))
+        g = {w: run_child(f"growth:{w}", tiny, args) for w in ("old", "new")}
+        for w in ("old", "new"):
+            g[w]["pct"] = 100 * (g[w]["rss_n_kb"] / g[w]["rss100_kb"] - 1)
+        rows.append((f"tiny, RSS after 100 -> {args.requests} requests",
+                     f"{g['old']['rss100_kb'] / mib:.0f} -> {g['old']['rss_n_kb'] / mib:.0f} MiB ({g['old']['pct']:+.1f}%)",
+                     f"{g['new']['rss100_kb'] / mib:.0f} -> {g['new']['rss_n_kb'] / mib:.0f} MiB ({g['new']['pct']:+.1f}%)",
+                     "within 10%"))
+        for c in (1, 8, 32):
+            sp = {w: run_child(f"speed{c}:{w}", work / "model", args) for w in ("old", "new")}
+            rows.append((f"SmolLM2 decode tokens/s, {c} stream(s) x 32", f"{sp['old']['tok_s']:.1f}",
+                         f"{sp['new']['tok_s']:.1f}", ">= old"))
+        ex = {w: run_child(f"exact:{w}", work / "model", args) for w in ("old", "new")}
+        rows.append(("SmolLM2 max |batched - unbatched logprob|, 8 x 32", f"{ex['old']['diff']:.2e}",
+                     f"{ex['new']['diff']:.2e}", "<= 1e-4"))
+        rows.append(("SmolLM2 max |batched - full forward logprob|, 8 x 32", "", f"{ex['new']['ref_diff']:.2e}",
+                     "<= 1e-4"))
+    widths = [max(len(r[i]) for r in [*rows, ("measurement", "old engine", "KV-pool engine", "target")])
+              for i in range(4)]
+    print(f"OMP_NUM_THREADS=1, one process per measurement; {time.perf_counter() - t0:.0f} s in all")
+    for r in [("measurement", "old engine", "KV-pool engine", "target"), *rows]:
+        print("  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
