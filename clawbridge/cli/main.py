@@ -292,17 +292,43 @@ def doctor(
         raise typer.Exit(1)
 
 
+def _shapes_help() -> str:
+    from clawbridge.devtools.shapes import SHAPES, describe
+
+    return "Build a random model of a real architecture and size instead (weights are not needed to " \
+        "measure speed or memory; needs torch + transformers): " + "; ".join(describe(s) for s in SHAPES.values()) + "."
+
+
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer into.")],
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    shape: Annotated[str | None, typer.Option(help=_shapes_help())] = None,
+    dtype: Annotated[str, typer.Option(help="Weights dtype for --shape: bf16 or fp32.")] = "bf16",
 ) -> None:
-    """Write a tiny Qwen3-architecture model + tokenizer, offline, in seconds (for tests and demos)."""
+    """Write a tiny Qwen3-architecture model + tokenizer, offline, in seconds (for tests and demos);
+    with --shape, a random-initialized model of a real architecture and size, with a byte-level BPE
+    tokenizer of its real vocabulary size (not its real merges)."""
     from clawbridge.devtools.tinymodel import build_tiny_model, summarize
 
-    with console.status("building tiny model..."):
-        path = build_tiny_model(out_dir, seed=seed)
-    console.print(f"wrote {summarize(path)}")
+    if shape is None:
+        with console.status("building tiny model..."):
+            path = build_tiny_model(out_dir, seed=seed)
+        console.print(f"wrote {summarize(path)}")
+        return
+    from clawbridge.devtools.shapes import SHAPES, build_shape, count_parameters
+
+    if shape not in SHAPES:
+        err.print(f"--shape must be one of {', '.join(SHAPES)}")
+        raise typer.Exit(2)
+    if dtype not in ("bf16", "fp32"):
+        err.print("--dtype must be bf16 or fp32")
+        raise typer.Exit(2)
+    spec = SHAPES[shape]
+    with console.status(f"building {shape} ({count_parameters(spec) / 1e9:.2f}B parameters, {dtype})..."):
+        path = build_shape(out_dir, spec, dtype="bf16" if dtype == "bf16" else "fp32", seed=seed)
+    console.print(f"wrote {path}: {spec.model_type} {shape}, {count_parameters(spec):,} parameters ({dtype}), "
+                  f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, {spec.num_hidden_layers} layers")
 
 
 @model_app.command("get")
