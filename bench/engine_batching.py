@@ -25,13 +25,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def measure(model_dir: str, batch: bool, tokens: int, concurrency: int) -> tuple[float, list[list[tuple[int, float]]]]:
+def measure(model_dir: str, batch: bool, tokens: int, concurrency: int, device: str = "cpu",
+            dtype: str = "float32") -> tuple[float, list[list[tuple[int, float]]]]:
+    """Wall seconds and per-request (token, logprob) lists of `concurrency` requests decoded at once."""
     from clawbridge_local.engine import TorchEngine
 
     from clawbridge.sampler import SamplingParams
 
-    engine = TorchEngine.load(model_dir, device="cpu", dtype="float32", max_running=concurrency, progress=False,
-                              batch_decode=batch)
+    engine = TorchEngine.load(model_dir, device=device, dtype=dtype, max_running=concurrency, progress=False,
+                              batch_decode=batch, max_queued=max(64, concurrency))
     prompts = [list(range(10 + i, 30 + 3 * i)) for i in range(concurrency)]  # different lengths: padding is real
 
     async def one(i: int) -> list[tuple[int, float]]:

@@ -63,7 +63,8 @@ async def first_token(engine: TorchEngine) -> int:
     return stream.policy_version
 
 
-def reload_engine(backend: LocalBackend, model_dir: Path, export_root: Path, lora: bool) -> TorchEngine:
+def reload_engine(backend: LocalBackend, model_dir: Path, export_root: Path, lora: bool, device: str = "cpu",
+                  dtype: str = "float32") -> TorchEngine:
     """The baseline: export, from_pretrained the export, a fresh engine on it (blocking)."""
     from transformers import AutoModelForCausalLM
 
@@ -78,21 +79,24 @@ def reload_engine(backend: LocalBackend, model_dir: Path, export_root: Path, lor
         model = PeftModel.from_pretrained(base, str(export)).merge_and_unload()
     else:
         model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32, local_files_only=True)
-    return TorchEngine(model.eval(), max_running=4, max_queued=4)
+    return TorchEngine(model.to(device, getattr(torch, dtype)).eval(), max_running=4, max_queued=4)
 
 
 def summary(xs: list[float]) -> str:
     return f"p50 {1e3 * statistics.median(xs):8.1f} ms   min {1e3 * min(xs):8.1f}   max {1e3 * max(xs):8.1f}"
 
 
-async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) -> None:
+async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Publish timings (seconds) of one mode: {"publish", "publish+stream", "reload"}; printed too.
+    `args.device` / `args.dtype` (optional; default cpu / float32) place the torch engine."""
     label = f"LoRA r={lora_rank}" if lora_rank else "full fine-tuning"
     with tempfile.TemporaryDirectory() as state:
         settings = Settings.model_validate(
             {
                 "model": str(model_dir),
                 "state_dir": state,
-                "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 4}},
+                "backends": {"local": {"engine": "torch", "device": getattr(args, "device", "cpu"),
+                                        "dtype": getattr(args, "dtype", "float32"), "max_running_requests": 4}},
                 "lora_rank": lora_rank,
                 "lora_alpha": 16.0,
                 "learning_rate": 1e-4,
@@ -127,7 +131,8 @@ async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) 
                         publish.append(time.perf_counter() - t0)
                     else:
                         fresh = await asyncio.to_thread(
-                            reload_engine, backend, model_dir, Path(state) / "reload", bool(lora_rank)
+                            reload_engine, backend, model_dir, Path(state) / "reload", bool(lora_rank),
+                            getattr(args, "device", "cpu"), getattr(args, "dtype", "float32"),
                         )
                         await first_token(fresh)
                         reload.append(time.perf_counter() - t0)
@@ -151,6 +156,7 @@ async def bench_mode(model_dir: Path, lora_rank: int, args: argparse.Namespace) 
     print(f"  publish+stream   {summary(publish_busy)}")
     print(f"  reload baseline  {summary(reload)}")
     print(f"  publish is {r / p:.1f}x faster than reload (p50)")
+    return {"publish": publish, "publish+stream": publish_busy, "reload": reload}
 
 
 def main() -> None:

@@ -78,19 +78,20 @@ def env(**values: str) -> Any:
                 os.environ[k] = v
 
 
-def make_batch(model_dir: Path, n: int, prompt_len: int, completion_len: int, seed: int = 0) -> list[Datum]:
+def make_batch(model_dir: Path, n: int, prompt_len: int, completion_len: int, seed: int = 0,
+               device: str = "cpu") -> list[Datum]:
     """Random prompt/completion ids, sampler logprobs from the base model (ratio 1 at step 1),
     advantages -0.5/0.5/1.5 per datum."""
     from transformers import AutoModelForCausalLM
 
     g = torch.Generator().manual_seed(seed)
-    base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+    base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).to(device)
     vocab = int(base.config.vocab_size)
     out: list[Datum] = []
     for i in range(n):
         ids = torch.randint(0, vocab, (prompt_len + completion_len,), generator=g)
         with torch.no_grad():
-            logp = torch.log_softmax(base(input_ids=ids[None, :-1]).logits[0].float(), -1)
+            logp = torch.log_softmax(base(input_ids=ids[None, :-1].to(device)).logits[0].float(), -1).cpu()
         lps = logp[torch.arange(len(ids) - 1), ids[1:]][prompt_len - 1 :].tolist()
         adv = (i % 3) - 0.5  # -0.5, 0.5, 1.5: a non-zero, mixed-sign signal
         toks = ids.tolist()
@@ -101,15 +102,17 @@ def make_batch(model_dir: Path, n: int, prompt_len: int, completion_len: int, se
 
 
 class PlainLoop:
-    """The baseline: transformers (+ peft) and a hand-written IS token-sum loss, AdamW."""
+    """The baseline: transformers (+ peft) and a hand-written IS token-sum loss, AdamW. On CUDA:
+    fp32 weights under bf16 autocast (the trainer's mixed precision)."""
 
-    def __init__(self, model_dir: Path, lora: LoraSettings | None) -> None:
+    def __init__(self, model_dir: Path, lora: LoraSettings | None, device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(0)
+        self.device = device
         model: Any = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, local_files_only=True
-        )
+        ).to(device)
         model.config.use_cache = False
         if lora is not None:
             from peft import LoraConfig, get_peft_model
@@ -142,8 +145,10 @@ class PlainLoop:
             slp[b, :n] = torch.tensor(d.sampler_logprobs)
             adv[b, :n] = torch.tensor(d.advantages)
             mask[b, :n] = torch.tensor(d.mask)
+        ids, tgt, att, slp, adv, mask = (t.to(self.device) for t in (ids, tgt, att, slp, adv, mask))
         self.opt.zero_grad(set_to_none=True)
-        logits = self.model(input_ids=ids, attention_mask=att).logits.float()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.startswith("cuda")):
+            logits = self.model(input_ids=ids, attention_mask=att).logits.float()
         logp = torch.log_softmax(logits, -1).gather(-1, tgt[..., None])[..., 0]
         ratio = torch.exp(torch.where(mask > 0, logp - slp, torch.zeros_like(logp)))
         loss = -(ratio * adv * mask).sum()
