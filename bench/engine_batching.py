@@ -63,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.model == "tiny":
-            from clawbridge.tinymodel import build_tiny_model
+            from clawbridge.devtools.tinymodel import build_tiny_model
 
             model_dir = str(build_tiny_model(Path(tmp) / "tiny", seed=0))
         else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -74,7 +75,8 @@ def guarded(part: str, what: str, fn: Callable[[], list[Row]]) -> list[Row]:
     """Run one part; a failure becomes a row, never the end of the run."""
     t0 = time.perf_counter()
     try:
-        rows = fn()
+        with contextlib.redirect_stdout(sys.stderr):  # the bench scripts' own prints: stdout is the table's
+            rows = fn()
     except Skip as s:
         return [Row(part, what, f"skipped: {s}")]
     except Exception as exc:  # the table must come out whatever one part does
