@@ -307,5 +307,10 @@ def test_two_nodes_of_one_rank_step_like_one_node_of_two(tiny_model: Path, tmp_p
     assert m2[0]["world_size"] == 2 and m2[0]["micro_batches"] == 2
     for a, b in zip(m1, m2, strict=True):
         assert_metrics_close(a, b, rel=1e-6)
-    assert_close_dicts(load_file(str(exp1 / "model.safetensors")), load_file(str(exp2 / "model.safetensors")),
-                       atol=1e-6)
+    w1, w2 = load_file(str(exp1 / "model.safetensors")), load_file(str(exp2 / "model.safetensors"))
+    # The two topologies sum the same gradients in another order (~1e-7 apart); Adam divides by
+    # sqrt(v), which turns that into up to a few 1e-6 on a weight (CI measured 2.6e-6), against
+    # steps of ~lr = 1e-3: equal to 1% of one step, and far from unchanged weights.
+    assert_close_dicts(w1, w2, atol=1e-5)
+    base = load_file(str(tiny_model / "model.safetensors"))
+    assert max(float((w1[k] - base[k]).abs().max()) for k in base if k in w1) > 100 * 1e-5
