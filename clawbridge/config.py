@@ -208,6 +208,42 @@ class Settings(BaseSettings):
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
 
+    # --- promotion (section owned by clawbridge/promotion): a new version serves only once it is not worse
+    promotion_mode: Literal["off", "eval", "canary"] = Field(
+        "off", description="off: every trained version serves at once (as before); eval: a new version is evaluated "
+        "on the eval set (or held-out sessions) and serves only if it is not worse than the serving one by more than "
+        "promotion_tolerance, else training resumes from the serving version; canary: it answers canary_share of new "
+        "sessions until a sequential test of their rewards decides (docs/promotion.md). TOML: also `[promotion] mode`.",
+    )
+    eval_set: str = Field(
+        "", description="eval: a JSONL file, one {\"messages\": [...], \"expect\": \"REGEX\"} (passes when the greedy "
+        "answer matches, case-insensitive) or {\"messages\": [...], \"rubric\": \"...\"} (scored by the judge) per line. "
+        "Empty: held_out_share of the recorded sessions is never trained and scores versions instead.",
+    )
+    promotion_tolerance: float | None = Field(
+        None, ge=0.0, le=1.0, description="How much lower (0..1) a candidate's score may be than the serving version's "
+        "and still be promoted (unset: 0 for an eval set of regex lines only, 0.05 for rubric lines, held-out sessions "
+        "and canary rewards, which are noisier).",
+    )
+    held_out_share: float = Field(
+        0.1, ge=0.0, le=0.5, description="Without an eval_set (eval mode): this share of sessions (a hash of the "
+        "session id) is never trained (dropped: held_out) and scores versions by their recorded verdicts.",
+    )
+    eval_max_tokens: int = Field(256, ge=1, description="Longest greedy answer sampled per evaluation item.")
+    eval_max_items: int = Field(200, ge=1, description="Held-out evaluation: at most this many (newest) turns.")
+    canary_share: float = Field(
+        0.2, gt=0.0, le=1.0, description="canary: the share of NEW sessions the candidate answers (sticky per session).")
+    canary_min_sessions: int = Field(
+        20, ge=1, description="canary: rewarded sessions each side needs before the test may decide.")
+    canary_max_sessions: int = Field(
+        200, ge=1, description="canary: once both sides have this many rewarded sessions the test decides on the "
+        "posterior mean (no longer waits for canary_confidence).")
+    canary_confidence: float = Field(
+        0.95, gt=0.5, lt=1.0, description="canary: promote once P(candidate not worse) reaches this, roll back once it "
+        "falls to 1 - this (beta-binomial posterior of the share of sessions rewarded > 0).")
+    promotion_poll_interval_s: float = Field(
+        2.0, gt=0, description="canary: how often the rewards of the candidate's and the incumbent's sessions are tested.")
+
     # --- hosted backends (tinker, fireworks): the start-up probe (clawbridge.probe)
     probe_timeout_s: float = Field(
         10.0, gt=0, description="Hosted backends: each start-up check of the service (reachable, key accepted, model "
@@ -239,6 +275,8 @@ class Settings(BaseSettings):
         """A backend's old flat key (`tinker_base_url = ...`) says where it moved (module invariants)."""
         if isinstance(data, dict):
             from clawbridge.backend_settings import OptionMoved, moved_option
+
+            data = _flatten_promotion(data)
 
             unknown = [k for k in data if isinstance(k, str) and k not in cls.model_fields]
             moved = [m for m in (moved_option(k) for k in unknown) if m]
@@ -322,6 +360,31 @@ class Settings(BaseSettings):
             else:
                 out[name] = value
         return out
+
+
+PROMOTION_TABLE_KEYS = {"mode": "promotion_mode", "tolerance": "promotion_tolerance",
+                        "poll_interval_s": "promotion_poll_interval_s"}
+"""TOML `[promotion]` keys whose option name differs (the others are the option names themselves)."""
+
+
+def _flatten_promotion(data: dict[str, Any]) -> dict[str, Any]:
+    """A TOML `[promotion]` table as the flat options it names (`mode` -> `promotion_mode`); a value
+    set by a higher source (a flag or the environment, already flat in `data`) wins."""
+    table = data.get("promotion")
+    if not isinstance(table, dict):
+        return data
+    out = {k: v for k, v in data.items() if k != "promotion"}
+    for key, value in table.items():
+        name = PROMOTION_TABLE_KEYS.get(str(key), str(key))
+        if name not in Settings.model_fields or not (name in PROMOTION_TABLE_KEYS.values() or name in _PROMOTION_OPTIONS):
+            raise ValueError(f"[promotion] has no option {key!r}; known: "
+                             + ", ".join(sorted({*PROMOTION_TABLE_KEYS, *_PROMOTION_OPTIONS})))
+        out.setdefault(name, value)
+    return out
+
+
+_PROMOTION_OPTIONS = ("eval_set", "held_out_share", "eval_max_tokens", "eval_max_items", "canary_share",
+                      "canary_min_sessions", "canary_max_sessions", "canary_confidence")
 
 
 def load_settings(config_file: Path | None = None, *, backend_flags: dict[str, dict[str, Any]] | None = None,

@@ -175,6 +175,45 @@ MIGRATIONS: list[str] = [
     ALTER TABLE sessions ADD COLUMN user_id TEXT;
     CREATE INDEX sessions_user ON sessions(user_id);
     """,
+    # v6: promotion (clawbridge.store.promotion): which committed version plain requests get
+    # (serving) and which one is on trial (candidate), every decision taken about a candidate
+    # (at most one automatic decision per version: the partial unique index), each version's
+    # evaluation figures per evaluation set, and the version whose rejection a consumed sample built.
+    """
+    CREATE TABLE promotion_state (
+        id                 INTEGER PRIMARY KEY CHECK (id = 1),
+        mode               TEXT NOT NULL,       -- off | eval | canary (the mode that last wrote it)
+        serving_version    INTEGER,
+        candidate_version  INTEGER,
+        candidate_since    REAL,                -- canary: when the candidate started taking new sessions
+        canary_share       REAL,
+        updated_at         REAL NOT NULL
+    );
+
+    CREATE TABLE promotion_decisions (
+        decision_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        version            INTEGER NOT NULL,
+        verdict            TEXT NOT NULL,       -- promoted | rejected
+        source             TEXT NOT NULL,       -- eval | canary | admin
+        incumbent_version  INTEGER,             -- the version serving when it was decided
+        score              REAL,
+        incumbent_score    REAL,
+        reason             TEXT NOT NULL,
+        figures_json       TEXT,                -- what the decision was taken on (counts, intervals)
+        created_at         REAL NOT NULL
+    );
+    CREATE UNIQUE INDEX promotion_decisions_once ON promotion_decisions(version) WHERE source != 'admin';
+
+    CREATE TABLE promotion_evals (
+        version            INTEGER NOT NULL,
+        eval_digest        TEXT NOT NULL,       -- sha256 of the evaluation set (items and settings)
+        figures_json       TEXT NOT NULL,
+        created_at         REAL NOT NULL,
+        PRIMARY KEY (version, eval_digest)
+    );
+
+    ALTER TABLE samples ADD COLUMN rejected_version INTEGER;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

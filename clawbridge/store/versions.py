@@ -23,7 +23,8 @@ Invariants:
   `clawbridge.trainer.checkpoints`) stays committed, but is no restore or rollback target.
   `prunable` never offers a checkpoint named by one of the `keep` newest committed versions (the
   newest, the one served, is always among them; a rollback version names its source's
-  checkpoint, which so stays as long as the rollback version is recent). A checkpoint written
+  checkpoint, which so stays as long as the rollback version is recent), nor the checkpoint of the
+  version promotion serves or has on trial (`clawbridge.store.promotion`), however old. A checkpoint written
   for a version that never committed (`note_checkpoint`, then a kill or a failure) is prunable
   once the version is abandoned.
 """
@@ -134,10 +135,13 @@ class VersionStore:
 
     def prunable(self, keep: int) -> list[str]:
         """Checkpoints that retention may delete, oldest first: named only by committed versions
-        older than the `keep` newest committed ones, or written for a version that was then
+        older than the `keep` newest committed ones (and not the serving or candidate one), or written for a version that was then
         abandoned (see the module invariants)."""
         rows = [r for r in self._select("WHERE status='committed' ORDER BY version DESC", ()) if r.checkpoint]
         kept = {r.checkpoint for r in rows[: max(1, keep)]}
+        kept |= {r.checkpoint for r in self._select(
+            "WHERE version IN (SELECT serving_version FROM promotion_state "
+            "UNION SELECT candidate_version FROM promotion_state)", ())}
         old = rows[max(1, keep):] + self._select("WHERE status='abandoned' AND checkpoint IS NOT NULL", ())
         out: list[str] = []
         for r in sorted(old, key=lambda r: r.version):

@@ -1,0 +1,204 @@
+"""Promotion state and decisions: which committed version serves, which is on trial, and why.
+
+Operates on a `Store` through its `write()` / `read()` seam, like `clawbridge.store.versions`.
+
+Invariants:
+- `promotion_state` has at most one row: the serving version (what plain requests get), the
+  candidate (a committed version on trial, or NULL) and, in canary mode, since when and for what
+  share of new sessions. A restarted server serves exactly `serving_version` (the last promoted).
+- A decision and its effect are ONE transaction (`decide`): the decision row, the new serving /
+  candidate in the state, and (for a rejection) the mark on the samples the rejected version was
+  trained on. So a `kill -9` leaves either nothing of it (the candidate is evaluated again and
+  decided once) or all of it.
+- At most one automatic decision (source `eval` or `canary`) per version: a partial unique index,
+  so deciding a version twice is refused by SQLite, not by luck. An admin's `promote` /
+  `rollback` (source `admin`) may name a version again (it is a new decision each time).
+- Samples that built a rejected version stay consumed (they are never trained twice) and carry
+  `rejected_version`, so `status` can say how many turns went into rejected versions.
+- `promotion_evals` caches a version's figures per evaluation set digest: greedy answers of a
+  version do not change, so the serving version is evaluated once per set, not once per candidate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from clawbridge.store.store import Store
+
+Verdict = Literal["promoted", "rejected"]
+DecisionSource = Literal["eval", "canary", "admin"]
+
+
+@dataclass(frozen=True)
+class PromotionState:
+    """The one row of `promotion_state`."""
+
+    mode: str
+    serving_version: int | None
+    candidate_version: int | None
+    candidate_since: float | None
+    canary_share: float | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision about a version (a row of `promotion_decisions`)."""
+
+    version: int
+    verdict: Verdict
+    source: DecisionSource
+    reason: str
+    incumbent_version: int | None = None
+    score: float | None = None
+    incumbent_score: float | None = None
+    figures: dict[str, Any] | None = None
+    decision_id: int = 0
+    created_at: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape of `/rl/status`' `promotion.decisions` entries."""
+        return {"version": self.version, "verdict": self.verdict, "score": self.score,
+                "incumbent_version": self.incumbent_version, "incumbent_score": self.incumbent_score,
+                "reason": self.reason, "source": self.source, "figures": self.figures,
+                "created_at": self.created_at}
+
+
+class PromotionStore:
+    """Read and write the promotion tables of a `Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> PromotionState | None:
+        with self.store.read() as c:
+            r = c.execute("SELECT * FROM promotion_state WHERE id=1").fetchone()
+        if r is None:
+            return None
+        return PromotionState(str(r["mode"]), r["serving_version"], r["candidate_version"], r["candidate_since"],
+                              r["canary_share"], float(r["updated_at"]))
+
+    def set_state(self, mode: str, serving: int | None, candidate: int | None = None,
+                  candidate_since: float | None = None, canary_share: float | None = None) -> None:
+        """Write the state row (insert or replace)."""
+        with self.store.write() as c:
+            _write_state(c, mode, serving, candidate, candidate_since, canary_share, self.store.clock.now())
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self, d: Decision, mode: str) -> bool:
+        """Record `d` and apply it in ONE transaction (module invariants): promoted -> `d.version`
+        serves; either way the candidate is cleared; rejected -> the samples of the steps that
+        produced `d.version` are marked. False (nothing written) when an automatic decision about
+        `d.version` exists already."""
+        now = self.store.clock.now()
+        with self.store.write() as c:
+            if d.source != "admin" and c.execute(
+                    "SELECT 1 FROM promotion_decisions WHERE version=? AND source != 'admin'", (d.version,)).fetchone():
+                return False
+            c.execute(
+                "INSERT INTO promotion_decisions(version, verdict, source, incumbent_version, score, incumbent_score, "
+                "reason, figures_json, created_at) VALUES(?,?,?,?,?,?,?,?,?)",
+                (d.version, d.verdict, d.source, d.incumbent_version, d.score, d.incumbent_score, d.reason,
+                 json.dumps(d.figures) if d.figures is not None else None, now),
+            )
+            row = c.execute("SELECT serving_version FROM promotion_state WHERE id=1").fetchone()
+            serving = row[0] if row is not None else d.incumbent_version
+            if d.verdict == "promoted":
+                serving = d.version
+            else:
+                c.execute(
+                    "UPDATE samples SET rejected_version=? WHERE consumed_step IN "
+                    "(SELECT step FROM steps WHERE policy_version=? AND status='ok')", (d.version, d.version))
+            _write_state(c, mode, serving, None, None, None, now)
+        return True
+
+    def decision_for(self, version: int) -> Decision | None:
+        """The automatic decision about `version`, if one was taken."""
+        rows = self._select("WHERE version=? AND source != 'admin' LIMIT 1", (version,))
+        return rows[0] if rows else None
+
+    def last_decision(self, version: int) -> Decision | None:
+        """The newest decision about `version`, automatic or the admin's."""
+        rows = self._select("WHERE version=? ORDER BY decision_id DESC LIMIT 1", (version,))
+        return rows[0] if rows else None
+
+    def decisions(self, limit: int = 20) -> list[Decision]:
+        """Newest first."""
+        return self._select("ORDER BY decision_id DESC LIMIT ?", (limit,))
+
+    def rejected_samples(self) -> int:
+        """Consumed samples whose step produced a version that was then rejected."""
+        with self.store.read() as c:
+            return int(c.execute("SELECT COUNT(*) FROM samples WHERE rejected_version IS NOT NULL").fetchone()[0])
+
+    def _select(self, tail: str, args: tuple[Any, ...]) -> list[Decision]:
+        with self.store.read() as c:
+            rows = c.execute(f"SELECT * FROM promotion_decisions {tail}", args).fetchall()
+        return [
+            Decision(version=int(r["version"]), verdict=r["verdict"], source=r["source"], reason=str(r["reason"]),
+                     incumbent_version=r["incumbent_version"], score=r["score"], incumbent_score=r["incumbent_score"],
+                     figures=json.loads(r["figures_json"]) if r["figures_json"] else None,
+                     decision_id=int(r["decision_id"]), created_at=float(r["created_at"]))
+            for r in rows
+        ]
+
+    # ------------------------------------------------------------------ canary
+    def canary_counts(self, candidate: int, incumbent: int, since: float) -> dict[int, tuple[int, int]]:
+        """{version: (sessions, sessions rewarded > 0)} for `candidate` and `incumbent`, over the
+        sessions created at or after `since`, ended, whose main turns were all answered by that one
+        version, and that have a reward: their explicit rewards' mean (any source but the judge),
+        else the mean of the judge's verdicts (rewards with source `judge`)."""
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT MIN(t.policy_version) AS v, "
+                "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source != 'judge') AS ex, "
+                "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source = 'judge') AS jd "
+                "FROM sessions s JOIN turns t ON t.session_id = s.session_id AND t.turn_type = 'main' "
+                "AND t.status = 'ok' WHERE s.status = 'ended' AND s.created_at >= ? GROUP BY s.session_id "
+                "HAVING MIN(t.policy_version) = MAX(t.policy_version) AND MIN(t.policy_version) IN (?, ?)",
+                (since, candidate, incumbent),
+            ).fetchall()
+        out = {candidate: (0, 0), incumbent: (0, 0)}
+        for r in rows:
+            value = r["ex"] if r["ex"] is not None else r["jd"]
+            if value is None:
+                continue
+            n, wins = out[int(r["v"])]
+            out[int(r["v"])] = (n + 1, wins + (float(value) > 0))
+        return out
+
+    # ------------------------------------------------------------------ evaluation cache
+    def cached_eval(self, version: int, digest: str) -> dict[str, Any] | None:
+        with self.store.read() as c:
+            r = c.execute("SELECT figures_json FROM promotion_evals WHERE version=? AND eval_digest=?",
+                          (version, digest)).fetchone()
+        return None if r is None else dict(json.loads(r[0]))
+
+    def save_eval(self, version: int, digest: str, figures: dict[str, Any]) -> None:
+        with self.store.write() as c:
+            c.execute(
+                "INSERT INTO promotion_evals(version, eval_digest, figures_json, created_at) VALUES(?,?,?,?) "
+                "ON CONFLICT(version, eval_digest) DO UPDATE SET figures_json=excluded.figures_json",
+                (version, digest, json.dumps(figures), self.store.clock.now()),
+            )
+
+    def evals(self, limit: int = 50) -> list[tuple[int, str, dict[str, Any]]]:
+        """(version, digest, figures) of the newest evaluations, newest version first."""
+        with self.store.read() as c:
+            rows = c.execute("SELECT version, eval_digest, figures_json FROM promotion_evals "
+                             "ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [(int(r[0]), str(r[1]), dict(json.loads(r[2]))) for r in rows]
+
+
+def _write_state(c: Any, mode: str, serving: int | None, candidate: int | None, since: float | None,
+                 share: float | None, now: float) -> None:
+    c.execute(
+        "INSERT INTO promotion_state(id, mode, serving_version, candidate_version, candidate_since, canary_share, "
+        "updated_at) VALUES(1,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET mode=excluded.mode, "
+        "serving_version=excluded.serving_version, candidate_version=excluded.candidate_version, "
+        "candidate_since=excluded.candidate_since, canary_share=excluded.canary_share, updated_at=excluded.updated_at",
+        (mode, serving, candidate, since, share, now),
+    )
