@@ -1,0 +1,159 @@
+"""Evaluate one committed policy version on an `EvalSet`, greedy, through the `VersionRouter`.
+
+Invariants:
+- The version answers through `VersionRouter.sampler_for(version)`: the same sampler `NAME@N`
+  gets, so what is evaluated is exactly what would serve. Answers are greedy (temperature 0), so
+  a version's figures on a set are fixed and may be cached (`clawbridge.store.promotion`).
+- Evaluation never records a turn: nothing it samples is trained on or shown as a session.
+- At most `concurrency` items are sampled at once, so evaluating never takes every engine slot
+  from the agent; an overloaded sampler is retried after its Retry-After, a bounded number of times.
+- `VersionEval.score` is the mean item score in [0, 1] (expect and held-out items: 1 pass, 0 fail;
+  rubric items: (verdict + 1) / 2), the figure promotion compares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
+from clawbridge.promotion.stats import wilson
+from clawbridge.rewards.judge import VoteConfig, judge_turn
+from clawbridge.sampler import Sampler, SamplerOverloaded, SamplingParams
+
+if TYPE_CHECKING:
+    from clawbridge.chatformat import ChatFormat
+    from clawbridge.rewards.judge import JudgeModel
+    from clawbridge.versions import VersionRouter
+
+OVERLOAD_RETRIES = 20
+
+RUBRIC_PROMPT = """You grade one answer of an AI assistant against a rubric. You see the conversation's \
+last user message, the assistant's answer and the rubric. Answer with a one-sentence reason, then a final \
+line `SCORE: +1` (the answer meets the rubric), `SCORE: 0` (partly, or you cannot tell) or `SCORE: -1` \
+(it does not)."""
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    id: str
+    kind: str
+    passed: bool
+    score: float
+    """In [0, 1]."""
+    answer: str
+    tokens: int
+    judge_score: int | None = None
+    """rubric: the judge's verdict in {-1, 0, 1}."""
+
+
+@dataclass(frozen=True)
+class VersionEval:
+    """A version's figures on one evaluation set (what `clawbridge eval` prints per version)."""
+
+    version: int
+    source: str
+    digest: str
+    items: int
+    passed: int
+    pass_rate: float
+    ci_low: float
+    ci_high: float
+    """95% Wilson interval of the pass rate."""
+    score: float
+    mean_judge_score: float | None
+    """Mean rubric verdict in [-1, 1] (None: the set has no rubric items)."""
+    mean_answer_tokens: float
+    seconds: float
+    failed: list[str]
+    """Ids of the items that did not pass (the first 20)."""
+    failed_answers: list[str]
+    """The greedy answers of the first 5 of them (200 characters each), to see why."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VersionEval:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+class Evaluator:
+    """Greedy answers of a version to each item, scored (module invariants)."""
+
+    def __init__(self, router: VersionRouter, renderer: ChatFormat, judge: JudgeModel | None = None,
+                 max_tokens: int = 256, concurrency: int = 4, votes: VoteConfig | None = None) -> None:
+        self.router = router
+        self.renderer = renderer
+        self.judge = judge
+        self.max_tokens = max_tokens
+        self.slots = asyncio.Semaphore(concurrency)
+        self.votes = votes or VoteConfig()
+
+    async def evaluate(self, version: int, eval_set: EvalSet) -> VersionEval:
+        """Score `version` on `eval_set`; raises `VersionNotFound` (no such version) or
+        `EvalSetError` (rubric items without a judge)."""
+        if eval_set.needs_judge and self.judge is None:
+            raise EvalSetError(f"{eval_set.source}: rubric items need a judge (set judge = endpoint or base)")
+        sampler = await self.router.sampler_for(version)
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(self._item(sampler, item) for item in eval_set.items))
+        seconds = time.monotonic() - t0
+        n = len(results)
+        passed = sum(r.passed for r in results)
+        low, high = wilson(passed, n)
+        judged = [r.judge_score for r in results if r.judge_score is not None]
+        return VersionEval(
+            version=version, source=eval_set.source, digest=eval_set.digest, items=n, passed=passed,
+            pass_rate=passed / n if n else 0.0, ci_low=low, ci_high=high,
+            score=sum(r.score for r in results) / n if n else 0.0,
+            mean_judge_score=sum(judged) / len(judged) if judged else None,
+            mean_answer_tokens=sum(r.tokens for r in results) / n if n else 0.0,
+            seconds=seconds, failed=[r.id for r in results if not r.passed][:20],
+            failed_answers=[r.answer[:200] for r in results if not r.passed][:5])
+
+    async def answer(self, sampler: Sampler, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """The greedy completion ids of `prompt_ids` (stop token included when one ended it)."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                stop_token_ids=tuple(self.renderer.stop_token_ids))
+        async with self.slots:
+            for attempt in range(OVERLOAD_RETRIES + 1):
+                try:
+                    stream = await sampler.sample(prompt_ids, params)
+                    break
+                except SamplerOverloaded as exc:
+                    if attempt == OVERLOAD_RETRIES:
+                        raise
+                    await asyncio.sleep(min(5.0, max(0.1, exc.retry_after_s)))
+            return [t.token_id async for t in stream]
+
+    async def _item(self, sampler: Sampler, item: EvalItem) -> ItemResult:
+        if item.kind == "held_out":
+            ids = await self.answer(sampler, list(item.prompt_ids), max(1, len(item.completion_ids)))
+            same = tuple(ids) == item.completion_ids
+            passed = same if item.verdict > 0 else not same
+            return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
+        prompt = await asyncio.to_thread(self.renderer.render, list(item.messages))
+        ids = await self.answer(sampler, prompt, self.max_tokens)
+        text = self._text(ids)
+        if item.kind == "expect":
+            passed = re.search(item.expect, text, re.IGNORECASE) is not None
+            return ItemResult(item.id, item.kind, passed, float(passed), text, len(ids))
+        verdict = await self._judge(item, text)
+        return ItemResult(item.id, item.kind, verdict > 0, (verdict + 1) / 2, text, len(ids), verdict)
+
+    def _text(self, ids: list[int]) -> str:
+        stops = set(self.renderer.stop_token_ids)
+        return str(self.renderer.decode([i for i in ids if i not in stops]))
+
+    async def _judge(self, item: EvalItem, answer: str) -> int:
+        from clawbridge.rewards.judge import last_user_text
+
+        assert self.judge is not None
+        user = (f"## The user's last message\n{last_user_text(list(item.messages)) or '(none)'}\n\n"
+                f"## The assistant's answer\n{answer or '(empty)'}\n\n## Rubric\n{item.rubric}")
+        messages = [{"role": "system", "content": RUBRIC_PROMPT}, {"role": "user", "content": user}]
+        return (await judge_turn(self.judge, messages, self.votes, seed=0)).score
