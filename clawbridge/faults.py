@@ -13,7 +13,7 @@ trainer is stuck mid-step); the sync form (`fault_point_sync`, for code in worke
 blocks its thread. A test waits for the marker file, then sends SIGKILL. If no kill comes within
 the hold time, the process exits with status `EXIT_UNKILLED` (never silently carries on).
 
-The named points (each a moment of one training step, see `clawbridge.trainer.loop`):
+The named points (moments of one training step, see `clawbridge.trainer.loop`, and of promotion):
 - `step.trained`: `train_step` returned (the optimizer ran); nothing published or committed.
 - `publish.mid`: inside a backend's `publish`, the new weights reached the sampler/deployment
   but the backend's own bookkeeping (served version, manifest) is not done.
@@ -22,6 +22,9 @@ The named points (each a moment of one training step, see `clawbridge.trainer.lo
   (local: the weights file of the not-yet-renamed directory; hosted: the state is saved on the
   service, not yet in the manifest).
 - `step.checkpointed`: the checkpoint is written; the commit transaction has not run.
+- `promotion.evaluated`: a candidate version is evaluated (or its canary test decided); its
+  decision is not recorded (`clawbridge.promotion.promoter`).
+- `promotion.decided`: the decision is committed; the router and the trainer have not acted on it.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ HOLD_ENV = "CLAWBRIDGE_TEST_FAULT_HOLD_S"
 EXIT_UNKILLED = 75
 """Exit status of a process that reached its fault point and was not killed in time."""
 
-POINTS = ("step.trained", "publish.mid", "step.published", "checkpoint.mid", "step.checkpointed")
+POINTS = ("step.trained", "publish.mid", "step.published", "checkpoint.mid", "step.checkpointed",
+          "promotion.evaluated", "promotion.decided")
 
 _counts: dict[str, int] = {}
 _lock = threading.Lock()

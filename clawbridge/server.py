@@ -41,6 +41,7 @@ from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.privacy.guard import build_guard
+from clawbridge.promotion.promoter import build_promoter, promotion_line
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -156,7 +157,16 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
         state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
     state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
+    try:
+        state.promotion = build_promoter(settings, state.store, state.router, renderer,
+                                         state.judge.judge if state.judge is not None else None)
+        await state.promotion.recover()
+    except BaseException:
+        store.close()
+        await backend.close()
+        raise
     if state.trainer is not None:
+        state.trainer.gate = state.promotion
         state.reporter = build_reporter(settings, store)
     return state
 
@@ -266,6 +276,7 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
                      f"{settings.report_dir or settings.state_path / 'runs'})")
     else:
         announce("training: off (the backend serves only, or train = false)")
+    announce(promotion_line(settings))
     if state.privacy is not None:
         where = " and ".join(w for w, on in (("training data", state.privacy.train), ("judge prompts", state.privacy.judge))
                              if on)

@@ -24,6 +24,7 @@ from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
 from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.openapi import openapi_document
+from clawbridge.proxy.promotion_routes import build_promotion_router
 from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
 from clawbridge.proxy.state import ProxyState
@@ -109,6 +110,7 @@ def build_app(state: ProxyState) -> FastAPI:
         return JSONResponse(body, status_code=503 if problem else 200)
 
     app.include_router(build_user_router(state))  # before /rl/*: its own prefix
+    app.include_router(build_promotion_router(state))
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))
     add_model_routes(app, state, "chat/completions", ChatApi())

@@ -56,7 +56,7 @@ from clawbridge.sampler import (
     SamplingParams,
 )
 from clawbridge.store import TurnRecord
-from clawbridge.versions import VersionNotFound
+from clawbridge.versions import VersionNotFound, parse_versioned
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -139,6 +139,12 @@ async def route_sampler(state: ProxyState, model: str, session_id: str | None) -
     try:
         return (await state.router.route(model, session_id)).sampler
     except VersionNotFound as exc:
+        if parse_versioned(model, state.router.model_names) is None:
+            # A plain request is never refused because the serving version cannot be loaded (a
+            # backend that serves one version at a time): the published one answers, said in the log.
+            log.error("the serving version cannot be served (%s); the published v%d answers", exc,
+                      state.router.published_version)
+            return state.backend.sampler()
         kept = ", ".join(f"{state.model_info.name}@{v}" for v in exc.kept) or "none"
         raise ApiError(404, f"{exc}; versions kept: {kept}", code="model_not_found", param="model") from None
     except SamplerError as exc:

@@ -4,7 +4,8 @@
 - POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, the session's key, its user)
 - POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, the session's key, its user)
 - GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own)
-- GET  /rl/status                                                   (admin; per-user counts under `users`)
+- GET  /rl/status                                                   (admin; per-user counts under `users`,
+  what serves and the promotion decisions under `promotion`: clawbridge.proxy.promotion_routes)
 
 A user's key (`clawbridge.proxy.user_routes`) reaches only that user's sessions; another user's
 session or interaction is 404, exactly as if it did not exist (`clawbridge.proxy.ownership`).
@@ -269,6 +270,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "trainer": await state.read(trainer.status) if trainer is not None else None,
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,
+                "promotion": await state.read(state.promotion.status) if state.promotion is not None else None,
                 "engine": engine_status(state.backend.sampler())}
 
     return router

@@ -41,6 +41,7 @@ from clawbridge.versions import VersionRouter
 
 if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
+    from clawbridge.promotion.promoter import Promoter
     from clawbridge.reporting import StepReporter
     from clawbridge.rewards.worker import RewardWorker
     from clawbridge.trainer.loop import TrainerLoop
@@ -195,6 +196,8 @@ class ProxyState:
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
     privacy: PrivacyGuard | None = None
     """The privacy filter where it is on (clawbridge.privacy): counts shown in status and metrics."""
+    promotion: Promoter | None = None
+    """Which version serves and when a new one may (clawbridge.promotion); set by `build_state`."""
     reporter: StepReporter | None = None
     """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
     drain: Drain = field(default_factory=Drain)

@@ -49,6 +49,12 @@ Invariants:
   before `train_step`: a turn whose sampled answer holds a finding is dropped as `private` (never
   sent, never consumed), found prompt text is replaced by placeholders in the tokens sent, and a
   batch left empty runs no step.
+- With a `VersionGate` (promotion, `clawbridge.promotion.promoter`), before every step the gate
+  settles the newest committed version: while it is on trial no step runs (`hold`, shown in
+  status), and when it was rejected the trainer state is first reloaded from the serving version's
+  checkpoint (`rollback`, a new version carrying those weights), so a step never builds on a
+  version that does not serve. Turns of held-out sessions (`gate.held_out`) are dropped as
+  `held_out`: never trained, they score versions.
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -71,6 +77,7 @@ from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import GROUP_BASELINES, BaselineRule, NormalizationRule, RunningMeans
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
+from clawbridge.trainer.gate import VersionGate
 from clawbridge.trainer.merge import MergeStats
 from clawbridge.trainer.waiting import BatchWaits
 
@@ -189,7 +196,11 @@ class TrainerLoop:
         self.last_report: StepReport | None = None
         self._watermark = 0.0
         self._recovered = False
-        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0, "no_signal": 0, "private": 0}
+        self._dropped = {"stale": 0, "empty": 0, "no_reward": 0, "no_signal": 0, "private": 0, "held_out": 0}
+        self.gate: VersionGate | None = None
+        """Promotion (module invariants); None: every committed version serves at once."""
+        self.holding: str | None = None
+        """Why the loop runs no step now (the gate's hold), for status."""
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -249,6 +260,8 @@ class TrainerLoop:
         async with self._lock:
             if self.keeper.dirty:  # a failed step or undo: never train on top of an uncommitted update
                 await self.keeper.undo()
+            if self.gate is not None and not await self._settle(self.gate):
+                return None
             batch = await asyncio.to_thread(self._collect)
             if not batch:
                 return None
@@ -267,6 +280,18 @@ class TrainerLoop:
                 return None
             return await self._step(batch, prepared)
 
+    async def _settle(self, gate: VersionGate) -> bool:
+        """Let the gate decide the pending version; False while it holds training (module invariants)."""
+        settled = await gate.settle()
+        if settled.resume_from is not None:
+            version = await self.keeper.rollback(settled.resume_from)
+            log.info("trainer state reloaded from the serving v%d's checkpoint (now v%d); training goes on from it",
+                     settled.resume_from, version)
+        if settled.hold != self.holding and settled.hold is not None:
+            log.info("no training step while %s", settled.hold)
+        self.holding = settled.hold
+        return settled.hold is None
+
     def _collect(self) -> list[PendingSample]:
         cfg = self.config
         if not self._recovered:
@@ -280,11 +305,18 @@ class TrainerLoop:
         _, self._watermark = self.tstore.ingest_ended(self._watermark)
         self._dropped["no_reward"] += self.tstore.drop_unrewarded(cfg.reward_wait_s)
         current = self.backend.sampler().policy_version
+        ready = self.tstore.ready_samples()
+        if self.gate is not None:
+            gate = self.gate
+            held = [s.turn_id for s in ready if gate.held_out(s.session_id)]
+            if held:
+                self._dropped["held_out"] += self.tstore.drop_samples(held, "held_out")
+                ready = [s for s in ready if not gate.held_out(s.session_id)]
         if cfg.stale_policy == "drop":
-            screened = screen(self.tstore.ready_samples(), current, cfg.max_off_policy_steps, True)
+            screened = screen(ready, current, cfg.max_off_policy_steps, True)
         else:
             bound = cfg.drop_stale_after
-            screened = screen(self.tstore.ready_samples(), current, bound, bound > 0)
+            screened = screen(ready, current, bound, bound > 0)
         if screened.stale:
             self._dropped["stale"] += self.tstore.drop_samples((s.turn_id for s in screened.stale), "stale")
             log.info(
@@ -488,6 +520,7 @@ class TrainerLoop:
             "enabled": True,
             "running": self.running,
             "in_step": self._in_step,
+            "holding": self.holding,
             "serving_policy_version": self.backend.sampler().policy_version,
             "backlog": self.tstore.backlog(self._watermark),
             "waiting": {**self.tstore.waiting(cfg.reward_wait_s, cfg.batch_size),

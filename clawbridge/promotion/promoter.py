@@ -1,0 +1,376 @@
+"""`Promoter`: which committed version serves plain requests, and when a new one may.
+
+Modes (`promotion_mode`):
+- off: every version the trainer publishes serves at once (the router follows the backend);
+  the store's serving version follows it, so turning promotion on later starts from it.
+- eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
+  (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
+  sessions) and PROMOTED when `score >= serving score - tolerance`, else REJECTED: the serving
+  version stays and the trainer resumes from its committed state (weights and optimizer, a
+  `rollback` version of it), so training goes on from what serves.
+- canary: the candidate answers `canary_share` of NEW sessions (sticky, `VersionRouter`); the
+  trainer waits while it is on trial; the rewards of its sessions and of the incumbent's
+  (explicit, else judged) are compared by the sequential test of `clawbridge.promotion.stats`
+  until it promotes or rolls back.
+
+Invariants:
+- Plain traffic moves only through `VersionRouter.set_serving` (pinned to the serving version
+  whenever the backend can serve a version besides the one it published: `pinned`). A backend that
+  cannot (Fireworks' deployment, SGLang with full weights) serves the candidate from its publish
+  until the decision; a rejection then publishes the serving version's weights again.
+- All decisions come from the store, never from memory: `settle()` (run by the trainer loop under
+  its lock, before any step) looks at what the trainer holds (the published version, through
+  rollback/restore versions to the step version whose weights it carries) and the store's
+  decisions. The same trainer state in the same store gives the same action, so a `kill -9`
+  anywhere (before the evaluation, between it and the decision, between the decision and the
+  rollback) ends, after restart, with exactly the last promoted version serving and each candidate
+  decided once (`PromotionStore.decide` refuses a second automatic decision).
+- The serving version's checkpoint is never pruned (`VersionStore.prunable`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clawbridge.faults import fault_point
+from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
+from clawbridge.promotion.runner import Evaluator, VersionEval
+from clawbridge.promotion.stats import CanaryTest, canary_test
+from clawbridge.rewards.judge import VoteConfig
+from clawbridge.store import Store
+from clawbridge.store.promotion import Decision, PromotionStore, Verdict
+from clawbridge.store.versions import VersionStore
+from clawbridge.versions import VersionedServing, VersionNotFound, VersionRouter
+
+if TYPE_CHECKING:
+    from clawbridge.chatformat import ChatFormat
+    from clawbridge.config import Settings
+    from clawbridge.rewards.judge import JudgeModel
+    from clawbridge.trainer.loop import TrainerLoop
+
+log = logging.getLogger("clawbridge.promotion")
+
+NOISY_TOLERANCE = 0.05
+"""Default tolerance for rubric sets, held-out sessions and canary rewards."""
+
+
+class PromotionError(ValueError):
+    """An admin action that cannot be done (unknown or pruned version, no trainer)."""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What the trainer loop must do before its next step."""
+
+    hold: str | None = None
+    """Why no step may run now (a candidate on trial), or None."""
+    resume_from: int | None = None
+    """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
+
+
+class Promoter:
+    """Promotion for one running server (module invariants)."""
+
+    def __init__(self, settings: Settings, store: Store, router: VersionRouter, evaluator: Evaluator) -> None:
+        self.settings = settings
+        self.mode = settings.promotion_mode
+        self.store = store
+        self.pstore = PromotionStore(store)
+        self.versions = VersionStore(store)
+        self.router = router
+        self.evaluator = evaluator
+        self.eval_file: EvalSet | None = (
+            load_eval_set(settings.eval_set, settings.eval_max_tokens) if settings.eval_set else None)
+        """The user's eval set (loaded once at start-up: a bad line refuses to start)."""
+        self.pinned = isinstance(router.backend, VersionedServing)
+        """The router pins plain traffic to the serving version (module invariants)."""
+        self.serving: int = router.published_version
+        self.hold: str | None = None
+        self.canary: CanaryTest | None = None
+        self.eval_seconds: dict[int, float] = {}
+        """Seconds each version's evaluation took (since start-up)."""
+        self._retry_at = 0.0
+        self._failures = 0
+        self._canary_at = 0.0
+
+    @property
+    def tolerance(self) -> float:
+        if self.settings.promotion_tolerance is not None:
+            return self.settings.promotion_tolerance
+        if self.mode == "eval" and self.eval_file is not None and self.eval_file.regex_only:
+            return 0.0
+        return NOISY_TOLERANCE
+
+    # ------------------------------------------------------------------ start-up
+    async def recover(self) -> None:
+        """At start-up, after the trainer's checkpoint was restored: serve the store's serving
+        version (the last promoted), and put a canary candidate back on trial."""
+        if self.eval_file is not None and self.eval_file.needs_judge and self.evaluator.judge is None:
+            raise EvalSetError(f"{self.eval_file.source}: rubric lines need a judge (set judge = endpoint or base)")
+        state = await self._read(self.pstore.state)
+        published = self.router.published_version
+        if self.mode == "off":
+            self.serving = published
+            await self._read(self.pstore.set_state, "off", published)
+            return
+        if self.mode == "canary" and not self.pinned:
+            raise PromotionError(f"promotion_mode canary needs a backend that serves two versions at once; the "
+                                 f"{self.router.backend.name} backend serves only the version it published "
+                                 "(use promotion_mode eval)")
+        serving = state.serving_version if state is not None and state.mode != "off" else None
+        if serving is None or not await self._servable(serving):
+            if serving is not None:
+                log.error("promotion: the serving version v%d cannot be served any more; serving v%d", serving, published)
+            serving = published
+        self.serving = serving
+        if self.pinned and serving != published:
+            try:
+                await self.router.sampler_for(serving)
+            except VersionNotFound as exc:
+                self.pinned = False
+                log.warning("promotion: the %s backend cannot serve v%d beside the published v%d (%s); a candidate "
+                            "will serve from its publish until it is decided", self.router.backend.name, serving,
+                            published, exc)
+        self.router.set_serving(serving if self.pinned else None)
+        candidate = state.candidate_version if state is not None and self.mode == "canary" else None
+        await self._read(self.pstore.set_state, self.mode, serving, candidate,
+                         state.candidate_since if candidate is not None and state is not None else None,
+                         self.settings.canary_share if candidate is not None else None)
+        if candidate is not None:
+            self.router.set_candidate(candidate, self.settings.canary_share)
+        log.info("promotion %s: serving v%d%s%s", self.mode, serving, "" if self.pinned else
+                 " (the backend serves one version: candidates serve until decided)",
+                 f", v{candidate} on canary" if candidate is not None else "")
+
+    def held_out(self, session_id: str) -> bool:
+        """Whether this session's turns are kept out of training to evaluate versions."""
+        return self.mode == "eval" and self.eval_file is None and held_out(session_id, self.settings.held_out_share)
+
+    # ------------------------------------------------------------------ the trainer's gate
+    async def settle(self) -> Settled:
+        """Decide what is pending (module invariants); run by the trainer loop before each step."""
+        published = self.router.published_version
+        if self.mode == "off":
+            if published != self.serving:
+                self.serving = published
+                await self._read(self.pstore.set_state, "off", published)
+            return Settled()
+        held = await self._read(self._weights_of, published)
+        if held == await self._read(self._weights_of, self.serving):
+            self.hold = None
+            return Settled()
+        last = await self._read(self.pstore.last_decision, held)
+        if last is not None:  # decided, and what the trainer holds is not what serves
+            self.hold = None
+            return Settled(resume_from=self.serving)
+        if time.monotonic() < self._retry_at:
+            return Settled(hold=self.hold)
+        try:
+            decision = await (self._evaluate(held) if self.mode == "eval" else self._canary(held))
+        except Exception as exc:
+            self._failures += 1
+            wait = min(60.0, 2.0 ** self._failures)
+            self._retry_at = time.monotonic() + wait
+            self.hold = f"deciding candidate v{held} failed ({type(exc).__name__}: {exc}); retrying in {wait:.0f} s"
+            log.error("promotion: %s", self.hold)
+            return Settled(hold=self.hold)
+        self._failures = 0
+        if decision is None:
+            return Settled(hold=self.hold)
+        await fault_point("promotion.evaluated")
+        return await self._apply(decision)
+
+    async def _apply(self, d: Decision) -> Settled:
+        taken = await self._read(self.pstore.decide, d, self.mode)
+        await fault_point("promotion.decided")
+        if not taken:  # decided by an earlier process: apply what the store says
+            prior = await self._read(self.pstore.decision_for, d.version)
+            assert prior is not None
+            d = prior
+        self.router.set_candidate(None)
+        self.canary = None
+        self.hold = None
+        if d.verdict == "promoted":
+            self.serving = d.version
+            self.router.set_serving(d.version if self.pinned else None)
+            log.info("promotion: v%d promoted (serving it now; was v%s): %s", d.version, d.incumbent_version, d.reason)
+            return Settled()
+        log.warning("promotion: v%d rejected, v%d keeps serving and training resumes from it: %s",
+                    d.version, self.serving, d.reason)
+        return Settled(resume_from=self.serving)
+
+    # ------------------------------------------------------------------ eval mode
+    def eval_set(self) -> EvalSet:
+        """The set versions are scored on now: the user's file, else the held-out sessions."""
+        if self.eval_file is not None:
+            return self.eval_file
+        return held_out_set(self.store, self.settings.eval_max_items, self.settings.eval_max_tokens)
+
+    async def evaluate(self, version: int, eval_set: EvalSet | None = None) -> VersionEval:
+        """`version`'s figures on `eval_set` (default: `eval_set()`), from the cache when known."""
+        es = eval_set if eval_set is not None else await self._read(self.eval_set)
+        cached = await self._read(self.pstore.cached_eval, version, es.digest)
+        if cached is not None:
+            return VersionEval.from_dict(cached)
+        result = await self.evaluator.evaluate(version, es)
+        self.eval_seconds[version] = result.seconds
+        await self._read(self.pstore.save_eval, version, es.digest, result.as_dict())
+        log.info("promotion: evaluated v%d on %s: pass rate %.3f (%d/%d), score %.3f in %.1f s", version, es.source,
+                 result.pass_rate, result.passed, result.items, result.score, result.seconds)
+        return result
+
+    async def _evaluate(self, candidate: int) -> Decision:
+        self.hold = f"evaluating candidate v{candidate} against the serving v{self.serving}"
+        es = await self._read(self.eval_set)
+        tol = self.tolerance
+        if not es.items:
+            return Decision(candidate, "promoted", "eval", "no evaluation items yet (no held-out session has a "
+                            "verdict): promoted unevaluated", self.serving)
+        cand = await self.evaluate(candidate, es)
+        inc = await self.evaluate(self.serving, es)
+        figures = {"candidate": cand.as_dict(), "incumbent": inc.as_dict(), "tolerance": tol}
+        verdict: Verdict = "promoted" if cand.score >= inc.score - tol else "rejected"
+        cmp = ">=" if verdict == "promoted" else "<"
+        failed = f"; failed: {', '.join(cand.failed[:5])}" if verdict == "rejected" and cand.failed else ""
+        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} serving v{self.serving}'s "
+                  f"{inc.score:.3f} - tolerance {tol:g} on {es.source}{failed}")
+        return Decision(candidate, verdict, "eval", reason, self.serving, cand.score, inc.score, figures)
+
+    # ------------------------------------------------------------------ canary mode
+    async def _canary(self, candidate: int) -> Decision | None:
+        share = self.settings.canary_share
+        if self.router.candidate_version != candidate:
+            since = self.store.clock.now()
+            await self._read(self.pstore.set_state, self.mode, self.serving, candidate, since, share)
+            self.router.set_candidate(candidate, share)
+            self.hold = f"candidate v{candidate} answers {share:.0%} of new sessions (canary) until the test decides"
+            log.info("promotion: %s", self.hold)
+            return None
+        if time.monotonic() < self._canary_at:
+            return None
+        self._canary_at = time.monotonic() + self.settings.promotion_poll_interval_s
+        state = await self._read(self.pstore.state)
+        since = state.candidate_since if state is not None and state.candidate_since is not None else 0.0
+        counts = await self._read(self.pstore.canary_counts, candidate, self.serving, since)
+        (cn, cw), (inn, iw) = counts[candidate], counts[self.serving]
+        s = self.settings
+        test = canary_test(cw, cn, iw, inn, tolerance=self.tolerance, min_sessions=s.canary_min_sessions,
+                           max_sessions=s.canary_max_sessions, confidence=s.canary_confidence)
+        self.canary = test
+        self.hold = f"canary of v{candidate}: {test.why}"
+        if test.outcome == "continue":
+            return None
+        verdict: Verdict = "promoted" if test.outcome == "promote" else "rejected"
+        figures = {"canary": test.as_dict(), "tolerance": self.tolerance, "share": share}
+        return Decision(candidate, verdict, "canary", test.why, self.serving,
+                        cw / cn if cn else None, iw / inn if inn else None, figures)
+
+    # ------------------------------------------------------------------ admin actions
+    async def set_serving(self, version: int, action: str, trainer: TrainerLoop | None) -> dict[str, Any]:
+        """`clawbridge promote N` / `rollback N`: `version` serves from now on and the trainer goes
+        on from it. Raises `PromotionError` when it cannot serve."""
+        if not await self._servable(version):
+            row = await self._read(self.versions.get, version)
+            from clawbridge.trainer.checkpoints import no_checkpoint_message
+
+            raise PromotionError(no_checkpoint_message(version, row))
+        previous = self.serving
+        if self.mode != "off" and self.pinned:
+            try:
+                await self.router.sampler_for(version)
+            except VersionNotFound as exc:
+                raise PromotionError(str(exc)) from None
+        d = Decision(version, "promoted", "admin", f"{action} by the admin (serving was v{previous})", previous)
+        await self._read(self.pstore.decide, d, self.mode)
+        self.router.set_candidate(None)
+        self.canary = None
+        self.hold = None
+        self.serving = version
+        resumed: int | None = None
+        if trainer is not None and await self._read(self._weights_of, self.router.published_version) != \
+                await self._read(self._weights_of, version):
+            resumed = await trainer.rollback(version)
+        if self.mode == "off":
+            self.router.set_serving(None if trainer is not None else version)
+            self.serving = self.router.serving_version
+            await self._read(self.pstore.set_state, "off", self.serving)
+        else:
+            self.router.set_serving(version if self.pinned else None)
+        log.warning("promotion: %s to v%d by the admin (was v%d)%s", action, version, previous,
+                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "")
+        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed}
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """`/rl/status`' `promotion` object (reads the store: call it off the event loop)."""
+        state = self.pstore.state()
+        es = self.eval_file.source if self.eval_file is not None else (
+            f"held-out sessions ({self.settings.held_out_share:.0%})" if self.mode == "eval" else None)
+        return {
+            "mode": self.mode,
+            "serving_version": self.serving if self.mode != "off" else self.router.serving_version,
+            "candidate_version": state.candidate_version if state is not None and self.mode == "canary"
+            else (self._pending_candidate() if self.hold else None),
+            "pinned": self.pinned,
+            "eval_set": es,
+            "tolerance": self.tolerance if self.mode != "off" else None,
+            "holding": self.hold,
+            "canary": self.canary.as_dict() if self.canary is not None else None,
+            "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
+            "rejected_samples": self.pstore.rejected_samples(),
+            "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
+        }
+
+    def _pending_candidate(self) -> int | None:
+        held = self._weights_of(self.router.published_version)
+        return held if held != self._weights_of(self.serving) else None
+
+    # ------------------------------------------------------------------ helpers
+    def _weights_of(self, version: int) -> int:
+        """The step (or base) version whose weights `version` serves: through rollback and
+        restore versions to their source."""
+        seen = 0
+        while seen < 10_000:
+            row = self.versions.get(version)
+            if row is None or row.kind not in ("rollback", "restore") or row.source_version is None:
+                return version
+            version = row.source_version
+            seen += 1
+        return version
+
+    async def _servable(self, version: int) -> bool:
+        if version == self.router.published_version:
+            return True
+        row = await self._read(self.versions.get, version)
+        return row is not None and row.restorable
+
+    @staticmethod
+    async def _read(fn: Any, *args: Any) -> Any:
+        import asyncio
+
+        return await asyncio.to_thread(fn, *args)
+
+
+def build_promoter(settings: Settings, store: Store, router: VersionRouter, renderer: ChatFormat,
+                   judge: JudgeModel | None) -> Promoter:
+    """The promoter of a server (`recover()` it before serving); `EvalSetError` for a bad eval set."""
+    votes = VoteConfig(votes=settings.judge_votes, temperature=settings.judge_temperature,
+                       max_tokens=settings.judge_max_tokens)
+    evaluator = Evaluator(router, renderer, judge, settings.eval_max_tokens, votes=votes)
+    return Promoter(settings, store, router, evaluator)
+
+
+def promotion_line(settings: Settings) -> str:
+    """What `clawbridge up` says about promotion."""
+    mode = settings.promotion_mode
+    if mode == "off":
+        return ("promotion: off (every trained version serves at once; promotion_mode = eval checks each one "
+                "first, docs/promotion.md)")
+    if mode == "eval":
+        where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"
+        return f"promotion: eval (a new version serves only if not worse on {where}; `clawbridge status` shows decisions)"
+    return (f"promotion: canary (a new version answers {settings.canary_share:.0%} of new sessions until a sequential "
+            "test of their rewards promotes or rolls it back)")

@@ -1,0 +1,54 @@
+"""The trainer loop's gate: promotion (`clawbridge.promotion.promoter.Promoter`) as the loop sees it.
+
+The loop asks the gate before every step (under its lock) whether the newest committed version is
+settled; see the `VersionGate` invariants in `clawbridge.trainer.loop`. A fake beside it, for tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class GateDecision(Protocol):
+    """What `VersionGate.settle` answers (`clawbridge.promotion.promoter.Settled`)."""
+
+    @property
+    def hold(self) -> str | None: ...
+
+    @property
+    def resume_from(self) -> int | None: ...
+
+
+class VersionGate(Protocol):
+    """Promotion as the trainer loop sees it (module invariants)."""
+
+    async def settle(self) -> GateDecision:
+        """Decide the newest committed version if it is pending; called under the loop's lock."""
+        ...
+
+    def held_out(self, session_id: str) -> bool:
+        """This session's turns are kept out of training (they evaluate versions)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FakeSettled:
+    hold: str | None = None
+    resume_from: int | None = None
+
+
+class FakeGate:
+    """Answers `settle` from a list (then holds nothing); holds out the sessions in `held`."""
+
+    def __init__(self, answers: list[FakeSettled] | None = None, held: set[str] | None = None) -> None:
+        self.answers = list(answers or [])
+        self.held = held or set()
+        self.calls = 0
+
+    async def settle(self) -> GateDecision:
+        self.calls += 1
+        return self.answers.pop(0) if self.answers else FakeSettled()
+
+    def held_out(self, session_id: str) -> bool:
+        return session_id in self.held

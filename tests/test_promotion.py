@@ -1,0 +1,175 @@
+"""Promotion's parts without a model: eval set parsing, the statistics, the store's decisions,
+the `[promotion]` settings, and the trainer loop's gate (with the fake backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from clawbridge.config import load_settings
+from clawbridge.promotion.evalset import EvalSetError, held_out, parse_eval_set
+from clawbridge.promotion.stats import canary_test, p_not_worse, wilson
+from clawbridge.store import Store, TurnRecord
+from clawbridge.store.promotion import Decision, PromotionStore
+from clawbridge.store.versions import VersionStore
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _lines(*objs: object) -> str:
+    return "\n".join(o if isinstance(o, str) else json.dumps(o) for o in objs)
+
+
+def test_eval_set_reads_expect_and_rubric_lines() -> None:
+    es = parse_eval_set(_lines({"messages": MSG, "expect": "hello"}, "",
+                               {"messages": MSG, "rubric": "is polite", "id": "polite"}), "set.jsonl", 64)
+    assert [(i.kind, i.id) for i in es.items] == [("expect", "line-1"), ("rubric", "polite")]
+    assert es.needs_judge and not es.regex_only
+    again = parse_eval_set(_lines({"messages": MSG, "expect": "hello"}), "x", 64)
+    assert again.regex_only and not again.needs_judge
+    assert again.digest != parse_eval_set(_lines({"messages": MSG, "expect": "hello"}), "x", 65).digest
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("{not json", "line 2: not JSON"),
+    ("[1, 2]", "line 2: expected a JSON object"),
+    (json.dumps({"messages": [], "expect": "x"}), "line 2: \"messages\" must be a non-empty list"),
+    (json.dumps({"messages": [{"content": "x"}], "expect": "x"}), "line 2: each message needs a \"role\""),
+    (json.dumps({"messages": MSG}), "line 2: give exactly one of"),
+    (json.dumps({"messages": MSG, "expect": "x", "rubric": "y"}), "line 2: give exactly one of"),
+    (json.dumps({"messages": MSG, "expect": "(unclosed"}), "line 2: \"expect\" is not a valid regular expression"),
+    (json.dumps({"messages": MSG, "rubric": "  "}), "line 2: \"rubric\" must be a non-empty string"),
+    (json.dumps({"messages": MSG, "expect": "x", "score": 1}), "line 2: unknown field(s) score"),
+    (json.dumps({"messages": MSG, "expect": "x", "id": 3}), "line 2: \"id\" must be a string"),
+])
+def test_a_bad_eval_set_line_is_named(line: str, why: str) -> None:
+    with pytest.raises(EvalSetError) as err:
+        parse_eval_set(_lines({"messages": MSG, "expect": "ok"}, line), "evals.jsonl", 64)
+    assert f"evals.jsonl {why}" in str(err.value)
+
+
+def test_an_empty_eval_set_is_refused() -> None:
+    with pytest.raises(EvalSetError, match="no items"):
+        parse_eval_set("\n\n", "empty.jsonl", 64)
+
+
+def test_held_out_share_is_stable_and_about_the_share() -> None:
+    ids = [f"sess_{i}" for i in range(4000)]
+    share = sum(held_out(i, 0.1) for i in ids) / len(ids)
+    assert 0.08 < share < 0.12
+    assert [held_out(i, 0.1) for i in ids[:50]] == [held_out(i, 0.1) for i in ids[:50]]
+    assert not any(held_out(i, 0.0) for i in ids[:200])
+
+
+def test_wilson_interval() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+    low, high = wilson(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
+    low, high = wilson(10, 10)
+    assert high == pytest.approx(1.0) and low == pytest.approx(0.7225, abs=1e-4)
+
+
+def test_beta_binomial_not_worse() -> None:
+    assert p_not_worse(90, 100, 50, 100, 0.0) > 0.999
+    assert p_not_worse(10, 100, 50, 100, 0.0) < 0.001
+    tie = p_not_worse(50, 100, 50, 100, 0.0)
+    assert 0.45 < tie < 0.56
+    assert p_not_worse(50, 100, 50, 100, 0.1) > 0.9  # a tolerance makes a tie "not worse"
+
+
+def test_canary_stopping_rule() -> None:
+    kw = {"tolerance": 0.05, "min_sessions": 20, "max_sessions": 100, "confidence": 0.95}
+    assert canary_test(19, 19, 5, 30, **kw).outcome == "continue"  # too few candidate sessions
+    assert canary_test(18, 20, 8, 20, **kw).outcome == "promote"
+    assert canary_test(2, 20, 15, 20, **kw).outcome == "reject"
+    undecided = canary_test(10, 20, 11, 20, **kw)
+    assert undecided.outcome == "continue" and undecided.p_not_worse is not None
+    assert canary_test(48, 100, 50, 100, **kw).outcome in ("promote", "reject")  # at max_sessions it decides
+
+
+def _turn(store: Store, session: str, version: int) -> str:
+    now = store.clock.now()
+    return store.record_turn(TurnRecord(session, "main", "ok", "m", [1, 2], [3, 4], [-0.1, -0.2], version, "stop",
+                                        "{}", None, now, now), end_reason="end_session")
+
+
+def test_a_decision_is_taken_once_and_marks_the_rejected_samples(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    ps, vs = PromotionStore(store), VersionStore(store)
+    tid = _turn(store, "s1", 0)
+    with store.write() as c:
+        c.execute("INSERT INTO steps(step, policy_version, status, started_at) VALUES(1, 1, 'ok', 0)")
+        c.execute("INSERT INTO samples(turn_id, session_id, policy_version, consumed_step, created_at) "
+                  "VALUES(?, 's1', 0, 1, 0)", (tid,))
+    vs.commit_base("ck0", None)
+    ps.set_state("eval", 0)
+    d = Decision(1, "rejected", "eval", "worse", 0, 0.25, 1.0, {"k": 1})
+    assert ps.decide(d, "eval")
+    assert not ps.decide(Decision(1, "promoted", "eval", "again", 0, 1.0, 1.0), "eval")  # never twice
+    assert [x.verdict for x in ps.decisions()] == ["rejected"]
+    state = ps.state()
+    assert state is not None and state.serving_version == 0 and state.candidate_version is None
+    assert ps.rejected_samples() == 1
+    # the admin may promote it anyway (a new decision each time); it then serves
+    assert ps.decide(Decision(1, "promoted", "admin", "promote by the admin", 0), "eval")
+    assert ps.state().serving_version == 1  # type: ignore[union-attr]
+    last = ps.last_decision(1)
+    assert last is not None and last.source == "admin"
+    store.close()
+
+
+def test_the_serving_checkpoint_is_never_pruned(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    vs, ps = VersionStore(store), PromotionStore(store)
+    vs.commit_base("ck0", None)
+    for _ in range(5):
+        v = vs.reserve("step")
+        vs.commit(v, f"ck{v}", None)
+    assert "ck0" in vs.prunable(keep=2)
+    ps.set_state("eval", 0)
+    assert "ck0" not in vs.prunable(keep=2) and "ck1" in vs.prunable(keep=2)
+    store.close()
+
+
+def test_promotion_table_in_toml_and_env_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[promotion]\nmode = "eval"\neval_set = "e.jsonl"\ntolerance = 0.1\ncanary_share = 0.3\n')
+    s = load_settings(cfg)
+    assert (s.promotion_mode, s.eval_set, s.promotion_tolerance, s.canary_share) == ("eval", "e.jsonl", 0.1, 0.3)
+    monkeypatch.setenv("CLAWBRIDGE_PROMOTION_MODE", "canary")
+    monkeypatch.setenv("CLAWBRIDGE_EVAL_SET", "other.jsonl")
+    s = load_settings(cfg)
+    assert (s.promotion_mode, s.eval_set) == ("canary", "other.jsonl")
+    monkeypatch.delenv("CLAWBRIDGE_PROMOTION_MODE")
+    cfg.write_text('[promotion]\nmode = "sometimes"\n')
+    with pytest.raises(ValueError, match="promotion_mode"):
+        load_settings(cfg)
+    cfg.write_text('[promotion]\nbogus = 1\n')
+    with pytest.raises(ValueError, match="no option 'bogus'"):
+        load_settings(cfg)
+
+
+def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path) -> None:
+    from clawbridge.backend import ModelInfo
+    from clawbridge.sampler import FakeSampler
+    from clawbridge.trainer.fake import FakeTrainingBackend
+    from clawbridge.trainer.gate import FakeGate, FakeSettled
+    from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
+
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7, 8]), ModelInfo("tiny", "unused", 4096, 256))
+    loop = TrainerLoop(store, backend, TrainerConfig(batch_size=2, baseline="none", batch_wait_s=0))
+    for s in ("a", "b", "c"):
+        _turn(store, s, 0)
+        store.add_reward(s, 1.0, "api", store.last_turn_id(s))
+    loop.gate = FakeGate([FakeSettled(hold="candidate v1 on trial")], held={"c"})
+    assert asyncio.run(loop.run_once()) is None  # held: no step
+    assert loop.holding == "candidate v1 on trial"
+    report = asyncio.run(loop.run_once())
+    assert report is not None and report.ok and sorted(report.turn_ids) == sorted(
+        store.last_turn_id(s) for s in ("a", "b"))
+    assert loop.tstore.training_stats()["samples"]["dropped"] == {"held_out": 1}
+    store.close()
