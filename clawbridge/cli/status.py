@@ -46,6 +46,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                     info["privacy"] = r.json().get("privacy")
                     info["engine"] = r.json().get("engine")
                     info["users"] = r.json().get("users")
+                    info["promotion"] = r.json().get("promotion")
             except (httpx.HTTPError, ValueError):
                 pass
         break
@@ -64,6 +65,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                 ts = TrainingStore(store, wait_for_judge=settings.judge != "off")
                 info["trainer"] = {**ts.training_stats(),
                                    "waiting": ts.waiting(settings.reward_wait_s, settings.batch_size)}
+                info["promotion"] = stored_promotion(store)
             finally:
                 store.close()
     size = (info.get("store") or {}).get("size_bytes")
@@ -94,11 +96,32 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
                   f"last trained policy: {s['last_trained_policy_version']}")
     print_users(console, info.get("users"))
+    print_promotion(console, info.get("promotion"))
     print_trainer(console, info.get("trainer"))
     if info["running"] and "store" in info:
         console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
     if info.get("engine"):
         console.print(engine_line(info["engine"]), highlight=False)
+
+
+def stored_promotion(store: Any) -> dict[str, Any] | None:
+    """The promotion state and decisions as the store has them (no server running)."""
+    from clawbridge.store.promotion import PromotionStore
+
+    ps = PromotionStore(store)
+    state = ps.state()
+    if state is None:
+        return None
+    return {"mode": state.mode, "serving_version": state.serving_version,
+            "candidate_version": state.candidate_version, "holding": None, "eval_set": None, "tolerance": None,
+            "decisions": [d.as_dict() for d in ps.decisions(20)], "rejected_samples": ps.rejected_samples()}
+
+
+def print_promotion(console: Console, p: dict[str, Any] | None) -> None:
+    from clawbridge.promotion.describe import promotion_lines
+
+    for line in promotion_lines(p):
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_users(console: Console, users: list[dict[str, Any]] | None) -> None:

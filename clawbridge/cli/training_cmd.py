@@ -1,10 +1,11 @@
 """`clawbridge checkpoints list` and `clawbridge rollback VERSION`: the trainer's checkpoints and
 policy versions as the store records them (`clawbridge.store.versions`).
 
-Invariant: a rollback never reuses a number. It commits a NEW version (kind `rollback`) that
-names the older version's checkpoint; the next `clawbridge up` serves it and trains on from it.
-It runs only while no server holds the state dir (the state dir lock), so a running trainer never
-has its versions changed underneath it.
+Invariant: a rollback never reuses a number. While a server runs, `rollback` asks it
+(`/rl/rollback`, the promotion API), which serves the version and trains on from it. Otherwise it
+commits a NEW version (kind `rollback`) that names the older version's checkpoint; the next
+`clawbridge up` serves it and trains on from it. Offline it runs only while no server holds the
+state dir (the state dir lock), so a running trainer never has its versions changed underneath it.
 """
 
 from __future__ import annotations
@@ -83,12 +84,23 @@ def rollback(
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Serve an earlier version's checkpoint again under a new version number (at the next `up`,
-    which trains on from it). Run it while the server is stopped."""
+    """Serve an earlier committed version again. While a server runs: at once (with promotion on it
+    is the serving version; the trainer goes on from it), recorded as an admin decision. Stopped:
+    its checkpoint under a new version number, served and trained on from at the next `up`."""
+    from clawbridge.cli.promotion_cmd import set_serving_online
     from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store.versions import VersionStore
     from clawbridge.trainer.checkpoints import no_checkpoint_message
 
+    try:
+        online = set_serving_online(load_settings(config, state_dir=state_dir), version, "rollback")
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    if online:
+        return
     settings, store = _store(state_dir, config)
     lock = StateDirLock(settings.state_path)
     try:

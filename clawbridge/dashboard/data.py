@@ -93,7 +93,7 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
             "status": "ok",
             "model": state.model_info.name,
             "backend": state.backend.name,
-            "serving_policy_version": state.sampler.policy_version,
+            "serving_policy_version": state.router.serving_version,
             "uptime_s": round(time.time() - started_at, 1),
             "training": "off" if trainer is None else ("running" if trainer["running"] else "stopped"),
             "judge": "off" if judge is None else ("running" if judge["running"] else "stopped"),
@@ -119,23 +119,38 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
         "users": UserStore(state.store).stats(),
         "versions": versions,
         "checkpoints": checkpoints(state),
+        "promotion": promotion(state),
         "config": config,
     }
 
 
+def promotion(state: ProxyState) -> dict[str, Any] | None:
+    """The `/rl/status` promotion object, the same in words (`clawbridge status`'s lines), and each
+    evaluated version's figures (newest evaluations first), as `clawbridge eval` prints them."""
+    from clawbridge.promotion.describe import promotion_lines
+    from clawbridge.store.promotion import PromotionStore
+
+    if state.promotion is None:
+        return None
+    status = state.promotion.status()
+    evals = [{"version": v, "digest": d, **{k: f.get(k) for k in (
+        "source", "items", "passed", "pass_rate", "ci_low", "ci_high", "score", "mean_judge_score",
+        "mean_answer_tokens", "seconds")}} for v, d, f in PromotionStore(state.store).evals(40)]
+    return {**status, "lines": promotion_lines(status), "evals": evals}
+
+
 def checkpoints(state: ProxyState, limit: int = 20) -> dict[str, Any]:
-    """The committed policy versions, newest first, each with the checkpoint it is restored from.
-    Rollback is offline (`clawbridge rollback VERSION` needs the state dir unlocked), so the page
-    says how instead of offering a button."""
+    """The committed policy versions, newest first, each with the checkpoint it is restored from;
+    any kept one can be served from the page (`serve`: promote / rollback, as `clawbridge promote N`)."""
     rows = VersionStore(state.store).listing(limit)
     return {
         "rows": [{"version": r.version, "kind": r.kind, "step": r.step, "source_version": r.source_version,
                   "checkpoint": r.checkpoint, "committed_at": r.committed_at, "pruned": r.pruned_at is not None}
                  for r in rows],
-        "rollback": False,
-        "note": "To serve an earlier version: stop the server, run `clawbridge rollback VERSION` (it commits a "
-                "new version serving that checkpoint; numbers are never reused), then start it again. Pruned "
-                "checkpoints (older than the newest keep_checkpoints) were deleted and cannot be rolled back to.",
+        "rollback": state.promotion is not None,
+        "note": "'serve' makes a kept version the one plain requests get, now (recorded as an admin decision; "
+                "training goes on from it), like `clawbridge promote N` / `clawbridge rollback N`. Pruned "
+                "checkpoints (older than the newest keep_checkpoints) were deleted and cannot be served again.",
     }
 
 

@@ -5,6 +5,7 @@
 - GET  /dashboard/static/{file}                the page's own JS/CSS, shipped in the package
 - GET  /dashboard/api/overview, /dashboard/api/sessions, /dashboard/api/sessions/{id}
 - POST /dashboard/api/sessions/{id}/reward {reward, turn_id?}, /dashboard/api/sessions/{id}/end
+- POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version}
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
@@ -36,6 +37,7 @@ from clawbridge.keys import keys_equal
 from clawbridge.metrics import CONTENT_TYPE, Metrics
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.promotion_routes import VersionBody, set_serving
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
@@ -206,6 +208,20 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
             state.trainer.notify()
         log.info("session %s ended from the dashboard", session_id)
         return _json({"session_id": session_id, "ended": ended})
+
+    @router.post("/dashboard/api/promotion/{action}")
+    async def serve_version(request: Request, action: str) -> JSONResponse:
+        auth.require_write(request)
+        if action not in ("promote", "rollback"):
+            raise ApiError(404, f"no promotion action {action!r} (promote or rollback)")
+        body = parse_json_object(await read_body(request, MAX_FORM_BYTES))
+        try:
+            version = VersionBody.model_validate(body).version
+        except ValueError:
+            raise ApiError(422, "send {\"version\": <a committed policy version>}", param="version") from None
+        out = await set_serving(state, version, action)
+        log.info("v%d served from the dashboard (%s)", version, action)
+        return _json(out)
 
     # ------------------------------------------------------------------ metrics
     metrics_key = state.settings.metrics_key.get_secret_value() if state.settings.metrics_key else None

@@ -119,14 +119,35 @@ function renderHealth(doc) {
       v.published_at ? new Date(v.published_at * 1000).toLocaleString() : (v.policy_version === 0 ? "base" : "–"),
       String(v.turns)])));
   const ck = doc.checkpoints;
+  const serve = (r) => (!ck.rollback || r.pruned || r.version === h.serving_policy_version) ? "" :
+    el("button", {class: "serve-button", "data-version": String(r.version), onclick: async () => {
+      const action = r.version < h.serving_policy_version ? "rollback" : "promote";
+      try { const out = await post(`/dashboard/api/promotion/${action}`, {version: r.version});
+            setStatus(`v${out.serving_version} serves now (was v${out.previous})`, false); }
+      catch (e) { setStatus(`${action} refused: ${e.message}`, true); }
+    }}, "serve");
   fill("checkpoints", el("div", {},
-    table(["version", "kind", "step", "serves weights of", "committed", "checkpoint"],
+    table(["version", "kind", "step", "serves weights of", "committed", "checkpoint", ""],
       ck.rows.map((r) => [`v${r.version}`, r.kind, num(r.step),
         r.source_version === null ? "–" : `v${r.source_version}`,
         r.committed_at ? new Date(r.committed_at * 1000).toLocaleString() : "–",
-        r.pruned ? `pruned (${r.checkpoint})` : (r.checkpoint || "–")])),
+        r.pruned ? `pruned (${r.checkpoint})` : (r.checkpoint || "–"), serve(r)])),
     el("p", {class: "muted"}, ck.note)));
+  renderPromotion(doc.promotion);
   fill("config", table(["option", "value"], Object.entries(doc.config).map(([k, v]) => [k, JSON.stringify(v)])));
+}
+function renderPromotion(p) {
+  if (!p) { fill("promotion", el("p", {class: "muted"}, "promotion is not set up")); return; }
+  fill("promotion", el("ul", {}, ...p.lines.map((l) => el("li", {}, l))));
+  fill("decisions", p.decisions.length === 0 ? el("p", {class: "muted"}, "no decision yet") :
+    table(["version", "verdict", "by", "score", "incumbent", "reason"],
+      p.decisions.map((d) => [`v${d.version}`, d.verdict, d.source, num(d.score),
+        d.incumbent_version === null ? "–" : `v${d.incumbent_version}: ${num(d.incumbent_score)}`, d.reason])));
+  fill("evals", p.evals.length === 0 ? el("p", {class: "muted"}, "no version evaluated yet") :
+    table(["version", "set", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens", "seconds"],
+      p.evals.map((e) => [`v${e.version}`, e.source, `${e.passed}/${e.items}`,
+        `${num(e.pass_rate)} (${num(e.ci_low)}–${num(e.ci_high)})`, num(e.score), num(e.mean_judge_score),
+        num(e.mean_answer_tokens, 1), num(e.seconds, 2)])));
 }
 function renderUsers(users) {
   fill("users", users.length === 0 ? el("p", {class: "muted"}, "no sessions yet") :

@@ -1,0 +1,37 @@
+"""Promotion in words: what `clawbridge status` prints and the dashboard shows, from the
+`/rl/status` promotion object (`Promoter.status`, or the store's when no server runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def promotion_lines(p: dict[str, Any] | None) -> list[str]:
+    """What `clawbridge status` (and the dashboard) say about promotion, in words."""
+    if not p:
+        return []
+    if p["mode"] == "off" and not p["decisions"]:
+        return [f"promotion: off: every trained version serves at once (serving v{p['serving_version']})"]
+    head = f"promotion: {p['mode']}"
+    if p.get("eval_set"):
+        head += f" on {p['eval_set']}"
+    if p.get("tolerance") is not None:
+        head += f" (tolerance {p['tolerance']:g})"
+    head += f": serving v{p['serving_version']}"
+    head += (f"; candidate v{p['candidate_version']} on trial" if p.get("candidate_version") is not None
+             else "; no candidate on trial")
+    lines = [head]
+    if p.get("holding"):
+        lines.append(f"  training waits: {p['holding']}")
+    for d in p["decisions"][:5]:
+        if d["source"] == "admin":
+            lines.append(f"  v{d['version']} {d['verdict']} by the admin: {d['reason']}")
+            continue
+        scores = ""
+        if d["score"] is not None and d["incumbent_score"] is not None:
+            scores = f" (score {d['score']:.3f} vs v{d['incumbent_version']}'s {d['incumbent_score']:.3f})"
+        lines.append(f"  v{d['version']} {d['verdict']}{scores}: {d['reason']}")
+    if p.get("rejected_samples"):
+        lines.append(f"  {p['rejected_samples']} trained turn(s) built rejected versions (kept, marked, never "
+                     "trained again)")
+    return lines

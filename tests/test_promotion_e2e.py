@@ -1,0 +1,231 @@
+"""Promotion through `clawbridge up` (tiny model, LoRA, local torch engine) and the real `openai` SDK.
+
+- A poisoned run: the tiny demo's reward pays for tokens with the letter "e"; the eval set expects
+  the base model's own greedy answers. With `promotion_mode = eval` the answers the agent gets to
+  the eval prompts never change and every candidate's rejection is recorded; with `off` they change.
+- An agreeing run (the eval set asks for an "e" in each answer) learns the reward with most
+  versions promoted.
+- `kill -9` between a candidate's evaluation and its decision, and between the decision and the
+  trainer's reload: after a restart exactly the last promoted version serves, and the candidate is
+  decided once.
+- The admin API: `clawbridge promote N` / `rollback N` while serving, `clawbridge eval`, the
+  dashboard's CSRF-checked button, bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("clawbridge_local")
+
+from clawbridge.devtools.tinymodel import build_tiny_model
+from tests.kill_support import fault_env, kill_at_marker
+from tests.promotion_support import (
+    PromotionView,
+    base_answers_set,
+    contains_e_set,
+    env,
+    run_sessions,
+    served_answers,
+    start,
+    wait_idle,
+)
+
+pytestmark = pytest.mark.slow
+
+SEEDS = (0, 1)
+_BASE: dict[int, tuple[Path, list[str]]] = {}
+
+
+def base_model(root: Path, seed: int) -> tuple[Path, list[str]]:
+    """The tiny model of `seed` and the base version's greedy answers to the demo prompts."""
+    if seed not in _BASE:
+        model = build_tiny_model(root / f"tiny-{seed}", seed=seed)
+        proxy = start(model, root / f"base-{seed}", env("off"))
+        try:
+            _BASE[seed] = (model, served_answers(proxy))
+        finally:
+            proxy.stop()
+    return _BASE[seed]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("promotion")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "clawbridge.cli.main", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def health_version(base: str) -> int:
+    return int(httpx.get(base + "/health", timeout=30).json()["policy_version"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_poisoned_run_in_eval_mode_never_changes_what_serves(root: Path, tmp_path: Path, seed: int) -> None:
+    model, base = base_model(root, seed)
+    state = tmp_path / "state"
+    proxy = start(model, state, env("eval", base_answers_set(base, tmp_path / "eval.jsonl")))
+    view = PromotionView(state)
+    try:
+        run_sessions(proxy, 96, seed)
+        st = wait_idle(proxy)
+        assert served_answers(proxy) == base
+        steps = view.step_versions()
+        auto = [d for d in view.decisions() if d.source == "eval"]
+        assert len(steps) >= 3, steps
+        assert sorted(d.version for d in auto) == steps  # every candidate decided, exactly once
+        rejected = [d for d in auto if d.verdict == "rejected"]
+        assert len(rejected) >= 3, auto
+        for d in auto:
+            assert d.score is not None and d.incumbent_score is not None
+            assert (d.score < d.incumbent_score) == (d.verdict == "rejected"), d  # tolerance 0 for a regex set
+            assert "tolerance 0" in d.reason
+        assert set(view.rejected_samples()) == {d.version for d in rejected}
+        p = st["promotion"]
+        assert p["mode"] == "eval" and p["serving_version"] == view.serving() == health_version(proxy.base)
+        assert p["candidate_version"] is None and p["tolerance"] == 0
+        assert p["decisions"][0]["version"] == max(steps)  # newest first
+        assert {"version", "verdict", "score", "incumbent_score", "reason"} <= set(p["decisions"][0])
+        words = " ".join(cli("status", "--state-dir", str(state)).stdout.split())
+        assert f"promotion: eval on {tmp_path / 'eval.jsonl'} (tolerance 0): serving v{view.serving()}" in words
+        assert f"v{rejected[-1].version} rejected (score" in words
+        table = cli("eval", "--versions", f"0,{rejected[-1].version}", "--state-dir", str(state))
+        assert table.returncode == 0, table.stderr
+        text = " ".join(table.stdout.split())
+        assert "v0 │ 4/4 │ 1.000" in text and f"v{rejected[-1].version} │" in text
+    finally:
+        proxy.stop()
+    assert proxy.log_path is not None  # the log says it in words
+    assert re.search(r"promotion: v\d+ rejected, v\d+ keeps serving and training resumes from it: score",
+                     proxy.log_path.read_text())
+
+
+def test_a_poisoned_run_with_promotion_off_changes_what_serves(root: Path, tmp_path: Path) -> None:
+    model, base = base_model(root, 0)
+    proxy = start(model, tmp_path / "state", env("off", base_answers_set(base, tmp_path / "eval.jsonl")))
+    try:
+        run_sessions(proxy, 96, 0)
+        st = wait_idle(proxy)
+        assert st["trainer"]["steps"]["ok"] >= 3
+        after = served_answers(proxy)
+        assert after != base
+        assert st["promotion"]["decisions"] == [] and st["promotion"]["serving_version"] == health_version(proxy.base)
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize("seed", (*SEEDS, 2))
+def test_a_run_whose_reward_and_eval_agree_is_promoted_version_after_version(root: Path, tmp_path: Path,
+                                                                              seed: int) -> None:
+    model, _ = base_model(root, seed)
+    state = tmp_path / "state"
+    proxy = start(model, state, env("eval", contains_e_set(tmp_path / "eval.jsonl")))
+    view = PromotionView(state)
+    try:
+        episodes = run_sessions(proxy, 240, seed)
+        wait_idle(proxy)
+        k = len(episodes) // 5
+        first = sum(e.reward for e in episodes[:k]) / k
+        last = sum(e.reward for e in episodes[-k:]) / k
+        auto = [d for d in view.decisions() if d.source == "eval"]
+        promoted = [d for d in auto if d.verdict == "promoted"]
+        print(f"seed {seed}: reward {first:.3f} -> {last:.3f}; {len(promoted)} of {len(auto)} versions promoted")
+        assert last - first >= 0.3, (first, last)
+        assert len(promoted) >= 5 and len(promoted) >= len(auto) / 2, auto
+        assert all(("e" in a.lower()) for a in served_answers(proxy))
+        assert view.serving() == max(d.version for d in promoted) == health_version(proxy.base)
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.parametrize(("point", "agree"), [("promotion.evaluated", False), ("promotion.decided", False),
+                                              ("promotion.decided", True)])
+def test_kill_between_evaluation_and_promotion(root: Path, tmp_path: Path, point: str, agree: bool) -> None:
+    """One batch trains v1; the server is killed at `point`; the restarted one decides v1 exactly
+    once and serves the last promoted version (v0 when v1 is rejected, v1 when it is promoted)."""
+    model, base = base_model(root, 0)
+    state = tmp_path / "state"
+    evals = contains_e_set(tmp_path / "eval.jsonl") if agree else base_answers_set(base, tmp_path / "eval.jsonl")
+    settings = env("eval", evals)
+    proxy = start(model, state, {**settings, **fault_env(state, point, 1)})
+    view = PromotionView(state)
+    try:
+        run_sessions(proxy, 8, 0)
+        kill_at_marker(proxy, point)
+    finally:
+        proxy.stop()
+    before = view.decisions()
+    assert [d.version for d in before] == ([1] if point == "promotion.decided" else [])
+    proxy = start(model, state, settings)
+    try:
+        wait_idle(proxy)
+        decided = [d for d in view.decisions() if d.version == 1]
+        assert len(decided) == 1 and decided[0].verdict == ("promoted" if agree else "rejected"), decided
+        expected = 1 if agree else 0
+        assert view.serving() == expected == health_version(proxy.base)
+        if not agree:
+            assert served_answers(proxy) == base
+            # the trainer went on from the serving version: a rollback version carries v0's weights
+            assert any(kind == "rollback" and src == 0 for _, status_, kind, src in view.versions()
+                       if status_ == "committed"), view.versions()
+    finally:
+        proxy.stop()
+
+
+def test_promote_and_rollback_while_serving(root: Path, tmp_path: Path) -> None:
+    model, base = base_model(root, 0)
+    state = tmp_path / "state"
+    proxy = start(model, state, env("eval", base_answers_set(base, tmp_path / "eval.jsonl")))
+    view = PromotionView(state)
+    admin = httpx.Client(base_url=proxy.base, headers={"Authorization": f"Bearer {proxy.admin_key}"}, timeout=120)
+    try:
+        run_sessions(proxy, 24, 0)
+        wait_idle(proxy)
+        rejected = [d.version for d in view.decisions() if d.verdict == "rejected"]
+        assert rejected and view.serving() == 0
+        target = rejected[-1]
+        # the admin serves a rejected version anyway (CLI, against the running server)
+        done = cli("promote", str(target), "--state-dir", str(state))
+        assert done.returncode == 0 and f"v{target} serves now (was v0)" in done.stdout, done.stderr
+        assert health_version(proxy.base) == target and served_answers(proxy) != base
+        # ... and goes back (the dashboard's button: a login, and the CSRF token on the write)
+        c = httpx.Client(base_url=proxy.base, follow_redirects=False, timeout=120)
+        assert c.post("/dashboard/login", data={"key": proxy.admin_key}).status_code == 303
+        m = re.search(r'<meta name="csrf-token" content="([^"]+)">', c.get("/dashboard").text)
+        assert m is not None
+        r = c.post("/dashboard/api/promotion/rollback", json={"version": 0})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+        r = c.post("/dashboard/api/promotion/rollback", json={"version": 0}, headers={"X-CSRF-Token": m.group(1)})
+        assert r.status_code == 200 and r.json()["serving_version"] == 0, r.text
+        assert health_version(proxy.base) == 0 and served_answers(proxy) == base
+        overview = c.get("/dashboard/api/overview").json()["promotion"]
+        assert overview["lines"][0].startswith("promotion: eval") and overview["evals"]
+        assert [d["source"] for d in overview["decisions"][:2]] == ["admin", "admin"]
+        # bad input: clear 4xx, nothing changed
+        r = admin.post("/rl/promote", json={"version": 999})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        r = admin.post("/rl/promote", json={"version": "x"})
+        assert r.status_code == 422, r.text
+        bad = json.dumps({"messages": [{"role": "user", "content": "hi"}], "expect": "(oops"})
+        r = admin.post("/rl/eval", json={"eval_set": bad + "\n", "versions": [0]})
+        assert r.status_code == 400 and "line 1" in r.json()["error"]["message"], r.text
+        r = admin.post("/rl/eval", json={"versions": ["newest"]})
+        assert r.status_code == 422, r.text
+        r = httpx.post(proxy.base + "/rl/promote", json={"version": 0}, timeout=30,
+                       headers={"Authorization": f"Bearer {proxy.key()}"})
+        assert r.status_code == 403, r.text
+        assert health_version(proxy.base) == 0
+    finally:
+        admin.close()
+        proxy.stop()
