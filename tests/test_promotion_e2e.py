@@ -21,13 +21,14 @@ import sys
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("clawbridge_local")
 
 from clawbridge.devtools.tinymodel import build_tiny_model
-from tests.kill_support import fault_env, kill_at_marker
+from tests.kill_support import fault_env, kill_at_marker, wait_until
 from tests.promotion_support import (
     PromotionView,
     base_answers_set,
@@ -36,6 +37,7 @@ from tests.promotion_support import (
     run_sessions,
     served_answers,
     start,
+    status,
     wait_idle,
 )
 
@@ -86,6 +88,8 @@ def test_a_poisoned_run_in_eval_mode_never_changes_what_serves(root: Path, tmp_p
         assert len(steps) >= 3, steps
         assert sorted(d.version for d in auto) == steps  # every candidate decided, exactly once
         rejected = [d for d in auto if d.verdict == "rejected"]
+        print(f"seed {seed} eval: {len(rejected)} of {len(auto)} versions rejected, serving v{view.serving()}, "
+              "served answers unchanged")
         assert len(rejected) >= 3, auto
         for d in auto:
             assert d.score is not None and d.incumbent_score is not None
@@ -119,6 +123,8 @@ def test_a_poisoned_run_with_promotion_off_changes_what_serves(root: Path, tmp_p
         st = wait_idle(proxy)
         assert st["trainer"]["steps"]["ok"] >= 3
         after = served_answers(proxy)
+        print(f"off: {sum(a != b for a, b in zip(after, base, strict=True))} of {len(base)} served answers changed "
+              f"after {st['trainer']['steps']['ok']} steps")
         assert after != base
         assert st["promotion"]["decisions"] == [] and st["promotion"]["serving_version"] == health_version(proxy.base)
     finally:
@@ -226,6 +232,74 @@ def test_promote_and_rollback_while_serving(root: Path, tmp_path: Path) -> None:
                        headers={"Authorization": f"Bearer {proxy.key()}"})
         assert r.status_code == 403, r.text
         assert health_version(proxy.base) == 0
+    finally:
+        admin.close()
+        proxy.stop()
+
+
+def test_canary_rolls_back_a_worse_candidate_and_promotes_one_that_is_not(root: Path, tmp_path: Path) -> None:
+    """Mode canary: the candidate answers about half of the NEW sessions, each session sticks to one
+    version; sessions it answers are rewarded -1 and the incumbent's +1, so the test rolls it back
+    (training goes on from v0); the next candidate's sessions are rewarded like the incumbent's and
+    it is promoted."""
+    model, _ = base_model(root, 0)
+    state = tmp_path / "state"
+    proxy = start(model, state, env("canary", CLAWBRIDGE_BASELINE="none", CLAWBRIDGE_CANARY_SHARE="0.5",
+                                    CLAWBRIDGE_CANARY_MIN_SESSIONS="4", CLAWBRIDGE_CANARY_MAX_SESSIONS="12",
+                                    CLAWBRIDGE_CANARY_CONFIDENCE="0.9", CLAWBRIDGE_PROMOTION_POLL_INTERVAL_S="0.2",
+                                    CLAWBRIDGE_BATCH_WAIT_S="0"))
+    view = PromotionView(state)
+    admin = httpx.Client(base_url=proxy.base, headers={"Authorization": f"Bearer {proxy.admin_key}"}, timeout=120)
+    client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=proxy.key(), max_retries=2, timeout=120)
+
+    def session(i: int, reward_of: dict[int, float]) -> int:
+        r = admin.post("/rl/start_session", json={})
+        assert r.status_code == 200, r.text
+        key = r.json()["api_key"]
+        versions = set()
+        for turn in range(2):  # two calls: a session sticks to the version that answered it first
+            out = client.chat.completions.create(model="tiny", max_tokens=6, temperature=1.0, seed=i * 7 + turn,
+                                                 messages=[{"role": "user", "content": f"say something {i}"}],
+                                                 extra_headers={"Authorization": f"Bearer {key}"})
+            versions.add(int((out.system_fingerprint or "").removeprefix("policy-v")))
+        assert len(versions) == 1, versions
+        (version,) = versions
+        h = {"Authorization": f"Bearer {key}"}
+        assert httpx.post(proxy.base + "/rl/set_reward", json={"reward": reward_of.get(version, 1.0)}, headers=h,
+                          timeout=30).status_code == 200
+        assert httpx.post(proxy.base + "/rl/end_session", json={}, headers=h, timeout=30).status_code == 200
+        return version
+
+    def until_decided(version: int, reward_of: dict[int, float], start_at: int) -> tuple[int, list[int]]:
+        seen: list[int] = []
+        for i in range(start_at, start_at + 200):
+            seen.append(session(i, reward_of))
+            if any(d.version == version for d in view.decisions()):
+                return i + 1, seen
+        raise AssertionError(f"v{version} was not decided after 200 sessions; seen {seen}")
+
+    try:
+        worse = {1: -1.0, 0: 1.0}
+        for i in range(4):  # one batch (two turns a session): v1 is trained and becomes the candidate
+            session(i, worse)
+        wait_until(lambda: any(d.version == 1 for d in view.decisions())
+                   or status(proxy)["promotion"]["candidate_version"] == 1, "v1 on canary", proxy=proxy)
+        nxt, seen = until_decided(1, worse, 4)
+        assert 0 < seen.count(1) < len(seen), seen  # both sides answered new sessions
+        (d1,) = [d for d in view.decisions() if d.version == 1]
+        assert d1.verdict == "rejected" and d1.source == "canary" and d1.score == 0.0 and d1.incumbent_score == 1.0
+        wait_until(lambda: status(proxy)["promotion"]["candidate_version"] not in (None, 1), "the next candidate",
+                   proxy=proxy)
+        assert health_version(proxy.base) == 0
+        assert any(kind == "rollback" and src == 0 for _, st, kind, src in view.versions() if st == "committed")
+        candidate = status(proxy)["promotion"]["candidate_version"]
+        _, seen = until_decided(candidate, {}, nxt)
+        (d2,) = [d for d in view.decisions() if d.version == candidate]
+        assert d2.verdict == "promoted", d2
+        assert view.serving() == candidate == health_version(proxy.base)
+        figures = status(proxy)["promotion"]["decisions"][0]["figures"]["canary"]
+        assert figures["candidate_sessions"] >= 4 and figures["incumbent_sessions"] >= 4
+        assert figures["p_not_worse"] >= 0.5  # by confidence, or at canary_max_sessions
     finally:
         admin.close()
         proxy.stop()
