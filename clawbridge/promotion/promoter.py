@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from clawbridge.chatformat import ChatFormat
     from clawbridge.config import Settings
     from clawbridge.rewards.judge import JudgeModel
+    from clawbridge.trainer.checkpoints import CheckpointKeeper
     from clawbridge.trainer.loop import TrainerLoop
 
 log = logging.getLogger("clawbridge.promotion")
@@ -271,7 +272,14 @@ class Promoter:
     # ------------------------------------------------------------------ admin actions
     async def set_serving(self, version: int, action: str, trainer: TrainerLoop | None) -> dict[str, Any]:
         """`clawbridge promote N` / `rollback N`: `version` serves from now on and the trainer goes
-        on from it. Raises `PromotionError` when it cannot serve."""
+        on from it (under the trainer's lock, so no step or pending decision runs meanwhile).
+        Raises `PromotionError` when it cannot serve."""
+        if trainer is None:
+            return await self._set_serving(version, action, None)
+        async with trainer.lock:
+            return await self._set_serving(version, action, trainer.keeper)
+
+    async def _set_serving(self, version: int, action: str, keeper: CheckpointKeeper | None) -> dict[str, Any]:
         if not await self._servable(version):
             row = await self._read(self.versions.get, version)
             from clawbridge.trainer.checkpoints import no_checkpoint_message
@@ -290,11 +298,11 @@ class Promoter:
         self.hold = None
         self.serving = version
         resumed: int | None = None
-        if trainer is not None and await self._read(self._weights_of, self.router.published_version) != \
+        if keeper is not None and await self._read(self._weights_of, self.router.published_version) != \
                 await self._read(self._weights_of, version):
-            resumed = await trainer.rollback(version)
+            resumed = await keeper.rollback(version)
         if self.mode == "off":
-            self.router.set_serving(None if trainer is not None else version)
+            self.router.set_serving(None if keeper is not None else version)
             self.serving = self.router.serving_version
             await self._read(self.pstore.set_state, "off", self.serving)
         else:

@@ -496,6 +496,12 @@ class TrainerLoop:
         )
         return m
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held for each iteration (a step, the gate's decision); hold it to change what the
+        trainer trains from without racing them (promotion's admin actions)."""
+        return self._lock
+
     async def rollback(self, version: int) -> int:
         """Serve committed `version`'s checkpoint under a new version and train on from it (waits
         for a step in progress); returns the new version."""
