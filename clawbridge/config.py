@@ -209,8 +209,9 @@ class Settings(BaseSettings):
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
 
     # --- promotion (section owned by clawbridge/promotion): a new version serves only once it is not worse
-    promotion_mode: Literal["off", "eval", "canary"] = Field(
-        "off", description="off: every trained version serves at once (as before); eval: a new version is evaluated "
+    promotion_mode: Literal["auto", "off", "eval", "canary"] = Field(
+        "auto", description="auto: eval when eval_set names a file, else off; off: every trained version serves at "
+        "once; eval: a new version is evaluated "
         "on the eval set (or held-out sessions) and serves only if it is not worse than the serving one by more than "
         "promotion_tolerance, else training resumes from the serving version; canary: it answers canary_share of new "
         "sessions until a sequential test of their rewards decides (docs/promotion.md). TOML: also `[promotion] mode`.",
@@ -283,6 +284,14 @@ class Settings(BaseSettings):
             if moved:
                 raise OptionMoved("; ".join(moved))
         return data
+
+    @model_validator(mode="after")
+    def _resolve_promotion_mode(self) -> Settings:
+        """`promotion_mode = "auto"` is read once here: an eval set of the user's own turns the gate on
+        (`eval`), none leaves it `off`; every reader sees only off, eval or canary."""
+        if self.promotion_mode == "auto":
+            self.promotion_mode = "eval" if self.eval_set else "off"
+        return self
 
     @field_validator("privacy_detectors", "privacy_patterns", "privacy_phone_regions")
     @classmethod

@@ -144,6 +144,11 @@ def test_promotion_table_in_toml_and_env_precedence(tmp_path: Path, monkeypatch:
     s = load_settings(cfg)
     assert (s.promotion_mode, s.eval_set) == ("canary", "other.jsonl")
     monkeypatch.delenv("CLAWBRIDGE_PROMOTION_MODE")
+    # the default, auto: an eval set of your own turns the gate on, none leaves it off
+    cfg.write_text("")
+    assert load_settings(cfg).promotion_mode == "eval"  # CLAWBRIDGE_EVAL_SET is still set
+    monkeypatch.delenv("CLAWBRIDGE_EVAL_SET")
+    assert load_settings(cfg).promotion_mode == "off"
     cfg.write_text('[promotion]\nmode = "sometimes"\n')
     with pytest.raises(ValueError, match="promotion_mode"):
         load_settings(cfg)

@@ -375,8 +375,8 @@ def promotion_line(settings: Settings) -> str:
     """What `clawbridge up` says about promotion."""
     mode = settings.promotion_mode
     if mode == "off":
-        return ("promotion: off (every trained version serves at once; promotion_mode = eval checks each one "
-                "first, docs/promotion.md)")
+        return ("promotion: off (every trained version serves at once; name an eval set, CLAWBRIDGE_EVAL_SET, "
+                "and each one is checked first: docs/promotion.md)")
     if mode == "eval":
         where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"
         return f"promotion: eval (a new version serves only if not worse on {where}; `clawbridge status` shows decisions)"
