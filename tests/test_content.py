@@ -58,7 +58,7 @@ def test_the_runtime_line_is_read_from_any_text_part() -> None:
 
 
 def test_an_adapter_reads_its_own_part_types_by_the_same_rules() -> None:
-    from clawbridge.proxy.responses_request import RESPONSES_PART_FIELDS, input_messages
+    from clawbridge.shapes.responses import RESPONSES_PART_FIELDS, input_messages
 
     parts = [{"type": "output_text", "text": "The answer "}, {"type": "refusal", "refusal": "is no."}]
     assert content_text(parts, fields=RESPONSES_PART_FIELDS, join="") == "The answer is no."

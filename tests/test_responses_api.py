@@ -306,3 +306,55 @@ def test_mid_stream_failure_is_an_error_event_and_recorded_cancelled(tiny_model_
             assert turn["status"] == "cancelled" and len(turn["completion_token_ids"]) == 8
     finally:
         proxy.stop()
+
+
+def test_recorded_responses_turns_read_back_for_judge_dashboard_and_export(env: Env, renderer: Renderer) -> None:
+    """What the judge, on-policy distillation, the dashboard and the exports read of a Responses turn:
+    its request (instructions, input items, tools) and its answer (text, reasoning, function calls)
+    in OpenAI shape, also across a previous_response_id continuation."""
+    from clawbridge.dashboard.data import session_detail
+    from clawbridge.export.records import ExportFilter, export_records
+    from clawbridge.rewards.next_state import extract_next_states, turn_view
+    from clawbridge.store.rewards import RewardStore
+
+    proxy, sampler = env
+    client, sid = sdk(proxy), "resp-readback"
+    first = client.responses.create(model="tiny", instructions="Be brief.", tools=TOOLS, tool_choice="auto",
+                                    input=[{"role": "user", "content": "read /tmp/a.txt"}],
+                                    extra_headers={"X-Session-Id": sid})
+    call = first.output[2]
+    assert call.type == "function_call"
+    sampler.script = script_for(renderer, "It says 42.")
+    client.responses.create(model="tiny", previous_response_id=first.id, tools=TOOLS,
+                            input=[{"type": "function_call_output", "call_id": call.call_id,
+                                    "output": "file contents: 42"}],
+                            extra_headers={"X-Session-Id": sid})
+    asked = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "read /tmp/a.txt"}]
+    answered_call = [{"id": call.call_id, "type": "function",
+                      "function": {"name": "read_file", "arguments": '{"path": "/tmp/a.txt"}'}}]
+
+    # The judge's and on-policy distillation's reading (the reward worker's transcript).
+    views = [turn_view(t.turn_id, t.seq, t.turn_type, t.request, t.response, t.api)
+             for t in RewardStore(proxy.state.store).transcript(sid)]
+    assert [v.messages for v in views] == [
+        asked, [{"role": "tool", "tool_call_id": call.call_id, "content": "file contents: 42"}]]
+    assert views[0].answer == {"role": "assistant", "content": "Let me look. ",
+                               "reasoning_content": "The user wants the file.", "tool_calls": answered_call}
+    assert views[1].answer == {"role": "assistant", "content": "It says 42."}
+    nxt = extract_next_states(views)[views[0].turn_id]
+    assert nxt.kind == "tool" and nxt.messages[0]["content"] == "file contents: 42"
+
+    # The dashboard's session page.
+    detail = session_detail(proxy.state, sid)
+    assert detail is not None
+    shown = detail["turns"][0]
+    assert [m["content"] for m in shown["messages"]] == ["Be brief.", "read /tmp/a.txt"]
+    assert shown["answer"]["content"] == "Let me look. " and shown["answer"]["reasoning"] == "The user wants the file."
+    assert [c["name"] for c in shown["answer"]["tool_calls"]] == ["read_file"]
+    assert detail["turns"][1]["answer"]["content"] == "It says 42."
+
+    # The exports: messages, answer and tools in OpenAI shape.
+    records = [r for r in export_records(proxy.state.store, proxy.state.settings, ExportFilter())
+               if r["session_id"] == sid]
+    assert records[0]["messages"] == asked and records[0]["answer"] == views[0].answer
+    assert records[0]["tools"] == CHAT_TOOLS and records[1]["answer"]["content"] == "It says 42."

@@ -85,7 +85,8 @@ def sessions_show(
                       str(len(t["completion_token_ids"])), str(t["policy_version"]),
                       "" if t["reward"] is None else f"{t['reward']:g}", t["finish_reason"] or "")
     console.print(table)
-    from clawbridge.rewards.next_state import answer_message, text_of
+    from clawbridge.content import loose_text as text_of
+    from clawbridge.shapes.recorded import answer_message
 
     for t in view["turns"]:
         answer = answer_message(t["response"])

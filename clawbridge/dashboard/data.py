@@ -191,10 +191,6 @@ def session_detail(state: ProxyState, session_id: str) -> dict[str, Any] | None:
     for t in view["turns"]:
         tv = turn_view(t["turn_id"], t["seq"], t["turn_type"], t["request"] if isinstance(t["request"], dict) else {},
                        t["response"], str(t["meta"].get("api", "openai")))
-        reasoning = None
-        if isinstance(t["response"], dict) and t["response"].get("choices"):
-            msg = t["response"]["choices"][0].get("message") or {}
-            reasoning = msg.get("reasoning_content")
         ns = next_states.get(t["turn_id"])
         votes = rstore.votes(t["turn_id"])
         turns.append({
@@ -204,7 +200,7 @@ def session_detail(state: ProxyState, session_id: str) -> dict[str, Any] | None:
             "ttft_ms": None if t["first_token_at"] is None else round((t["first_token_at"] - t["created_at"]) * 1000, 1),
             "prompt_tokens": len(t["prompt_token_ids"]), "completion_tokens": len(t["completion_token_ids"]),
             "messages": [_message(m) for m in tv.messages],
-            "answer": {**_message(tv.answer), "reasoning": reasoning},
+            "answer": {**_message(tv.answer), "reasoning": tv.answer.get("reasoning_content")},
             "next_state": None if ns is None else {"kind": ns[0], "messages": [_message(m) for m in ns[1]]},
             "judge": {"votes": [{"attempt": a, "idx": v.idx, "score": v.score, "hint": v.hint, "error": v.error}
                                 for a, v in votes],

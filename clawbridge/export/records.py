@@ -113,7 +113,6 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
             tid = t["turn_id"]
             view = turn_view(tid, t["seq"], t["turn_type"], t["request"] if isinstance(t["request"], dict) else {},
                              t["response"], str(t["meta"].get("api", "openai")))
-            request = t["request"] if isinstance(t["request"], dict) else {}
             rec: dict[str, Any] = {
                 "session_id": sid, "turn_id": tid, "seq": t["seq"], "turn_type": t["turn_type"],
                 "status": t["status"], "session_status": session.status, "task_id": session.task_id,
@@ -121,7 +120,7 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
                 "policy_version": t["policy_version"], "created_at": t["created_at"],
                 "finish_reason": t["finish_reason"],
                 "messages": view.messages, "answer": view.answer,
-                "tools": request.get("tools") if isinstance(request.get("tools"), list) else None,
+                "tools": view.tools,
                 "prompt_ids": t["prompt_token_ids"], "completion_ids": t["completion_token_ids"],
                 "logprobs": t["completion_logprobs"],
                 "reward": rewards.get(tid), "return": returns.get(tid), "advantage": None, "advantages": None,

@@ -16,10 +16,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -29,13 +28,12 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.parse import Delta
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, render_request
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, refused_as_400
 from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken
 from clawbridge.shapes.anthropic import MessagesRequest, openai_data, validate_messages_request
-from clawbridge.shapes.errors import ShapeError
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -185,15 +183,6 @@ class MessagesShape:
 
     def stream_error(self, err: ApiError) -> bytes:
         return sse_event(anthropic_error_body(err))
-
-
-@contextlib.contextmanager
-def refused_as_400() -> Iterator[None]:
-    """A `ShapeError` of the Anthropic conversion as the 400 `invalid_request` it answers."""
-    try:
-        yield
-    except ShapeError as e:
-        raise ApiError(400, str(e), code="invalid_request", param=e.param) from None
 
 
 class MessagesApi:

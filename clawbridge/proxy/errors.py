@@ -6,13 +6,17 @@ is a 4xx with `{"error": {"message", "type", "param", "code"}}`, an unreachable 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clawbridge.shapes.errors import ShapeError
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -59,6 +63,15 @@ class ApiError(Exception):
 
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}}
+
+
+@contextlib.contextmanager
+def refused_as_400() -> Iterator[None]:
+    """A `ShapeError` of a request conversion (`clawbridge.shapes`) as the 400 `invalid_request` it answers."""
+    try:
+        yield
+    except ShapeError as e:
+        raise ApiError(400, str(e), code="invalid_request", param=e.param) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -15,10 +15,10 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from clawbridge.proxy.request import ChatRequest
-from clawbridge.proxy.responses_request import ResponsesRequest
 from clawbridge.proxy.rl_routes import EndSession, SetReward, StartSession
 from clawbridge.proxy.trajectory_routes import CompleteTrajectory, RegisterTrajectory
 from clawbridge.shapes.anthropic import MessagesRequest
+from clawbridge.shapes.responses import ResponsesRequest
 
 REF = "#/components/schemas/{model}"
 

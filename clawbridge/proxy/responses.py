@@ -29,11 +29,13 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.parse import Delta
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, turn_id_for
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, refused_as_400
 from clawbridge.proxy.model_routes import Prepared, openai_error
 from clawbridge.proxy.ownership import visible
 from clawbridge.proxy.request import validate_chat_request
-from clawbridge.proxy.responses_request import (
+from clawbridge.proxy.state import ProxyState
+from clawbridge.sampler import SampledToken
+from clawbridge.shapes.responses import (
     ResponsesRequest,
     chat_data,
     input_messages,
@@ -41,8 +43,6 @@ from clawbridge.proxy.responses_request import (
     output_messages,
     validate_responses_request,
 )
-from clawbridge.proxy.state import ProxyState
-from clawbridge.sampler import SampledToken
 
 MAX_CHAIN = 256
 """The longest previous_response_id chain followed."""
@@ -266,14 +266,16 @@ class ResponsesApi:
     prepare_reads_store = True
 
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
-        items, limit = body.get("input"), state.settings.max_messages
-        if isinstance(items, list) and len(items) > limit:
-            raise invalid(f"{len(items)} input items is over the limit of {limit} (max_messages)", "input")
-        req = validate_responses_request(body)
-        past, reads = history(state, req.previous_response_id) if req.previous_response_id is not None else ([], ())
-        data = chat_data(req, past)
-        if not data["messages"]:
-            raise invalid("input must have at least one item", "input")
+        with refused_as_400():
+            items, limit = body.get("input"), state.settings.max_messages
+            if isinstance(items, list) and len(items) > limit:
+                raise invalid(f"{len(items)} input items is over the limit of {limit} (max_messages)", "input")
+            req = validate_responses_request(body)
+            past, reads = (history(state, req.previous_response_id) if req.previous_response_id is not None
+                           else ([], ()))
+            data = chat_data(req, past)
+            if not data["messages"]:
+                raise invalid("input must have at least one item", "input")
         chat = validate_chat_request(data)
         return Prepared(chat, data, lambda call: ResponsesShape(call, req), meta={"store": req.store},
                         reads=reads)

@@ -15,20 +15,20 @@ Rules:
   last assistant message. Nothing found: the messages after the common prefix.
 - A main turn with no later main turn (the session ended) has NO next state. So does one whose
   following messages are empty.
-- Anthropic-shaped requests (`/v1/messages`) are converted to the OpenAI shape first, so
-  `tool_result` blocks become `tool` messages.
+- Recorded requests and answers of every API are read in the OpenAI shape
+  (`clawbridge.shapes.recorded`), so `tool_result` blocks and `function_call_output` items are
+  `tool` messages.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clawbridge.content import loose_text as text_of
-from clawbridge.shapes.recorded import openai_view
+from clawbridge.shapes.recorded import answer_message, openai_view
 
 NextKind = Literal["user", "tool", "tool+user"]
 
@@ -44,7 +44,9 @@ class TurnView:
     messages: list[dict[str, Any]]
     """The request messages (OpenAI shape)."""
     answer: dict[str, Any]
-    """The assistant message it produced: {role, content, tool_calls?}."""
+    """The assistant message it produced: {role, content, reasoning_content?, tool_calls?}."""
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools (OpenAI shape), None when it had none."""
 
 
 @dataclass(frozen=True)
@@ -129,33 +131,8 @@ def extract_next_states(turns: Sequence[TurnView]) -> dict[str, NextState]:
 # ------------------------------------------------------------------ from stored turns
 
 
-def answer_message(response: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The assistant message of a recorded response, OpenAI- or Anthropic-shaped."""
-    if not response:
-        return {"role": "assistant", "content": ""}
-    choices = response.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
-        msg = choices[0].get("message") or {}
-        return {"role": "assistant", "content": msg.get("content") or "",
-                **({"tool_calls": msg["tool_calls"]} if msg.get("tool_calls") else {})}
-    content = response.get("content")
-    if isinstance(content, list):  # Anthropic message
-        texts = [str(b.get("text", "")) for b in content if isinstance(b, Mapping) and b.get("type") == "text"]
-        calls = [
-            {"id": b.get("id"), "type": "function",
-             "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input", {}))}}
-            for b in content if isinstance(b, Mapping) and b.get("type") == "tool_use"
-        ]
-        return {"role": "assistant", "content": "".join(texts), **({"tool_calls": calls} if calls else {})}
-    return {"role": "assistant", "content": ""}
-
-
-def request_messages(request: Mapping[str, Any], api: str) -> list[dict[str, Any]]:
-    """The request's messages in OpenAI shape (`clawbridge.shapes.recorded`)."""
-    return openai_view(request, api).messages
-
-
 def turn_view(turn_id: str, seq: int, turn_type: str, request: Mapping[str, Any],
               response: Mapping[str, Any] | None, api: str = "openai") -> TurnView:
     """A `TurnView` from what the store recorded for a turn."""
-    return TurnView(turn_id, seq, turn_type, request_messages(request, api), answer_message(response))
+    view = openai_view(request, api)
+    return TurnView(turn_id, seq, turn_type, view.messages, answer_message(response), view.tools)

@@ -1,5 +1,8 @@
 """Reading an OpenAI Responses request and turning it into the chat-shaped data the renderer takes.
 
+It sits below the proxy (which answers its `ShapeError`s as 400 `invalid_request`) and the
+readers of recorded turns (`clawbridge.shapes.recorded`: judge, distillation, dashboard, exports).
+
 Invariants:
 - Every field that changes what the model sees or how it samples is converted exactly
   (`instructions`, `input` items, function `tools`, `tool_choice`, `max_output_tokens`,
@@ -27,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clawbridge.content import TEXT_PART_FIELDS, ContentError, content_text
-from clawbridge.proxy.errors import ApiError
+from clawbridge.shapes.errors import ShapeError
 
 _REFUSED_FIELDS = {
     "background": "background responses are not served; send the request and wait (or stream)",
@@ -59,9 +62,9 @@ class ResponsesRequest(BaseModel):
     text: dict[str, Any] | None = None
 
 
-def invalid(message: str, param: str | None = None) -> ApiError:
-    """A 400 `invalid_request_error`."""
-    return ApiError(400, message, code="invalid_request", param=param)
+def invalid(message: str, param: str | None = None) -> ShapeError:
+    """A refused request (the proxy answers it as a 400 `invalid_request`, `clawbridge.shapes.errors`)."""
+    return ShapeError(message, param)
 
 
 def validate_responses_request(data: dict[str, Any]) -> ResponsesRequest:
