@@ -19,7 +19,7 @@ PACKAGES = {
     "clawbridge_tinker": ROOT / "backends/tinker/clawbridge_tinker",
     "clawbridge_fireworks": ROOT / "backends/fireworks/clawbridge_fireworks",
 }
-NOT_CORE = ("clawbridge.devtools", "clawbridge.cli", "clawbridge.realdemo", "clawbridge.__main__")
+NOT_CORE = ("clawbridge.devtools", "clawbridge.cli", "clawbridge.__main__")
 REQUEST_PATH = ("clawbridge.proxy", "clawbridge.server")
 
 

@@ -1,6 +1,6 @@
 """The real-model demo: SmolLM2-135M-Instruct learns "keep it short" from a user's replies, with LoRA.
 
-The slow test runs `clawbridge.realdemo.run_real_demo` end to end (the real proxy, the real
+The slow test runs `clawbridge.devtools.realdemo.run_real_demo` end to end (the real proxy, the real
 `openai` SDK, the rule-based judge endpoint, LoRA training and publishing) and checks the held-out
 preference rate rises by MARGIN while the capability check holds; the fast ones check the
 pieces it is measured with.
@@ -14,7 +14,7 @@ import pytest
 
 from clawbridge.cli.demo_real import CAPABILITY_BOUND
 from clawbridge.devtools.judge_server import rule_based_verdict
-from clawbridge.realdemo import (
+from clawbridge.devtools.realdemo import (
     COMPLAINT,
     FACTS,
     HELD_OUT,

@@ -1,4 +1,4 @@
-"""`clawbridge demo --model smollm2`: the real-model demo's console output (clawbridge.realdemo runs it)."""
+"""`clawbridge demo --model smollm2`: the real-model demo's console output (`clawbridge.devtools.realdemo` runs it)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ by more than this (3 of 12 questions)."""
 
 def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int | None,
         console: Console, err: Console) -> None:
-    from clawbridge.models import ModelFetchError
-    from clawbridge.realdemo import (
+    from clawbridge.devtools.realdemo import (
         COMPLAINT,
         THANKS,
         TRAIN_ANSWERS,
@@ -26,6 +25,7 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
         run_real_demo,
         samples,
     )
+    from clawbridge.models import ModelFetchError
 
     base = RealDemoConfig()
     cfg = RealDemoConfig(lora_rank=base.lora_rank if lora_rank is None else lora_rank,

@@ -223,7 +223,7 @@ def demo(
         raise typer.Exit(2)
     if model == "smollm2":
         from clawbridge.cli import demo_real
-        from clawbridge.realdemo import default_out_dir as real_out_dir
+        from clawbridge.devtools.realdemo import default_out_dir as real_out_dir
 
         demo_real.run(out or real_out_dir(), lora_rank, learning_rate, seed, rounds, console, err)
         return
