@@ -171,7 +171,8 @@ class Settings(BaseSettings):
         "group baseline, also the longest a task's ready turns wait for its other sessions to be rewarded (0: never).",
     )
     default_session_reward: bool = Field(
-        True, description="AReaL's rule: a /rl/start_session session refreshed or ended with no reward gets "
+        True, description="AReaL's rule: a /rl/start_session session or a Claw-R1 trajectory that is refreshed or "
+        "ended (by any route, the dashboard, `clawbridge sessions end` or the idle timeout) with no reward gets "
         "default_reward_value on its last turn (never when a judge is configured: its verdicts are the reward).")
     default_reward_value: float = Field(0.0, description="The reward default_session_reward assigns.")
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")

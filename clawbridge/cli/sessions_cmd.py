@@ -50,13 +50,18 @@ def sessions_end(
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """End a session now (its rewarded turns become trainable), as /rl/end_session does; works while
-    the server runs (the trainer picks it up at its next poll) and while it is down."""
-    store = store_or_exit(settings_or_exit(config, state_dir=state_dir))
+    """End a session now (its rewarded turns become trainable), as /rl/end_session does: a session
+    started with a session key or a trajectory that has no reward gets default_reward_value on its
+    last turn (default_session_reward). Works while the server runs (the trainer picks it up at its
+    next poll) and while it is down."""
+    from clawbridge.lifecycle import SessionLifecycle
+
+    settings = settings_or_exit(config, state_dir=state_dir)
+    store = store_or_exit(settings)
     if store.get_session(session_id) is None:
         err.print(f"no session {session_id!r}")
         raise typer.Exit(1)
-    if store.end_session(session_id, "end_session"):
+    if SessionLifecycle(store, settings).end(session_id):
         console.print(f"ended session {session_id}")
     else:
         console.print(f"session {session_id} had already ended")

@@ -203,9 +203,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         auth.require_write(request)
         if await state.read(state.store.get_session, session_id) is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
-        ended = await state.writer.call(state.store.end_session, session_id, "end_session")
-        if state.trainer is not None:
-            state.trainer.notify()
+        ended = await state.end_session(session_id)
         log.info("session %s ended from the dashboard", session_id)
         return _json({"session_id": session_id, "ended": ended})
 

@@ -40,7 +40,7 @@ async def _reap_idle(state: ProxyState) -> None:
     while True:
         await state.store.clock.sleep(interval)  # the store's clock: a test moves it instead of waiting
         try:
-            ended = await state.writer.call(state.store.end_idle_sessions, idle)
+            ended = await state.end_idle(idle)
             if ended:
                 log.info("ended %d idle session(s)", len(ended))
         except Exception:

@@ -18,7 +18,7 @@ AReaL compatibility:
   Starting a session with the key of an active session refreshes it: the old session ends.
 - A keyed session refreshed or ended without any reward gets `default_reward_value` on its last
   turn (setting `default_session_reward`; AReaL's "a default reward of 0 is assigned"), unless a
-  judge is configured.
+  judge is configured: `clawbridge.lifecycle`, the same rule on every path that ends a session.
 - Fields these routes do not know (AReaL's `model` on set_reward, ...) are ignored, logged once
   per route and field; `group_size` above 1 is a 400 (one session per call here).
 
@@ -49,8 +49,6 @@ from clawbridge.store.users import UserStore
 log = logging.getLogger("clawbridge.proxy")
 
 MIN_SESSION_KEY_LEN = 16
-DEFAULT_REWARD_SOURCE = "default"
-"""`rewards.source` of the reward `default_session_reward` assigns."""
 _ignored_logged: set[tuple[str, str]] = set()
 
 MAX_OFFSET = 2**62
@@ -123,26 +121,6 @@ def _check_session_key(key: str, state: ProxyState) -> None:
                   "(omit api_key to get a new one)")
 
 
-async def default_reward(state: ProxyState, session_id: str) -> None:
-    """AReaL's rule: a keyed session that ends without any reward gets the default on its last turn."""
-    settings = state.settings
-    if not settings.default_session_reward or state.judge is not None:
-        return
-    session = await state.read(state.store.get_session, session_id)
-    if session is None or session.source != "session_key":
-        return
-    rewards = await state.read(state.store.session_rewards, session_id)
-    if rewards:
-        return
-    last = await state.read(state.store.last_turn_id, session_id)
-    if last is None:
-        return
-    await state.writer.call(state.store.add_reward, session_id, settings.default_reward_value,
-                            DEFAULT_REWARD_SOURCE, last)
-    log.info("session %s ended without a reward: default reward %g on %s", session_id,
-             settings.default_reward_value, last)
-
-
 def build_rl_router(state: ProxyState) -> APIRouter:
     router = APIRouter(prefix="/rl")
 
@@ -175,10 +153,9 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         if replaced is not None and not await visible(state, principal, replaced):
             raise ApiError(400, "api_key is in use by another session; omit api_key to get a new one",
                            param="api_key", code="invalid_session_key")
-        session_id = await state.writer.call(state.store.start_keyed_session, key, req.task_id, principal.user)
+        session_id = await state.writer.call(state.sessions.start_keyed, key, req.task_id, principal.user)
         if replaced is not None:
             log.info("session %s refreshed: key now records into %s", replaced, session_id)
-            await default_reward(state, replaced)
         return {"session_id": session_id, "api_key": key}
 
     @router.post("/end_session")
@@ -188,11 +165,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         sid = await _target_session(state, principal, req.session_id)
         if await state.read(state.store.get_session, sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
-        ended = await state.writer.call(state.store.end_session, sid, "end_session")
-        if ended:
-            await default_reward(state, sid)
-        if state.trainer is not None:
-            state.trainer.notify()
+        ended = await state.end_session(sid)
         session = await state.read(state.store.get_session, sid)
         count = session.turn_count if session is not None else 0
         return {"message": "success", "session_id": sid, "ended": ended, "interaction_count": count}

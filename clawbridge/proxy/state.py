@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
+from clawbridge.lifecycle import SessionLifecycle
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.guard import Drain
@@ -206,8 +207,30 @@ class ProxyState:
     """Which version answers each model call: `NAME@N`, the serving version, a canary's candidate
     (clawbridge.versions)."""
 
+    sessions: SessionLifecycle = field(init=False)
+    """How sessions end, with their default reward (clawbridge.lifecycle): every route and the reaper."""
+
     def __post_init__(self) -> None:
         self.router = VersionRouter(self.backend, VersionStore(self.store), (self.model_info.name, "default"))
+        self.sessions = SessionLifecycle(self.store, self.settings)
+
+    async def end_session(self, session_id: str, reason: str = "end_session") -> bool:
+        """End `session_id` (`clawbridge.lifecycle`) and wake the trainer; False when it was unknown
+        or already ended."""
+        ended = await self.writer.call(self.sessions.end, session_id, reason)
+        self._wake_trainer()
+        return ended
+
+    async def end_idle(self, idle_s: float) -> list[str]:
+        """End every session idle for `idle_s` seconds (`clawbridge.lifecycle`) and wake the trainer."""
+        ended = await self.writer.call(self.sessions.end_idle, idle_s)
+        if ended:
+            self._wake_trainer()
+        return ended
+
+    def _wake_trainer(self) -> None:
+        if self.trainer is not None:
+            self.trainer.notify()
 
     async def compute(self, size: int, fn: Callable[..., T], *args: Any, reads_store: bool = False) -> T:
         """`fn(*args)`: CPU work that grows with a request of `size` bytes (parsing, validation,

@@ -112,9 +112,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
             if not math.isfinite(req.reward):
                 raise ApiError(422, "reward must be a finite number", param="reward")
             await state.writer.call(state.store.add_reward, sid, req.reward, "api", None)
-        ended = await state.writer.call(state.store.end_session, sid, "end_session")
-        if state.trainer is not None:
-            state.trainer.notify()
+        ended = await state.end_session(sid)
         return {"status": "ok", "session_id": sid, "ended": ended}
 
     for name, why in _WHITE_BOX.items():

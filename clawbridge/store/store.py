@@ -35,6 +35,7 @@ from typing import Any
 from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.store.codec import encode_floats, encode_ids
 from clawbridge.store.health import create_private
+from clawbridge.store.lifecycle import DefaultReward, end_in
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
 from clawbridge.store.turns import decode_turn
 
@@ -216,17 +217,16 @@ class Store:
         assert session is not None
         return session
 
-    def start_keyed_session(self, key: str, task_id: str | None, user_id: str | None = None) -> str:
-        """Start a session (of `user_id`) reached by `key`; a session already on that key is ended first."""
+    def start_keyed_session(self, key: str, task_id: str | None, user_id: str | None = None,
+                            default: DefaultReward | None = None) -> str:
+        """Start a session (of `user_id`) reached by `key`; a session already on that key is ended
+        first ("replaced", with its `default` reward: `clawbridge.store.lifecycle`)."""
         now = self.clock.now()
         kh = hash_key(key)
         session_id = new_id("sess")
         with self.write() as c:
-            c.execute(
-                "UPDATE sessions SET status='ended', end_reason='replaced', ended_at=?, updated_at=?, key_hash=NULL "
-                "WHERE key_hash=?",
-                (now, now, kh),
-            )
+            for (replaced,) in c.execute("SELECT session_id FROM sessions WHERE key_hash=?", (kh,)).fetchall():
+                end_in(c, str(replaced), "replaced", default, now)
             c.execute(
                 "INSERT INTO sessions(session_id, key_hash, task_id, source, status, created_at, updated_at, "
                 "user_id) VALUES(?,?,?,?,?,?,?,?)",
@@ -242,31 +242,22 @@ class Store:
             ).fetchone()
         return None if row is None else str(row[0])
 
-    def end_session(self, session_id: str, reason: str) -> bool:
-        """End an active session; False when it was unknown or already ended."""
+    def end_session(self, session_id: str, reason: str, default: DefaultReward | None = None) -> bool:
+        """End an active session, with its `default` reward when it is owed one
+        (`clawbridge.store.lifecycle`); False when it was unknown or already ended. The server,
+        the CLI and the reaper end sessions through `clawbridge.lifecycle`, which passes `default`."""
         now = self.clock.now()
         with self.write() as c:
-            cur = c.execute(
-                "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, updated_at=?, key_hash=NULL "
-                "WHERE session_id=? AND status='active'",
-                (reason, now, now, session_id),
-            )
-            return cur.rowcount > 0
+            return end_in(c, session_id, reason, default, now)
 
-    def end_idle_sessions(self, idle_s: float) -> list[str]:
-        """End every active session untouched for `idle_s` seconds; return their ids."""
+    def end_idle_sessions(self, idle_s: float, default: DefaultReward | None = None) -> list[str]:
+        """End every active session untouched for `idle_s` seconds (as `end_session`); return their ids."""
         now = self.clock.now()
         with self.write() as c:
             rows = c.execute(
                 "SELECT session_id FROM sessions WHERE status='active' AND updated_at < ?", (now - idle_s,)
             ).fetchall()
-            ids = [str(r[0]) for r in rows]
-            c.executemany(
-                "UPDATE sessions SET status='ended', end_reason='idle', ended_at=?, updated_at=?, key_hash=NULL "
-                "WHERE session_id=?",
-                [(now, now, i) for i in ids],
-            )
-        return ids
+            return [str(r[0]) for r in rows if end_in(c, str(r[0]), "idle", default, now)]
 
     def get_session(self, session_id: str) -> SessionRow | None:
         with self.read() as c:
