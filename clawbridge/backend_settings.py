@@ -9,7 +9,7 @@ Invariants:
 - A backend declares its options by giving its entry-point factory a `settings_model` attribute:
   a pydantic `BaseModel` subclass (unknown options are refused here whatever its `extra`), and
   may name the same class in the `clawbridge.backend_settings` group so it is listed without
-  importing the backend (`clawbridge.backend.settings_models`). It reads them with
+  importing the backend (`clawbridge.plugins.settings_models`). It reads them with
   `backend_section(settings, name, model)`.
 - Sources, highest first: flags (`Settings.backend_flags`, set by the CLI through
   `load_settings(backend_flags=...)`), the environment, then the TOML section
@@ -17,16 +17,17 @@ Invariants:
   `CLAWBRIDGE_<NAME>_<FIELD>` (`env_prefix(name)`: the backend name upper-cased, `-` and `.` as
   `_`), or the names it lists itself in `json_schema_extra={"env": [...]}` (first set wins: how
   `api_key` keeps reading `TINKER_API_KEY`). Environment values of list or dict fields are JSON.
-- Validated when the backend is selected (`clawbridge.backend.load_backend`), before its factory
+- Validated when the backend is selected (`clawbridge.plugins.load_backend`), before its factory
   runs: a bad value or an unknown option raises `BackendSettingsError` naming
   `backends.<name>.<field>` and its environment variable. A section given to a backend that
   declares no settings model is refused the same way, so a mistyped option never passes silently.
 - An option that moved from the flat `Settings` into a backend's section (`tinker_base_url` ->
   `[backends.tinker] base_url`, `engine` -> `[backends.local] engine`) is refused at the top level
-  with `OptionMoved`, whose message names where it went (`moved_option`) and no value. Its old
+  with `clawbridge.config.OptionMoved`, whose message names where it went
+  (`clawbridge.plugins.moved_option`) and no value. Its old
   environment variable keeps working: it is the section's own (`CLAWBRIDGE_TINKER_BASE_URL`), or
   the option lists it after its own (`CLAWBRIDGE_LOCAL_ENGINE`, then `CLAWBRIDGE_ENGINE`).
-- Secrets are never shown: `masked_section` prints a `SecretStr` field, or any option whose name
+- Secrets are never shown: `clawbridge.config.masked_section` prints a `SecretStr` field, or any option whose name
   says key/secret/token/password, as `***`.
 """
 
@@ -38,7 +39,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, get_origin
 
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 if TYPE_CHECKING:
@@ -46,19 +47,8 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 
-SECRET_WORDS = re.compile(r"key|secret|token|password", re.IGNORECASE)
-"""Options whose names match are masked by `masked_section` (and by `Settings.masked_dump`)."""
-
-
 class BackendSettingsError(ValueError):
     """A backend's section (TOML or environment) does not fit its settings model."""
-
-
-class OptionMoved(Exception):
-    """A backend's old flat top-level option was given (`moved_option` says where it went).
-
-    Deliberately not a `ValueError`: pydantic would wrap that in a `ValidationError` that prints
-    every input value, the keys among them."""
 
 
 def env_prefix(name: str) -> str:
@@ -136,45 +126,3 @@ def check_backend_section(settings: Settings, name: str, model: type[BaseModel] 
             )
         return
     backend_section(settings, name, model)
-
-
-def masked_section(section: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
-    """A section as plain values with its secrets masked (module invariants): `***` for a set
-    secret, `None` for an unset one."""
-    items = section.model_dump().items() if isinstance(section, BaseModel) else section.items()
-    out: dict[str, Any] = {}
-    for key, value in items:
-        if isinstance(value, SecretStr) or (value is not None and SECRET_WORDS.search(key)):
-            out[key] = "***"
-        else:
-            out[key] = value
-    return out
-
-
-def _moved(key: str, backend: str, option: str, old_env: str) -> str:
-    own = env_prefix(backend) + option.upper()
-    env = (f"its environment variable {own} is unchanged" if old_env == own
-           else f"its environment variable is {own}; {old_env} still works")
-    return (f"option {key!r} moved to the {backend} backend's own section: set `{option}` under "
-            f"`[backends.{backend}]` in the TOML file ({env})")
-
-
-def moved_option(key: str) -> str | None:
-    """Where a flat top-level option of a backend went, as the message that refuses it; None when
-    `key` names no backend's option. It went to option O of backend B when `CLAWBRIDGE_<KEY>` is
-    one of O's environment variables (`engine` -> `[backends.local] engine`, which still reads
-    `CLAWBRIDGE_ENGINE`; `tinker_base_url` -> `[backends.tinker] base_url`), or, for a bundled
-    backend that is not installed, when `key` starts with `<b>_`."""
-    from clawbridge.backend import KNOWN_BACKEND_PACKAGES, settings_models
-
-    old_env = "CLAWBRIDGE_" + key.upper()
-    models = settings_models()
-    for backend, model in models.items():
-        for option, info in (model.model_fields if model is not None else {}).items():
-            if old_env in env_names(backend, option, info):
-                return _moved(key, backend, option, old_env)
-    for backend in sorted(set(KNOWN_BACKEND_PACKAGES) - set(models), key=len, reverse=True):
-        stem = re.sub(r"[^A-Za-z0-9]", "_", backend).lower() + "_"
-        if key.lower().startswith(stem) and len(key) > len(stem):
-            return _moved(key, backend, key[len(stem):], old_env)
-    return None

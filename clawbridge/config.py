@@ -6,18 +6,22 @@ Invariants:
   `CLAWBRIDGE_<NAME>_*` (`clawbridge.backend_settings`); a flat top-level key of a backend
   (`engine`, `tinker_base_url`) is refused naming where it moved, never silently ignored.
 - Secrets are `SecretStr` so they never print by accident (and `privacy_patterns`, which may spell
-  one out, is masked too); `masked_dump` (with
-  `backend_settings.masked_section` for the backend sections) is what `clawbridge config show`
-  prints.
+  one out, is masked too); `masked_dump` (with `masked_section` for the backend sections) is
+  what `clawbridge config show` prints.
+- Settings sit at the bottom: this module imports no other clawbridge module (the backend
+  registry above it, `clawbridge.plugins`, teaches it where a backend's old flat option moved
+  through `explain_unknown_options`).
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -25,9 +29,57 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from clawbridge.backend_settings import masked_section
-
 DEFAULT_STATE_DIR = Path("~/.clawbridge")
+
+SECRET_WORDS = re.compile(r"key|secret|token|password", re.IGNORECASE)
+"""Options whose names match are masked by `masked_section` (and by `Settings.masked_dump`)."""
+
+
+def masked_section(section: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """A section as plain values with its secrets masked (module invariants): `***` for a set
+    secret, `None` for an unset one."""
+    items = section.model_dump().items() if isinstance(section, BaseModel) else section.items()
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if isinstance(value, SecretStr) or (value is not None and SECRET_WORDS.search(key)):
+            out[key] = "***"
+        else:
+            out[key] = value
+    return out
+
+
+class OptionMoved(Exception):
+    """A backend's old flat top-level option was given (`moved_option` says where it went).
+
+    Deliberately not a `ValueError`: pydantic would wrap that in a `ValidationError` that prints
+    every input value, the keys among them."""
+
+
+UnknownOptionHint = Callable[[str], "str | None"]
+"""Says where an unknown top-level option went (a message), or None when it knows nothing of it."""
+_unknown_option_hints: list[UnknownOptionHint] = []
+
+
+def explain_unknown_options(hint: UnknownOptionHint) -> None:
+    """Have `Settings` refuse an unknown option that `hint` knows with `OptionMoved` and its message
+    (the backend registry registers `clawbridge.plugins.moved_option`); any other unknown option
+    is refused by pydantic as before."""
+    if hint not in _unknown_option_hints:
+        _unknown_option_hints.append(hint)
+
+
+TRACKERS = ("tensorboard", "wandb")
+"""The experiment trackers `report_to` may name (`clawbridge.reporting` writes to them)."""
+
+
+def parse_report_to(value: str) -> list[str]:
+    """'tensorboard,wandb' -> ['tensorboard', 'wandb']; raises ValueError naming a bad entry."""
+    names = [p.strip().lower() for p in value.split(",") if p.strip()]
+    bad = [n for n in names if n not in TRACKERS]
+    if bad:
+        raise ValueError(f"report_to: unknown tracker(s) {bad}; choose from {', '.join(TRACKERS)}")
+    return list(dict.fromkeys(names))
+
 
 LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head",
@@ -276,12 +328,10 @@ class Settings(BaseSettings):
     def _refuse_moved_options(cls, data: Any) -> Any:
         """A backend's old flat key (`tinker_base_url = ...`) says where it moved (module invariants)."""
         if isinstance(data, dict):
-            from clawbridge.backend_settings import OptionMoved, moved_option
-
             data = _flatten_promotion(data)
 
             unknown = [k for k in data if isinstance(k, str) and k not in cls.model_fields]
-            moved = [m for m in (moved_option(k) for k in unknown) if m]
+            moved = [m for m in (next((h(k) for h in _unknown_option_hints if h(k)), None) for k in unknown) if m]
             if moved:
                 raise OptionMoved("; ".join(moved))
         return data
@@ -304,8 +354,6 @@ class Settings(BaseSettings):
     @field_validator("report_to")
     @classmethod
     def _known_trackers(cls, value: str) -> str:
-        from clawbridge.reporting import parse_report_to
-
         return ",".join(parse_report_to(value))
 
     @classmethod

@@ -22,18 +22,15 @@ import math
 import queue
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from clawbridge.config import Settings, parse_report_to
 from clawbridge.store import Store
 from clawbridge.store.observe import ObserveStore
-
-if TYPE_CHECKING:
-    from clawbridge.config import Settings
 
 log = logging.getLogger("clawbridge.reporting")
 
 QUEUE_MAX = 1000
-TRACKERS = ("tensorboard", "wandb")
 
 
 class StepSink(Protocol):
@@ -44,15 +41,6 @@ class StepSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def parse_report_to(value: str) -> list[str]:
-    """'tensorboard,wandb' -> ['tensorboard', 'wandb']; raises ValueError naming a bad entry."""
-    names = [p.strip().lower() for p in value.split(",") if p.strip()]
-    bad = [n for n in names if n not in TRACKERS]
-    if bad:
-        raise ValueError(f"report_to: unknown tracker(s) {bad}; choose from {', '.join(TRACKERS)}")
-    return list(dict.fromkeys(names))
 
 
 def step_scalars(step: dict[str, Any]) -> dict[str, float]:
@@ -222,7 +210,7 @@ def build_reporter(settings: Settings, store: Store) -> StepReporter | None:
         if name == "tensorboard":
             sinks.append(TensorBoardSink(base / "tensorboard"))
         else:
-            from clawbridge.backend import resolved_config
+            from clawbridge.plugins import resolved_config
 
             sinks.append(WandbSink(settings.wandb_project, base / "wandb",
                                    {k: v for k, v in resolved_config(settings)[0].items() if v != "***"}))

@@ -33,13 +33,13 @@ from clawbridge.backend import (
     TrainingBackend,
     UnsupportedSettings,
     check_capabilities,
-    load_backend,
 )
 from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.config import Settings
 from clawbridge.instance import StateDirLock, bind_listener
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
+from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
 from clawbridge.promotion.promoter import build_promoter, promotion_line
 from clawbridge.proxy.app import build_app

@@ -19,9 +19,9 @@ from pathlib import Path
 from pydantic import AliasChoices, BaseModel
 from pydantic.fields import FieldInfo
 
-from clawbridge.backend import KNOWN_BACKEND_PACKAGES, settings_models
 from clawbridge.backend_settings import env_names
 from clawbridge.config import Settings
+from clawbridge.plugins import KNOWN_BACKEND_PACKAGES, settings_models
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "clawbridge" / "config.py"

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-import clawbridge.backend as backend_mod
-from clawbridge.backend import FakeServingBackend, ModelInfo, load_backend
+import clawbridge.plugins as backend_mod
+from clawbridge.backend import FakeServingBackend, ModelInfo
 from clawbridge.backend_settings import BackendSettingsError, backend_section, env_prefix
 from clawbridge.config import Settings, load_settings
+from clawbridge.plugins import load_backend
 from clawbridge.sampler import FakeSampler
 
 

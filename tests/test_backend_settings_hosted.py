@@ -15,9 +15,9 @@ from clawbridge_fireworks.settings import FireworksSettings, fireworks_settings
 from clawbridge_tinker.settings import TinkerSettings, tinker_settings
 from pydantic import ValidationError
 
-from clawbridge.backend import load_backend, settings_models, trained_model
-from clawbridge.backend_settings import BackendSettingsError, OptionMoved, masked_section
-from clawbridge.config import Settings, load_settings
+from clawbridge.backend_settings import BackendSettingsError
+from clawbridge.config import OptionMoved, Settings, load_settings, masked_section
+from clawbridge.plugins import load_backend, settings_models, trained_model
 from clawbridge.trainer.identity import checkpoint_identity
 
 

@@ -18,10 +18,10 @@ import pytest
 from clawbridge_local.backend import LocalBackend, create
 from clawbridge_local.settings import LocalSettings, local_settings
 
-import clawbridge.backend as backend_mod
-from clawbridge.backend import load_backend, settings_models
-from clawbridge.backend_settings import BackendSettingsError, OptionMoved
-from clawbridge.config import Settings, load_settings
+import clawbridge.plugins as backend_mod
+from clawbridge.backend_settings import BackendSettingsError
+from clawbridge.config import OptionMoved, Settings, load_settings
+from clawbridge.plugins import load_backend, settings_models
 
 ROOT = Path(__file__).resolve().parent.parent
 MOVED = ("engine", "device", "dtype", "engine_batch_decode", "engine_threads", "max_running_requests",
@@ -117,7 +117,7 @@ def test_listing_the_backends_options_imports_neither_torch_nor_an_sdk() -> None
     if "local" not in light:
         pytest.skip("the installed clawbridge-local metadata predates its clawbridge.backend_settings entry point: "
                     "pip install -e backends/local --no-deps")
-    code = ("import sys; from clawbridge.backend import settings_models; models = settings_models(); "
+    code = ("import sys; from clawbridge.plugins import settings_models; models = settings_models(); "
             "print(sorted(n for n, m in models.items() if m is not None)); "
             "print(sorted(m for m in ('torch', 'transformers', 'tinker', 'fireworks') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -25,8 +25,9 @@ from clawbridge_fireworks.doctor import doctor_checks
 from clawbridge_fireworks.manifest import Manifest
 from clawbridge_fireworks.provision import ConsentRequired, ProvisionError
 
-from clawbridge.backend import Datum, LossConfig, TrainingBackend, load_backend
+from clawbridge.backend import Datum, LossConfig, TrainingBackend
 from clawbridge.config import Settings
+from clawbridge.plugins import load_backend
 from clawbridge.sampler import SamplerOverloaded, SamplerTimeout, SamplerUnavailable, SamplingParams
 from tests.fireworks_server import FakeFireworks, ServerThread
 

@@ -22,8 +22,8 @@ import torch
 from clawbridge_local.backend import engine_threads
 from clawbridge_local.sampling import choose
 
-from clawbridge.backend import load_backend
 from clawbridge.config import Settings
+from clawbridge.plugins import load_backend
 from clawbridge.render import Renderer
 from clawbridge.sampler import SamplingParams
 from clawbridge.server import UnsafeBind, check_bind

@@ -5,6 +5,9 @@ function-level ones included, so a lazy import cannot hide a dependency).
   backend packages) never imports `clawbridge.devtools`, directly or through another module.
 - Nothing in the request path (`clawbridge.proxy`, `clawbridge.server`) imports a fake
   (`Fake*` / `Scripted*` names): fakes live beside their protocols for tests only.
+- No import circles (`clawbridge.devtools.imports`): settings at the bottom, the backend registry
+  (`clawbridge.plugins`) above them and the backend seam's types, the store's files below the
+  store and its health checks.
 """
 
 from __future__ import annotations
@@ -12,26 +15,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {
-    "clawbridge": ROOT / "clawbridge",
-    "clawbridge_local": ROOT / "backends/local/clawbridge_local",
-    "clawbridge_tinker": ROOT / "backends/tinker/clawbridge_tinker",
-    "clawbridge_fireworks": ROOT / "backends/fireworks/clawbridge_fireworks",
-}
+from clawbridge.devtools import imports
+
+PACKAGES = imports.PACKAGES
 NOT_CORE = ("clawbridge.devtools", "clawbridge.cli", "clawbridge.__main__")
 REQUEST_PATH = ("clawbridge.proxy", "clawbridge.server")
 
 
 def _modules() -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for top, folder in PACKAGES.items():
-        for path in folder.rglob("*.py"):
-            parts = [top, *path.relative_to(folder).with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join(parts)] = path
-    return out
+    return imports.modules()
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, str]]:
@@ -61,6 +53,23 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, list[tuple[str, str]]]]:
 
 def _is(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_no_import_circles() -> None:
+    """No circle among the modules, counting every import (function-local and TYPE_CHECKING ones
+    too: a deferred import is still a dependency that runs back up). `python -m
+    clawbridge.devtools.imports --all-imports` prints the graph's figures."""
+    edges = imports.graph(module_level=False)
+    assert len(edges) > 100 and edges["clawbridge.proxy.app"], "the walk saw the tree"
+    found = {" -> ".join(imports.a_cycle(c, edges)): c for c in imports.circles(edges)}
+    assert found == {}, f"import circles (one loop of each, then its members): {found}"
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert imports.circles(edges) == [["a", "b", "c"], ["e"]]
+    assert imports.a_cycle(["a", "b", "c"], edges) == ["a", "b", "c", "a"]
+    assert imports.back_arrows(edges) == [("a", "b"), ("b", "c"), ("c", "a"), ("e", "e")]
 
 
 def test_the_core_never_imports_devtools() -> None:

@@ -13,9 +13,10 @@ pytest.importorskip("clawbridge_local")
 from clawbridge_local.backend import EngineNotAvailable, LocalBackend
 from clawbridge_local.engine import TorchEngine
 
-from clawbridge.backend import ModelInfo, ServingBackend, available_backends, load_backend
+from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.config import Settings
 from clawbridge.devtools.tinymodel import build_tiny_model
+from clawbridge.plugins import available_backends, load_backend
 from clawbridge.sampler import SamplerOverloaded, SamplingParams
 
 

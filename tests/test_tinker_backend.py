@@ -34,8 +34,9 @@ from clawbridge_tinker.convert import loss_fn_and_config, to_tinker_datum
 from clawbridge_tinker.manifest import load_manifest, manifest_path
 from clawbridge_tinker.sdk import SDK_NAMES
 
-from clawbridge.backend import Datum, LossConfig, TrainingBackend, load_backend
+from clawbridge.backend import Datum, LossConfig, TrainingBackend
 from clawbridge.config import Settings
+from clawbridge.plugins import load_backend
 from clawbridge.sampler import SamplerTimeout, SamplingParams
 from tests.tinker_server import TinkerProtocolServer, expected_logprob, sample_output
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+import clawbridge.plugins  # noqa: F401  (registers where a backend's old flat option moved: clawbridge.plugins)
 from clawbridge.config import Settings, load_settings
 
 console = Console()

@@ -10,9 +10,9 @@ import socket
 import sys
 from importlib import metadata
 
-from clawbridge.backend import KNOWN_BACKEND_PACKAGES, available_backends
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, KeyFileError, read_key_file
+from clawbridge.plugins import KNOWN_BACKEND_PACKAGES, available_backends
 
 DOCTOR_GROUP = "clawbridge.doctor"
 

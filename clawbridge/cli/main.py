@@ -88,8 +88,8 @@ def up(
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from clawbridge.backend import BackendNotInstalled
     from clawbridge.instance import PortInUse, StateDirBusy
+    from clawbridge.plugins import BackendNotInstalled
     from clawbridge.probe import ServiceProbeFailed
     from clawbridge.server import UnsafeBind, serve
     from clawbridge.store.health import StateDirError, StoreCorrupt
@@ -385,8 +385,8 @@ def config_show(
 
     `backends` holds each installed backend's options (TOML `[backends.<name>]`, environment
     `CLAWBRIDGE_<NAME>_<OPTION>`) as that backend would read them."""
-    from clawbridge.backend import resolved_config, settings_models
     from clawbridge.backend_settings import env_names
+    from clawbridge.plugins import resolved_config, settings_models
 
     settings = settings_or_exit(config, state_dir=state_dir)
     dump, problems = resolved_config(settings)

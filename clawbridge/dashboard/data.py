@@ -34,7 +34,7 @@ _STEP_FIELDS = ("loss", "kl", "clip_fraction", "reward_mean", "datums", "tokens"
 def masked_config(settings: Settings) -> dict[str, Any]:
     """Every option as resolved (backends' sections included), with anything secret masked
     (`***` when set, None when not)."""
-    from clawbridge.backend import resolved_config
+    from clawbridge.plugins import resolved_config
 
     out, _ = resolved_config(settings)
     for name, value in out.items():

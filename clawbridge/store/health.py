@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from clawbridge.store.files import DB_FILENAME, STORE_SUFFIXES, create_private
+
 log = logging.getLogger("clawbridge.store")
 
-STORE_SUFFIXES = ("", "-wal", "-shm")
 BACKUP_DIR = "backups"
 
 
@@ -71,7 +72,6 @@ def prepare_state_dir(state_dir: Path) -> list[str]:
     except OSError as exc:
         raise StateDirError(f"the state dir {state_dir} is not writable ({exc.strerror or exc}); "
                             "fix its permissions or pass another --state-dir") from None
-    from clawbridge.store.store import DB_FILENAME
 
     for suffix in STORE_SUFFIXES:
         f = state_dir / f"{DB_FILENAME}{suffix}"
@@ -81,14 +81,6 @@ def prepare_state_dir(state_dir: Path) -> list[str]:
                 f.chmod(0o600)
                 notes.append(f"tightened {f} from {oct(fmode)} to 0o600")
     return notes
-
-
-def create_private(path: Path) -> None:
-    """Create `path` empty with mode 0600 if it does not exist (before SQLite creates it 0644)."""
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass
 
 
 def check_store_file(db: Path) -> None:

@@ -34,12 +34,10 @@ from typing import Any
 
 from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.store.codec import encode_floats, encode_ids
-from clawbridge.store.health import create_private
+from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
 from clawbridge.store.turns import decode_turn
-
-DB_FILENAME = "clawbridge.db"
 
 
 class StoreError(Exception):

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clawbridge.backend import trained_model
+from clawbridge.plugins import trained_model
 
 if TYPE_CHECKING:
     from clawbridge.config import Settings

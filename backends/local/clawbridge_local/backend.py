@@ -335,7 +335,7 @@ def _gpu_count() -> int:
 
 
 def create(settings: Settings) -> LocalBackend:
-    """Entry-point factory: `clawbridge.backend.load_backend("local", settings)` calls this."""
+    """Entry-point factory: `clawbridge.plugins.load_backend("local", settings)` calls this."""
     return LocalBackend(settings)
 
 
