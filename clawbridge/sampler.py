@@ -98,6 +98,33 @@ class PromptTooLong(SamplerError):
     """The prompt (plus max_tokens) does not fit the model's context: answer 400."""
 
 
+def check_prompt_fits(prompt_len: int, max_tokens: int, context_window: int) -> None:
+    """Raise `PromptTooLong` for an empty prompt, or one that with `max_tokens` does not fit
+    `context_window`: what a hosted sampler checks before sending anything."""
+    if prompt_len == 0:
+        raise PromptTooLong("empty prompt")
+    if prompt_len + max_tokens > context_window:
+        raise PromptTooLong(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the "
+                            f"context window of {context_window}")
+
+
+def finish_sample(tokens: Sequence[SampledToken], server_stopped: bool,
+                  params: SamplingParams) -> tuple[list[SampledToken], FinishReason]:
+    """A whole sample as a server returned it, cut the way a streamed one ends: after the first
+    of `params.stop_token_ids` ("stop"), at `params.max_tokens` ("length"); else "stop" when the
+    server says it stopped, "length" when not. What hosted samplers hand to `FinishedStream`."""
+    out = list(tokens)
+    reason: FinishReason = "stop" if server_stopped else "length"
+    stops = set(params.stop_token_ids)
+    for i, tok in enumerate(out):
+        if tok.token_id in stops:
+            out, reason = out[: i + 1], "stop"
+            break
+    if len(out) > params.max_tokens:
+        out, reason = out[: params.max_tokens], "length"
+    return out, reason
+
+
 @runtime_checkable
 class SampleStream(Protocol):
     """An in-progress sample. Iterate it for tokens; read `finish_reason` after it ends."""

@@ -19,8 +19,14 @@ from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import SessionTrace, TraceTurn, TrainingStore
 from clawbridge.trainer import FakeTrainingBackend, TrainerConfig, TrainerLoop
-from clawbridge.trainer.advantages import RunningMeans, combined_rewards, mix_token_advantages, promote_best
-from clawbridge.trainer.datums import RewardMix, prepare_batch
+from clawbridge.trainer.advantages import (
+    RewardMix,
+    RunningMeans,
+    combined_rewards,
+    mix_token_advantages,
+    promote_best,
+)
+from clawbridge.trainer.datums import prepare_batch
 from tests.rewards_support import SYSTEM, assistant, openclaw_session, record, user
 
 INFO = ModelInfo(name="tiny", tokenizer_path="unused", context_window=4096, max_output_tokens=64)

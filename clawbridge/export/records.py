@@ -30,13 +30,12 @@ from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import TrainingStore
 from clawbridge.trainer.advantages import (
     AdvantageItem,
+    RewardMix,
     RunningMeans,
+    advantage_item,
     apply_baseline,
-    baseline_key,
-    combined_rewards,
-    discounted_returns,
-    mix_token_advantages,
-    turn_positions,
+    session_rewards,
+    token_advantages,
 )
 
 TurnType = Literal["main", "side"]
@@ -92,6 +91,7 @@ def _sessions(store: Store, status: str | None, user: str | None = None) -> list
 def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[dict[str, Any]]:
     """Every turn that passes `flt`, oldest session first, a session's turns in order."""
     tstore, rstore, observe = TrainingStore(store), RewardStore(store), ObserveStore(store)
+    mix = RewardMix.from_settings(settings)
     records: list[dict[str, Any]] = []
     items: list[tuple[dict[str, Any], AdvantageItem, list[float] | None]] = []
     for session in _sessions(store, flt.status, flt.user):
@@ -102,12 +102,8 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
         trace = tstore.session_traces([sid])[sid]
         trainable = [t.turn_id for t in trace.turns if t.trainable]
         signals = rstore.turn_signals(trainable)
-        judge = {tid: s.judge_score for tid, s in signals.items() if s.judge_score is not None}
-        votes = {tid: s.mean_vote for tid, s in signals.items() if s.mean_vote is not None}
-        rewards = combined_rewards(trace, judge, settings.explicit_reward_rule, votes, settings.judge_promote_best)
-        returns = dict(zip(trainable, discounted_returns([rewards[t] for t in trainable], settings.gamma),
-                           strict=True))
-        positions = turn_positions(trace)
+        got = session_rewards(trace, signals, mix, settings.gamma)
+        rewards, returns, positions = got.rewards, got.returns, got.positions
         consumed = observe.sample_states(sid)
         for t in turns:
             tid = t["turn_id"]
@@ -129,17 +125,14 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
             }
             records.append(rec)
             if tid in returns:
-                item = AdvantageItem(returns[tid], session.task_id, baseline_key(session.task_id, session.source),
-                                     positions[tid])
+                item = advantage_item(returns[tid], session.task_id, session.source, positions[tid])
                 sig = signals.get(tid)
                 items.append((rec, item, None if sig is None else sig.teacher_logprobs))
     advantages, _ = apply_baseline([i for _, i, _ in items], settings.baseline, RunningMeans())
     for (rec, _, teacher), adv in zip(items, advantages, strict=True):
-        n = len(rec["completion_ids"])
-        opd = None
-        if teacher is not None and len(teacher) == n:
-            opd = [settings.opd_coef * (tl - sl) for tl, sl in zip(teacher, rec["logprobs"], strict=True)]
+        if teacher is not None and len(teacher) != len(rec["logprobs"]):
+            teacher = None  # a broken invariant the trainer refuses; an export still shows the turn, RL part only
         rec["advantage"] = adv
-        rec["advantages"] = mix_token_advantages(adv, opd, n, settings.method, settings.w_rl, settings.w_opd)
+        rec["advantages"], _ = token_advantages(adv, teacher, rec["logprobs"], mix)
     return [r for r in records if flt.keeps(r)]
 

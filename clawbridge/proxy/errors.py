@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clawbridge.shapes.errors import ShapeError
+from clawbridge.shapes.errors import ShapeError, first_problem
+
+M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -74,6 +77,18 @@ def refused_as_400() -> Iterator[None]:
         raise ApiError(400, str(e), code="invalid_request", param=e.param) from None
 
 
+def validated(model: type[M], data: Any, *, code: str | None = None,
+              message: str = "invalid field {loc}: {msg}", empty_loc: str = "body") -> M:
+    """`data` as `model`, or a 422 naming the first bad field: `message` with `{loc}` (the dotted
+    path, `empty_loc` for the whole body) and `{msg}` (pydantic's message)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = first_problem(exc)
+        loc = loc or empty_loc
+        raise ApiError(422, message.format(loc=loc, msg=msg), param=loc, code=code) from None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -88,12 +103,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return JSONResponse(
-            error_body(422, f"invalid field {loc or 'body'}: {first.get('msg', 'invalid')}", param=loc or None),
-            status_code=422,
-        )
+        loc, msg = first_problem(exc, skip=("body",))
+        return JSONResponse(error_body(422, f"invalid field {loc or 'body'}: {msg}", param=loc or None),
+                            status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from clawbridge.content import TEXT_PART_TYPES
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, validated
 
 DEFAULT_MAX_MESSAGES = 4096
 DEFAULT_BODY_TIMEOUT_S = 60.0
@@ -172,12 +172,7 @@ class ChatRequest(BaseModel):
 
 
 def validate_chat_request(data: dict[str, Any]) -> ChatRequest:
-    try:
-        req = ChatRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ApiError(422, f"invalid field {loc}: {err['msg']}", param=loc, code="invalid_field") from None
+    req = validated(ChatRequest, data, code="invalid_field")
     _refuse_unsupported(req, data)
     return req
 

@@ -35,11 +35,11 @@ from clawbridge.proxy.ownership import visible
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken
+from clawbridge.shapes.errors import invalid
 from clawbridge.shapes.responses import (
     ResponsesRequest,
     chat_data,
     input_messages,
-    invalid,
     output_messages,
     validate_responses_request,
 )

@@ -33,12 +33,12 @@ import secrets
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from clawbridge.keys import keys_equal
 from clawbridge.proxy.auth import Principal, authenticate, require_admin
 from clawbridge.proxy.call import turn_id_for
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.ownership import find_session, visible
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
@@ -79,12 +79,7 @@ def _validate(model: type[BaseModel], data: dict[str, Any], route: str = "") -> 
         if (route, name) not in _ignored_logged:
             _ignored_logged.add((route, name))
             log.info("ignoring field %r in %s requests (not used by clawbridge; logged once)", name[:64], route)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ApiError(422, f"invalid field {loc}: {err['msg']}", param=loc) from None
+    return validated(model, data)
 
 
 def _is_user(principal: Principal) -> bool:

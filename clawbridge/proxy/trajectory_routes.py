@@ -24,10 +24,10 @@ import math
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from clawbridge.proxy.auth import authenticate, require_admin
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.model_routes import TRAJECTORY_SOURCE
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.sessions import check_session_id
@@ -72,12 +72,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
     async def body_of(request: Request, model: type[BaseModel]) -> Any:
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
         data = parse_json_object(raw) if raw.strip() else {}
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ApiError(422, f"invalid field {loc}: {err['msg']}", param=loc) from None
+        return validated(model, data)
 
     def ids(trajectory_uid: str, prompt_uid: str) -> str:
         check_session_id(prompt_uid, "prompt uid in the URL")

@@ -17,10 +17,10 @@ import logging
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from clawbridge.proxy.auth import authenticate, require_admin
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.users import UserError, UserStore
@@ -76,13 +76,8 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     async def add(request: Request) -> dict[str, Any]:
         await admin(request)
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
-        try:
-            req = NewUser.model_validate(parse_json_object(raw))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"]) or "user"
-            raise ApiError(422, f"send {{\"user\": \"NAME\"}}: {loc}: {err['msg']}", param=loc,
-                           code="invalid_user") from None
+        req = validated(NewUser, parse_json_object(raw), code="invalid_user", empty_loc="user",
+                        message='send {{"user": "NAME"}}: {loc}: {msg}')
         try:
             key = await state.writer.call(users.add, req.user)
         except UserError as exc:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from clawbridge.shapes.errors import ShapeError
+from clawbridge.shapes.errors import invalid, validated
 
 _REFUSED_FIELDS = {
     "output_format": "structured output is not enforced by this server",
@@ -87,19 +87,11 @@ class MessagesRequest(BaseModel):
     thinking: Thinking | None = None
 
 
-def invalid(message: str, param: str | None = None) -> ShapeError:
-    """A request the server refuses (the proxy answers 400 `invalid_request`)."""
-    return ShapeError(message, param)
 
 
 def validate_messages_request(data: dict[str, Any], *, need_max_tokens: bool = True) -> MessagesRequest:
     """The validated request, or a 400 naming the first bad field."""
-    try:
-        req = MessagesRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise invalid(f"{loc}: {err['msg']}", loc) from None
+    req = validated(MessagesRequest, data, prefix="")
     if need_max_tokens and req.max_tokens is None:
         raise invalid("max_tokens: Field required", "max_tokens")
     for name, why in _REFUSED_FIELDS.items():

@@ -27,10 +27,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from clawbridge.content import TEXT_PART_FIELDS, ContentError, content_text
-from clawbridge.shapes.errors import ShapeError
+from clawbridge.shapes.errors import invalid, validated
 
 _REFUSED_FIELDS = {
     "background": "background responses are not served; send the request and wait (or stream)",
@@ -62,21 +62,13 @@ class ResponsesRequest(BaseModel):
     text: dict[str, Any] | None = None
 
 
-def invalid(message: str, param: str | None = None) -> ShapeError:
-    """A refused request (the proxy answers it as a 400 `invalid_request`, `clawbridge.shapes.errors`)."""
-    return ShapeError(message, param)
 
 
 def validate_responses_request(data: dict[str, Any]) -> ResponsesRequest:
     """The validated request, or a 400 naming the first bad field."""
     if not isinstance(data.get("input"), str | list):
         raise invalid("input is required: a string, or a list of input items", "input")
-    try:
-        req = ResponsesRequest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise invalid(f"invalid field {loc}: {err['msg']}", loc) from None
+    req = validated(ResponsesRequest, data)
     for name, why in _REFUSED_FIELDS.items():
         if data.get(name) not in (None, False):
             raise invalid(f"unsupported option {name}: {why}", name)

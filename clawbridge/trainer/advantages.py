@@ -66,6 +66,11 @@ per-token advantage by rule 5 (`combined_rewards`, `promote_best`, `mix_token_ad
     - `combine` (default): w_rl * A + w_opd * OPD_t; a turn without a teacher score gets
       w_rl * A only, a turn whose reward is 0 still gets its OPD part.
     Rule 4's scale then multiplies the whole per-token value.
+
+The trainer (`clawbridge.trainer.datums`) and the exports (`clawbridge.export.records`) apply these
+rules through the same two functions, so an exported advantage is the one the trainer would use:
+`session_rewards` (rules 1, 1b, 1c and 2 for one session) and `token_advantages` (rule 5 for one
+turn); rule 3 is `apply_baseline` over their `AdvantageItem`s (`advantage_item`).
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clawbridge.config import Settings
+from clawbridge.rewards.opd import opd_advantages
+from clawbridge.store.rewards import TurnSignal
 from clawbridge.store.training import SessionTrace
 
 BaselineRule = Literal["none", "running_mean", "group_mean", "group_mean_std"]
@@ -278,3 +286,59 @@ def mix_token_advantages(
     if len(opd) != n_tokens:
         raise ValueError(f"OPD advantages have {len(opd)} entries for {n_tokens} tokens")
     return [rl + w * o for o in opd]
+
+
+@dataclass(frozen=True)
+class RewardMix:
+    """How explicit rewards, judge verdicts and OPD combine (rules 1b, 1c and 5)."""
+
+    method: RewardMethod = "combine"
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+    opd_coef: float = 1.0
+    explicit_rule: ExplicitRule = "override"
+    promote_best: bool = False
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RewardMix:
+        """The mix the settings ask for (`method`, `w_rl`, `w_opd`, `opd_coef`,
+        `explicit_reward_rule`, `judge_promote_best`)."""
+        return cls(method=s.method, w_rl=s.w_rl, w_opd=s.w_opd, opd_coef=s.opd_coef,
+                   explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best)
+
+
+@dataclass(frozen=True)
+class SessionRewards:
+    """Rules 1, 1b, 1c and 2 for one session's trainable turns, by turn id."""
+
+    rewards: dict[str, float]
+    """The immediate reward of each trainable turn (explicit and judge, by `RewardMix`)."""
+    returns: dict[str, float]
+    """Each trainable turn's discounted return (rule 2)."""
+    positions: dict[str, int]
+    """Each trainable turn's place among its session's trainable turns (rule 3's groups)."""
+
+
+def session_rewards(trace: SessionTrace, signals: Mapping[str, TurnSignal], mix: RewardMix,
+                    gamma: float) -> SessionRewards:
+    """The rewards, returns and places of `trace`'s trainable turns, given the judge's `signals`."""
+    judge = {k: v.judge_score for k, v in signals.items() if v.judge_score is not None}
+    votes = {k: v.mean_vote for k, v in signals.items() if v.mean_vote is not None}
+    rewards = combined_rewards(trace, judge, mix.explicit_rule, votes, mix.promote_best)
+    ids = [t.turn_id for t in trace.turns if t.trainable]
+    returns = dict(zip(ids, discounted_returns([rewards[i] for i in ids], gamma), strict=True))
+    return SessionRewards(rewards, returns, turn_positions(trace))
+
+
+def advantage_item(ret: float, task_id: str | None, source: str, position: int) -> AdvantageItem:
+    """A turn's inputs to rule 3 (`apply_baseline`)."""
+    return AdvantageItem(ret, task_id, baseline_key(task_id, source), position)
+
+
+def token_advantages(advantage: float, teacher: Sequence[float] | None, sampler: Sequence[float],
+                     mix: RewardMix) -> tuple[list[float], list[float] | None]:
+    """Rule 5 for one turn: its per-token advantages (before rule 4's scale) and its OPD part
+    (None without teacher logprobs). Teacher logprobs of another length than the completion
+    (`sampler`, its sampled logprobs) raise `ValueError`."""
+    opd = None if teacher is None else opd_advantages(teacher, sampler, mix.opd_coef)
+    return mix_token_advantages(advantage, opd, len(sampler), mix.method, mix.w_rl, mix.w_opd), opd

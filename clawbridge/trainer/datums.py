@@ -33,23 +33,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clawbridge.backend import Datum
-from clawbridge.rewards.opd import opd_advantages
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import (
-    AdvantageItem,
     BaselineRule,
-    ExplicitRule,
     NormalizationRule,
-    RewardMethod,
+    RewardMix,
     RunningMeans,
+    advantage_item,
     apply_baseline,
-    baseline_key,
-    combined_rewards,
-    discounted_returns,
-    mix_token_advantages,
+    session_rewards,
+    token_advantages,
     token_scales,
-    turn_positions,
 )
 from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums
 
@@ -125,18 +120,6 @@ class PreparedBatch:
     """Privacy findings replaced by placeholders in `datums`, by kind (`clawbridge.privacy`)."""
 
 
-@dataclass(frozen=True)
-class RewardMix:
-    """How explicit rewards, judge verdicts and OPD combine (advantages rules 1b, 1c and 5)."""
-
-    method: RewardMethod = "combine"
-    w_rl: float = 1.0
-    w_opd: float = 1.0
-    opd_coef: float = 1.0
-    explicit_rule: ExplicitRule = "override"
-    promote_best: bool = False
-
-
 def prepare_batch(
     tstore: TrainingStore,
     batch: Sequence[PendingSample],
@@ -157,30 +140,24 @@ def prepare_batch(
     signals = RewardStore(tstore.store).turn_signals(
         t.turn_id for tr in traces.values() for t in tr.turns if t.trainable
     )
-    judge = {k: v.judge_score for k, v in signals.items() if v.judge_score is not None}
-    means = {k: v.mean_vote for k, v in signals.items() if v.mean_vote is not None}
     for trace in traces.values():
-        rewards = combined_rewards(trace, judge, mix.explicit_rule, means, mix.promote_best)
-        ids = [t.turn_id for t in trace.turns if t.trainable]
-        returns.update(zip(ids, discounted_returns([rewards[i] for i in ids], gamma), strict=True))
-        positions.update(turn_positions(trace))
-        session_totals.append(sum(rewards.values()))
-    items = [AdvantageItem(returns[s.turn_id], s.task_id, baseline_key(s.task_id, s.source), positions[s.turn_id])
-             for s in batch]
+        got = session_rewards(trace, signals, mix, gamma)
+        returns.update(got.returns)
+        positions.update(got.positions)
+        session_totals.append(sum(got.rewards.values()))
+    items = [advantage_item(returns[s.turn_id], s.task_id, s.source, positions[s.turn_id]) for s in batch]
     advantages, new_running = apply_baseline(items, baseline, running)
     tokens = tstore.turn_tokens([s.turn_id for s in batch])
     lengths = [len(tokens[s.turn_id].completion_ids) for s in batch]
     scales = token_scales(lengths, normalization)
     pieces: dict[str, TurnPiece] = {}
     opd_values: list[float] = []
-    for s, adv, scale, n in zip(batch, advantages, scales, lengths, strict=True):
+    for s, adv, scale in zip(batch, advantages, scales, strict=True):
         t = tokens[s.turn_id]
         teacher = signals[s.turn_id].teacher_logprobs if s.turn_id in signals else None
-        opd = None
-        if teacher is not None:  # the worker stores only teacher logprobs of the completion's length
-            opd = opd_advantages(teacher, t.completion_logprobs, mix.opd_coef)
-            opd_values.extend(opd)
-        per_token = mix_token_advantages(adv, opd, n, mix.method, mix.w_rl, mix.w_opd)
+        # the worker stores only teacher logprobs of the completion's length: another raises
+        per_token, opd = token_advantages(adv, teacher, t.completion_logprobs, mix)
+        opd_values.extend(opd or [])
         pieces[s.turn_id] = TurnPiece(
             s.turn_id, s.session_id, t.prompt_ids, t.completion_ids, t.completion_logprobs,
             [a * scale for a in per_token], t.policy_version,
@@ -208,7 +185,7 @@ def prepare_batch(
         "staleness_mean": sum(staleness) / n_turns,
         "staleness_max": float(max(staleness)),
     }
-    judged = list(judge.values())
+    judged = [v.judge_score for v in signals.values() if v.judge_score is not None]
     metrics["judge_turns"] = float(len(judged))
     metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
     metrics["opd_tokens"] = float(len(opd_values))

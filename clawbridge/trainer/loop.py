@@ -74,9 +74,15 @@ from clawbridge.faults import fault_point
 from clawbridge.privacy.guard import DROP_REASON
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
-from clawbridge.trainer.advantages import GROUP_BASELINES, BaselineRule, NormalizationRule, RunningMeans
+from clawbridge.trainer.advantages import (
+    GROUP_BASELINES,
+    BaselineRule,
+    NormalizationRule,
+    RewardMix,
+    RunningMeans,
+)
 from clawbridge.trainer.checkpoints import CheckpointKeeper
-from clawbridge.trainer.datums import PreparedBatch, RewardMix, prepare_batch, screen, select_batch
+from clawbridge.trainer.datums import PreparedBatch, prepare_batch, screen, select_batch
 from clawbridge.trainer.gate import VersionGate
 from clawbridge.trainer.merge import MergeStats
 from clawbridge.trainer.waiting import BatchWaits
@@ -148,8 +154,7 @@ class TrainerConfig:
             reward_wait_s=s.reward_wait_s,
             batch_wait_s=s.batch_wait_s,
             poll_interval_s=s.trainer_poll_interval_s,
-            mix=RewardMix(method=s.method, w_rl=s.w_rl, w_opd=s.w_opd, opd_coef=s.opd_coef,
-                          explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best),
+            mix=RewardMix.from_settings(s),
             wait_for_judge=s.judge != "off",
             merge_turns=s.merge_session_turns,
         )

@@ -30,7 +30,6 @@ import httpx
 
 from clawbridge.sampler import (
     FinishedStream,
-    FinishReason,
     PromptTooLong,
     SampledToken,
     SamplerOverloaded,
@@ -38,6 +37,8 @@ from clawbridge.sampler import (
     SamplerUnavailable,
     SampleStream,
     SamplingParams,
+    check_prompt_fits,
+    finish_sample,
 )
 
 COMPLETIONS_PATH = "/inference/v1/completions"
@@ -152,13 +153,7 @@ class FireworksSampler:
         return payload
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
-        if not prompt_ids:
-            raise PromptTooLong("empty prompt")
-        if len(prompt_ids) + params.max_tokens > self._context_window:
-            raise PromptTooLong(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"context window of {self._context_window}"
-            )
+        check_prompt_fits(len(prompt_ids), params.max_tokens, self._context_window)
         payload = self._payload(prompt_ids, params)
         self.stats.last_payload = payload
         start = time.monotonic()
@@ -235,13 +230,7 @@ class FireworksSampler:
             server_reason = choice.get("finish_reason")
         except (ValueError, KeyError, TypeError, IndexError) as e:
             raise SamplerUnavailable(f"Fireworks deployment sent an unusable completion: {e}") from e
-        reason: FinishReason = "stop" if server_reason == "stop" else "length"
-        for i, tok in enumerate(tokens):
-            if tok.token_id in params.stop_token_ids:
-                tokens, reason = tokens[: i + 1], "stop"
-                break
-        if len(tokens) > params.max_tokens:
-            tokens, reason = tokens[: params.max_tokens], "length"
+        tokens, reason = finish_sample(tokens, server_reason == "stop", params)
         return FinishedStream(tokens=tokens, policy_version=version, final_reason=reason)
 
     async def aclose(self) -> None:

@@ -25,13 +25,14 @@ import numpy as np
 from clawbridge.sampler import (
     FinishedStream,
     FinishReason,
-    PromptTooLong,
     SampledToken,
     SamplerOverloaded,
     SamplerTimeout,
     SamplerUnavailable,
     SampleStream,
     SamplingParams,
+    check_prompt_fits,
+    finish_sample,
 )
 
 from .convert import to_tinker_sampling_params
@@ -92,11 +93,7 @@ class TinkerSampler:
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
         version, client = self._current
         limits = self.limits
-        if len(prompt_ids) + params.max_tokens > limits.context_window:
-            raise PromptTooLong(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"context window ({limits.context_window})"
-            )
+        check_prompt_fits(len(prompt_ids), params.max_tokens, limits.context_window)
         prompt = ModelInput.from_ints([int(t) for t in prompt_ids])
         tparams = to_tinker_sampling_params(params)
 
@@ -153,21 +150,10 @@ def sampled_tokens(
         )
     topk = seq.topk_logprobs if params.top_logprobs else None
     out: list[SampledToken] = []
-    reason: FinishReason = "stop" if seq.stop_reason == "stop" else "length"
-    stops = set(params.stop_token_ids)
     for i, (tid, lp) in enumerate(zip(ids, logprobs, strict=True)):
-        if i >= params.max_tokens:
-            reason = "length"
-            break
-        alts: tuple[tuple[int, float], ...] = ()
         row = topk[i] if topk is not None and i < len(topk) else None
-        if row:
-            alts = tuple((int(a), float(b)) for a, b in row)
-        out.append(SampledToken(tid, float(lp), alts))
-        if tid in stops:
-            reason = "stop"
-            break
-    return out, reason
+        out.append(SampledToken(tid, float(lp), tuple((int(a), float(b)) for a, b in row or ())))
+    return finish_sample(out, seq.stop_reason == "stop", params)
 
 
 # --------------------------------------------------------------------------------------------
