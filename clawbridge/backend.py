@@ -247,7 +247,10 @@ class UnsupportedSettings(ValueError):
 
 @runtime_checkable
 class ServingBackend(Protocol):
-    """A backend that can serve: every backend is at least this."""
+    """A backend that can serve: every backend is at least this.
+
+    Fake: `FakeServingBackend` below. Tested by tests/test_backend_settings.py (loading through
+    entry points) and every proxy test (`tests/fake_proxy.start_fake_proxy`)."""
 
     name: str
 
@@ -264,7 +267,11 @@ class ServingBackend(Protocol):
 
 @runtime_checkable
 class TrainingBackend(ServingBackend, Protocol):
-    """A backend that can also train and publish new weights."""
+    """A backend that can also train and publish new weights.
+
+    Fake: `clawbridge.trainer.fake.FakeTrainingBackend`. Tested by tests/test_trainer_loop.py and
+    tests/test_checkpoints.py (the loop over the fake), tests/test_local_training.py,
+    tests/test_tinker_backend.py and tests/test_fireworks_backend.py (the real backends)."""
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult: ...
 
@@ -288,7 +295,10 @@ class TrainingBackend(ServingBackend, Protocol):
 @runtime_checkable
 class CheckpointDeleter(Protocol):
     """A training backend that can delete its own checkpoints (the trainer loop prunes old ones,
-    see `clawbridge.trainer.checkpoints`). Backends without it keep every checkpoint."""
+    see `clawbridge.trainer.checkpoints`). Backends without it keep every checkpoint.
+
+    Fake: `clawbridge.trainer.fake.FakeTrainingBackend`. Tested by tests/test_checkpoints.py and
+    tests/test_versions_hosted.py."""
 
     async def delete_checkpoint(self, path: str) -> None:
         """Delete what `save_checkpoint` returned as `path`; a checkpoint already gone is fine.
@@ -336,7 +346,10 @@ class LogprobScorer(Protocol):
 
     Invariant: token exact. For each sequence, the result holds logprob(tokens[i] | tokens[:i])
     for every i in [prompt_len, len(tokens)), in order: exactly len(tokens) - prompt_len floats,
-    untempered (temperature 1, no truncation)."""
+    untempered (temperature 1, no truncation).
+
+    Fake: `FakeLogprobScorer` below. Tested by tests/test_rewards_trainer.py (the fake),
+    tests/test_tinker_logprobs.py and tests/test_fireworks_logprobs.py (the hosted scorers)."""
 
     async def compute_logprobs(
         self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]

@@ -113,7 +113,10 @@ class Prompt:
 
 
 class ChatFormat(Protocol):
-    """One model's conversation format: what the proxy, judge and teacher use to talk to it."""
+    """One model's conversation format: what the proxy, judge and teacher use to talk to it.
+
+    No fake: tests use real tokenizers (the tiny model, `clawbridge.devtools.tinymodel`, and
+    SmolLM2's). Tested by tests/test_chatformat.py, tests/test_render.py, tests/test_parse.py."""
 
     @property
     def format_name(self) -> str:
@@ -245,7 +248,8 @@ def _allowed_tools(shown: list[dict[str, Any]] | None, spec: Any) -> ToolSelecti
 
 
 class ToolStyle(Protocol):
-    """How one template family gets tools, tool calls and tool results (see the module docstring)."""
+    """How one template family gets tools, tool calls and tool results (see the module docstring).
+    Tested by tests/test_chatformat.py (both styles, real templates)."""
 
     name: str
     native_tools: bool

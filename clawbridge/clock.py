@@ -19,7 +19,10 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """Where time comes from."""
+    """Where time comes from.
+
+    Fake: `FakeClock` below. Tested by tests/test_clock.py (and used by tests/test_sessions.py,
+    tests/test_session_lifecycle.py, tests/test_rewards.py to move time instead of waiting)."""
 
     def now(self) -> float:
         """Wall time, seconds since the epoch (what the store records)."""

@@ -34,7 +34,10 @@ QUEUE_MAX = 1000
 
 
 class StepSink(Protocol):
-    """Where step metrics go. `log` and `close` run on the sink's own thread."""
+    """Where step metrics go. `log` and `close` run on the sink's own thread.
+
+    Fakes: tests/test_reporting.py's `Recording` sink and `FakeWandb` module; the TensorBoard sink
+    is tested on real event files there."""
 
     name: str
 

@@ -141,7 +141,11 @@ class SampleStream(Protocol):
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Token-level sampling from the current policy."""
+    """Token-level sampling from the current policy.
+
+    Fake: `FakeSampler` below (scripted ids and logprobs; `tests/fake_proxy.SwitchableSampler`
+    adds failures). Tested by tests/test_chat_scripted.py, tests/test_proxy_engine.py (the
+    in-process engine), tests/test_tinker_backend.py and tests/test_fireworks_backend.py (hosted)."""
 
     @property
     def policy_version(self) -> int:

@@ -77,7 +77,9 @@ class Finding:
 
 @runtime_checkable
 class PrivacyFilter(Protocol):
-    """Finds what must not leave the machine in a text (module invariants)."""
+    """Finds what must not leave the machine in a text (module invariants).
+
+    Fake: `FakePrivacyFilter` below. Tested by tests/test_privacy.py."""
 
     def find(self, text: str) -> list[Finding]: ...
 

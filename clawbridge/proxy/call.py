@@ -110,6 +110,8 @@ class ApiShape(Protocol):
 
     Stream order: `opening()`, then `piece()` per piece of released text, then `flush()`; the
     turn is recorded with `recorded()`; then `closing()` (the events that end the answer).
+
+    Tested like `model_routes.ApiAdapter` (the real SDKs over `tests/fake_proxy`).
     """
 
     def body(self) -> dict[str, Any]:

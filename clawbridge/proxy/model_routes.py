@@ -59,7 +59,11 @@ class Prepared:
 
 
 class ApiAdapter(Protocol):
-    """One API's request validation and error shape."""
+    """One API's request validation and error shape (docs/architecture.md: a new API shape).
+
+    No fake of its own: its tests run the real app over a fake sampler
+    (`tests/fake_proxy.start_fake_proxy`) with the API's real SDK: tests/test_chat_scripted.py,
+    tests/test_anthropic_api.py, tests/test_responses_api.py."""
 
     name: str
     """Recorded as the turn's `meta.api`."""

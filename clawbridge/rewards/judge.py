@@ -55,7 +55,10 @@ class JudgementFailed(RuntimeError):
 
 @runtime_checkable
 class JudgeModel(Protocol):
-    """Something that answers chat messages with text."""
+    """Something that answers chat messages with text.
+
+    Fake: `ScriptedJudge` below (and `clawbridge.devtools.judge_server` for the endpoint judge
+    over HTTP). Tested by tests/test_rewards.py and tests/test_rewards_trainer.py."""
 
     name: str
     """Recorded with every judgement (`judgements.judge_model`)."""

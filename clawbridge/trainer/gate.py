@@ -21,7 +21,9 @@ class GateDecision(Protocol):
 
 
 class VersionGate(Protocol):
-    """Promotion as the trainer loop sees it (module invariants)."""
+    """Promotion as the trainer loop sees it (module invariants).
+
+    Fake: `FakeGate` below. Tested by tests/test_promotion.py."""
 
     async def settle(self) -> GateDecision:
         """Decide the newest committed version if it is pending; called under the loop's lock."""
