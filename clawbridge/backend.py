@@ -20,12 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from clawbridge.config import LossName, Settings, default_of
 from clawbridge.sampler import Sampler
-
-if TYPE_CHECKING:
-    from clawbridge.config import Settings
 
 
 @dataclass(frozen=True)
@@ -182,19 +180,18 @@ def loss_inputs(datum: Datum) -> LossInputs:
     )
 
 
-LossName = Literal["importance_sampling", "ppo", "cispo"]
 
 
 @dataclass(frozen=True)
 class LossConfig:
     """Which policy-gradient loss to apply; semantics match Tinker's and Fireworks' built-ins."""
 
-    name: LossName = "importance_sampling"
-    clip_low: float = 0.2
+    name: LossName = default_of("loss")
+    clip_low: float = default_of("clip_low")
     """ppo/cispo: lower clip threshold, ratio floor = 1 - clip_low."""
-    clip_high: float = 0.2
+    clip_high: float = default_of("clip_high")
     """ppo/cispo: upper clip threshold, ratio ceiling = 1 + clip_high."""
-    kl_coef: float = 0.0
+    kl_coef: float = default_of("kl_coef")
     """Optional penalty toward the base policy (0: off)."""
 
 

@@ -8,6 +8,8 @@ Invariants:
 - Secrets are `SecretStr` so they never print by accident (and `privacy_patterns`, which may spell
   one out, is masked too); `masked_dump` (with `masked_section` for the backend sections) is
   what `clawbridge config show` prints.
+- Each default and each allowed-value list is written once, here: the component configs take
+  theirs from `default_of` and the `Literal` aliases above `Settings`.
 - Settings sit at the bottom: this module imports no other clawbridge module (the backend
   registry above it, `clawbridge.plugins`, teaches it where a backend's old flat option moved
   through `explain_unknown_options`).
@@ -99,6 +101,20 @@ LORA_LEARNING_RATE = FULL_LEARNING_RATE * LORA_TRAINING_LR_RATIO
 """Default LoRA learning rate (1e-4)."""
 
 
+LossName = Literal["importance_sampling", "ppo", "cispo"]
+"""Policy-gradient losses (`loss`; `clawbridge.backend.LossConfig`)."""
+BaselineRule = Literal["none", "running_mean", "group_mean", "group_mean_std"]
+"""Advantage baselines (`baseline`; rule 3 of `clawbridge.trainer.advantages`)."""
+NormalizationRule = Literal["token_mean", "sequence_mean", "sum"]
+"""Advantage scalings (`advantage_normalization`; rule 4)."""
+StalePolicy = Literal["drop", "importance_weight"]
+"""What the trainer does with stale datums (`stale_policy`)."""
+ExplicitRule = Literal["override", "add"]
+"""Explicit rewards vs judge verdicts (`explicit_reward_rule`; rule 1b)."""
+RewardMethod = Literal["rl", "opd", "combine"]
+"""Per-token advantage method (`method`; rule 5)."""
+
+
 class Settings(BaseSettings):
     """Resolved clawbridge configuration."""
 
@@ -178,7 +194,7 @@ class Settings(BaseSettings):
         8, ge=1, description="Rewarded main turns per training step; a step runs once this many are ready "
         "(turns merged into one sequence count one each).",
     )
-    loss: Literal["importance_sampling", "ppo", "cispo"] = Field(
+    loss: LossName = Field(
         "cispo", description="Policy-gradient loss (Tinker / Fireworks semantics). cispo (default): the ratio to the "
         "recorded sampler logprob weights each token, clipped to [1 - clip_low, 1 + clip_high] (every token keeps its "
         "gradient; a token the policy already pushed far cannot pull itself further); importance_sampling: the same "
@@ -189,15 +205,15 @@ class Settings(BaseSettings):
     clip_high: float = Field(0.2, ge=0.0, description="ppo/cispo: ratio ceiling is 1 + clip_high.")
     kl_coef: float = Field(0.0, ge=0.0, description="KL penalty toward the base policy (0: off).")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Turn discount: r[i] += gamma * r[i+1], last turn first.")
-    baseline: Literal["none", "running_mean", "group_mean", "group_mean_std"] = Field(
+    baseline: BaselineRule = Field(
         "group_mean",
         description="Advantage baseline: group_* over sessions sharing a task_id (others: running_mean per source).",
     )
-    advantage_normalization: Literal["token_mean", "sequence_mean", "sum"] = Field(
+    advantage_normalization: NormalizationRule = Field(
         "token_mean", description="How advantages are scaled so every backend's token-sum loss means the same."
     )
     max_off_policy_steps: int = Field(2, ge=0, description="Datums sampled more policy versions ago than this are stale.")
-    stale_policy: Literal["drop", "importance_weight"] = Field(
+    stale_policy: StalePolicy = Field(
         "importance_weight",
         description="Datums sampled by an older policy: importance_weight trains them (the recorded sampler logprobs "
         "weight them, clipped by the loss), drop drops those more than max_off_policy_steps behind (counted).",
@@ -251,10 +267,10 @@ class Settings(BaseSettings):
     judge_promote_best: bool = Field(
         False, description="The 'at least one' rule: a session whose verdicts are all 0 gets its best turn's mean vote (if > 0) as reward."
     )
-    explicit_reward_rule: Literal["override", "add"] = Field(
+    explicit_reward_rule: ExplicitRule = Field(
         "override", description="Explicit rewards (API, CLI) on a turn: override its judge verdict, or add to it."
     )
-    method: Literal["rl", "opd", "combine"] = Field(
+    method: RewardMethod = Field(
         "combine", description="Per-token advantage: rl (rewards), opd (teacher - sampler logprobs) or combine (w_opd·opd + w_rl·rl)."
     )
     w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
@@ -418,6 +434,13 @@ class Settings(BaseSettings):
             else:
                 out[name] = value
         return out
+
+
+def default_of(name: str) -> Any:
+    """The default of option `name`: the one place it is written. The component configs built
+    from `Settings` (`TrainerConfig`, `LossConfig`, `RewardMix`, `WorkerConfig`, `VoteConfig`)
+    take their defaults from here, so one built directly trains as production does."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 PROMOTION_TABLE_KEYS = {"mode": "promotion_mode", "tolerance": "promotion_tolerance",

@@ -261,7 +261,7 @@ def test_merged_session_datum_is_sent_as_one_sequence(
     async def run() -> None:
         backend = await started(make_settings(srv.url, tmp_path))
         try:
-            result = await backend.train_step([merged], LossConfig())
+            result = await backend.train_step([merged], LossConfig("importance_sampling"))
             assert result.metrics["tokens"] == 4 and result.metrics["sequences"] == 1
         finally:
             await backend.close()
@@ -285,7 +285,7 @@ def test_server_reported_failure_fails_the_step(
         try:
             fw.fail_future["forward_backward"] = "sequence too long for this trainer"
             with pytest.raises(StepFailed, match="sequence too long"):
-                await backend.train_step([datum()], LossConfig())
+                await backend.train_step([datum()], LossConfig("importance_sampling"))
             assert backend.manifest.step == 0
         finally:
             await backend.close()
@@ -301,7 +301,7 @@ def test_training_429_is_backed_off(fake: tuple[FakeFireworks, ServerThread], tm
         backend = await started(make_settings(srv.url, tmp_path))
         try:
             fw.http_fail["trainer.forward_backward"] = [429]
-            result = await backend.train_step([datum()], LossConfig())
+            result = await backend.train_step([datum()], LossConfig("importance_sampling"))
             assert result.metrics["loss"] == pytest.approx(-2.0)
         finally:
             await backend.close()
@@ -350,7 +350,7 @@ def test_restart_restores_what_it_is_told(fake: tuple[FakeFireworks, ServerThrea
     async def first() -> tuple[str, str]:
         backend = await started(settings)
         try:
-            await backend.train_step([datum()], LossConfig())
+            await backend.train_step([datum()], LossConfig("importance_sampling"))
             assert await backend.publish() == 1
             return backend.manifest.versions[1], await backend.save_checkpoint("step-1")
         finally:
@@ -368,7 +368,7 @@ def test_restart_restores_what_it_is_told(fake: tuple[FakeFireworks, ServerThrea
             assert await backend.restore_checkpoint(path, 1) == 1
             assert fw.ops().count("hotload") == hotloads  # the deployment already serves v1's snapshot
             assert backend.sampler().policy_version == 1 and backend.manifest.step == 1
-            await backend.train_step([datum()], LossConfig())
+            await backend.train_step([datum()], LossConfig("importance_sampling"))
             assert await backend.publish() == 2
             await backend.save_checkpoint("step-2")
         finally:

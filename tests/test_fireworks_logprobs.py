@@ -72,7 +72,7 @@ def test_scores_the_completion_under_the_base_model(
         as_object: object = b
         assert isinstance(as_object, LogprobScorer)
         first = await b.compute_logprobs([seq_a, seq_b, seq_c, seq_d], [3, 2, 1, 4])
-        await b.train_step([datum()], LossConfig())
+        await b.train_step([datum()], LossConfig("importance_sampling"))
         assert await b.publish() == 1
         after = await b.compute_logprobs([seq_d, seq_a], [4, 3])
         return first, after

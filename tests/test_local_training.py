@@ -174,7 +174,7 @@ def test_stream_started_before_publish_finishes_on_old_weights(tiny_model_dir: P
         try:
             engine = backend.sampler()
             ref_ids, ref_lps, _ = await greedy(engine, PROMPTS[0], long_n)
-            await backend.train_step(batch_from(await greedy_all(engine)), LossConfig())
+            await backend.train_step(batch_from(await greedy_all(engine)), LossConfig("importance_sampling"))
 
             old = await engine.sample(PROMPTS[0], SamplingParams(max_tokens=long_n, temperature=0.0))
             it = aiter(old)
@@ -212,7 +212,7 @@ def test_lora_publish_serves_what_the_trainer_computes(tiny_model_dir: Path, tmp
             base = await greedy_all(engine)
             samples = base
             for version in (1, 2):  # the second publish merges from the base, not onto the first
-                await backend.train_step(batch_from(samples), LossConfig())
+                await backend.train_step(batch_from(samples), LossConfig("importance_sampling"))
                 assert await backend.publish() == version
                 samples = await greedy_all(engine)
                 moved = 0.0
@@ -242,7 +242,7 @@ def test_restart_restores_a_checkpoint_and_serves_it(tiny_model_dir: Path, tmp_p
             engine = backend.sampler()
             base = samples = await greedy_all(engine)
             for version in (3, 5):  # the trainer loop hands out numbers from the store
-                await backend.train_step(batch_from(samples), LossConfig())
+                await backend.train_step(batch_from(samples), LossConfig("importance_sampling"))
                 assert await backend.publish(version) == version
                 samples = await greedy_all(engine)
             return base, samples, await backend.save_checkpoint("v00000005-step")
@@ -260,7 +260,7 @@ def test_restart_restores_a_checkpoint_and_serves_it(tiny_model_dir: Path, tmp_p
             trainer = backend._trainer
             assert trainer is not None
             step = trainer.client.step
-            await backend.train_step(batch_from(restored), LossConfig())
+            await backend.train_step(batch_from(restored), LossConfig("importance_sampling"))
             return restored, step, await backend.publish()
         finally:
             await backend.close()

@@ -186,7 +186,7 @@ def test_train_step_sends_loss_tensors_and_adam_in_order(
 
 def test_importance_sampling_sends_no_config(server: TinkerProtocolServer, tmp_path: Path) -> None:
     async def body(b: TinkerBackend) -> Any:
-        return await b.train_step([datum([40, 41]), datum([50], advantage=-1.0)], LossConfig())
+        return await b.train_step([datum([40, 41]), datum([50], advantage=-1.0)], LossConfig("importance_sampling"))
 
     result = run(server, tmp_path, body)
     (fb,) = server.bodies("forward_backward")
@@ -231,7 +231,7 @@ def test_server_reported_failure_is_permanent(server: TinkerProtocolServer, tmp_
 
     async def body(b: TinkerBackend) -> Any:
         with pytest.raises(TinkerRequestFailed, match="out of vocabulary"):
-            await b.train_step([datum([40])], LossConfig())
+            await b.train_step([datum([40])], LossConfig("importance_sampling"))
         return b.step
 
     assert run(server, tmp_path, body) == 0
@@ -243,7 +243,7 @@ def test_repeated_try_again_is_polled_through(server: TinkerProtocolServer, tmp_
     server.faults.try_again["OptimStep"] = 4
 
     async def body(b: TinkerBackend) -> Any:
-        return await b.train_step([datum([40])], LossConfig())
+        return await b.train_step([datum([40])], LossConfig("importance_sampling"))
 
     assert run(server, tmp_path, body).metrics["step"] == 1
     assert server.routes().count("retrieve_future") >= 12
@@ -255,7 +255,7 @@ def test_429_is_backed_off_and_retried(server: TinkerProtocolServer, tmp_path: P
 
     async def body(b: TinkerBackend) -> Any:
         t0 = time.monotonic()
-        result = await b.train_step([datum([40])], LossConfig())
+        result = await b.train_step([datum([40])], LossConfig("importance_sampling"))
         return result, time.monotonic() - t0
 
     result, elapsed = run(server, tmp_path, body)
@@ -271,7 +271,7 @@ def test_step_timeout_is_transient(server: TinkerProtocolServer, tmp_path: Path)
     async def body(b: TinkerBackend) -> Any:
         t0 = time.monotonic()
         with pytest.raises(TinkerTransientError, match="no answer within 1s"):
-            await b.train_step([datum([40])], LossConfig())
+            await b.train_step([datum([40])], LossConfig("importance_sampling"))
         return time.monotonic() - t0, b.step
 
     elapsed, step = run(server, tmp_path, body, tinker={"step_timeout_s": 1.0})
@@ -293,7 +293,7 @@ def test_sampling_is_token_exact_and_versioned(server: TinkerProtocolServer, tmp
         sampler = b.sampler()
         stream = await sampler.sample(PROMPT, params)
         first = [t async for t in stream]
-        await b.train_step([datum(base_tokens[:2])], LossConfig())
+        await b.train_step([datum(base_tokens[:2])], LossConfig("importance_sampling"))
         version = await b.publish()
         stream2 = await sampler.sample(PROMPT, SamplingParams(max_tokens=3))
         second = [t async for t in stream2]
@@ -322,7 +322,7 @@ def test_call_in_flight_finishes_on_old_version(server: TinkerProtocolServer, tm
     server.faults.try_again["Sample"] = 8
 
     async def body(b: TinkerBackend) -> Any:
-        await b.train_step([datum([40])], LossConfig())
+        await b.train_step([datum([40])], LossConfig("importance_sampling"))
         in_flight = asyncio.create_task(b.sampler().sample(PROMPT, SamplingParams(max_tokens=2)))
         await asyncio.sleep(0.05)
         version = await b.publish()
@@ -362,8 +362,8 @@ def test_fake_sampling_client_stream_cut_at_stop() -> None:
 
 def test_restart_restores_what_it_is_told(server: TinkerProtocolServer, tmp_path: Path) -> None:
     async def first(b: TinkerBackend) -> str:
-        await b.train_step([datum([40])], LossConfig())
-        await b.train_step([datum([41])], LossConfig())
+        await b.train_step([datum([40])], LossConfig("importance_sampling"))
+        await b.train_step([datum([41])], LossConfig("importance_sampling"))
         await b.publish()
         return await b.save_checkpoint("step-2")
 
@@ -382,7 +382,7 @@ def test_restart_restores_what_it_is_told(server: TinkerProtocolServer, tmp_path
         state = (b.step, b.policy_version, b.sampler().policy_version)
         stream = await b.sampler().sample(PROMPT, SamplingParams(max_tokens=2))
         tokens = [t.token_id async for t in stream]
-        result = await b.train_step([datum([42])], LossConfig())
+        result = await b.train_step([datum([42])], LossConfig("importance_sampling"))
         return state, tokens, result.metrics["step"]
 
     state, tokens, step = run(server, tmp_path, second)
@@ -400,7 +400,7 @@ def test_restart_restores_what_it_is_told(server: TinkerProtocolServer, tmp_path
 @pytest.mark.parametrize("enabled", [False, True])
 def test_telemetry_off_unless_enabled(server: TinkerProtocolServer, tmp_path: Path, enabled: bool) -> None:
     async def body(b: TinkerBackend) -> None:
-        await b.train_step([datum([40])], LossConfig())
+        await b.train_step([datum([40])], LossConfig("importance_sampling"))
 
     kw = {"tinker": {"telemetry": True}} if enabled else {}
     run(server, tmp_path, body, **kw)

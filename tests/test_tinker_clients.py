@@ -32,7 +32,7 @@ def start_and_train(server: TinkerProtocolServer, state: Path, close: bool) -> s
     async def main() -> str:
         b = TinkerBackend(make_settings(server, state))
         await b.start()
-        await b.train_step([datum([40])], LossConfig())
+        await b.train_step([datum([40])], LossConfig("importance_sampling"))
         assert b._training is not None
         model_id = str(b._training.model_id)
         if close:
@@ -64,7 +64,7 @@ def test_slots_do_not_grow_over_killed_restarts(server: TinkerProtocolServer, tm
 
 def test_restore_releases_the_client_it_replaces(server: TinkerProtocolServer, tmp_path: Path) -> None:  # noqa: F811
     async def body(b: TinkerBackend) -> list[int]:
-        await b.train_step([datum([40])], LossConfig())
+        await b.train_step([datum([40])], LossConfig("importance_sampling"))
         path = await b.save_checkpoint("ckpt")
         counts = []
         for _ in range(2):  # the trainer loop restores after every failed step
@@ -95,7 +95,7 @@ def test_teacher_falls_back_to_full_prompt_logprobs(
     async def body(b: TinkerBackend) -> Any:
         first = await b.compute_logprobs(seqs, [len(PROMPT)] * 2)
         tokens, _, _ = sample_output(PROMPT, 0, 2, None)
-        await b.train_step([datum(tokens)], LossConfig())
+        await b.train_step([datum(tokens)], LossConfig("importance_sampling"))
         await b.publish()
         return first, await b.compute_logprobs(seqs[:1], [len(PROMPT)])
 

@@ -23,7 +23,7 @@ def test_compute_logprobs_scores_the_completion_under_the_base_model(
         assert isinstance(as_object, LogprobScorer)
         first = await b.compute_logprobs([seq, [1, 2]], [len(PROMPT), 2])
         tokens, _, _ = sample_output(PROMPT, 0, 2, None)
-        await b.train_step([datum(tokens)], LossConfig())
+        await b.train_step([datum(tokens)], LossConfig("importance_sampling"))
         assert await b.publish() == 1
         after = await b.compute_logprobs([seq], [len(PROMPT)])
         return first, after

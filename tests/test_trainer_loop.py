@@ -73,7 +73,10 @@ def rewarded_session(
 
 
 def loop_for(store: Store, b: FakeTrainingBackend, **cfg: Any) -> TrainerLoop:
+    """A loop over production's defaults, except: no baseline, and batches of exactly batch_size
+    (no catching up with larger steps) unless a test asks for them."""
     cfg.setdefault("baseline", "none")
+    cfg.setdefault("max_batch_tokens", 0)
     return TrainerLoop(store, b, TrainerConfig(**cfg))
 
 
@@ -160,7 +163,7 @@ def test_only_ended_rewarded_sessions_train_and_batches_wait_for_batch_size(stor
 def test_a_short_batch_trains_after_batch_wait_s(tmp_path: Path) -> None:
     clock = FakeClock()
     store = Store.open(tmp_path, clock)
-    never = loop_for(store, backend(), batch_size=4)  # batch_wait_s 0: wait for a full batch
+    never = loop_for(store, backend(), batch_size=4, batch_wait_s=0)  # wait for a full batch
     short = [rewarded_session(store, sid)[0] for sid in ("a", "b")]
     for _ in range(3):
         assert run(never.run_once()) is None
@@ -217,7 +220,7 @@ def test_a_group_is_trained_whole_once_its_sessions_settle(tmp_path: Path) -> No
     now = [rewarded_session(store, sid, reward=r)[0] for sid, r in (("g", 1.0), ("h", 0.0))]
     store.ensure_session("i", "header", task_id="v")
     record(store, "i")
-    eager = loop_for(store, backend(), batch_size=2, baseline="group_mean")
+    eager = loop_for(store, backend(), batch_size=2, baseline="group_mean", batch_wait_s=0)
     report = run(eager.run_once())
     assert report is not None and sorted(report.turn_ids) == sorted(now)
     store.close()

@@ -39,7 +39,7 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
             assert isinstance(b, VersionedServing)
             out: dict[str, Any] = {}
             for step in (1, 2):  # what the trainer loop does per step: train, publish, checkpoint, commit
-                await b.train_step([datum([40 + step])], LossConfig())
+                await b.train_step([datum([40 + step])], LossConfig("importance_sampling"))
                 v = versions.reserve("step", step)
                 await b.publish(v)
                 versions.commit(v, await b.save_checkpoint(f"step-{step}"), None)

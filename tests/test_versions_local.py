@@ -206,11 +206,11 @@ def test_sglang_serves_committed_lora_versions_as_pinned_adapters(tiny_model_dir
         await backend.start()
         try:
             base_ckpt = await backend.save_checkpoint("v0")
-            await backend.train_step([datum], LossConfig())
+            await backend.train_step([datum], LossConfig("importance_sampling"))
             assert await backend.publish(1) == 1
             ckpt1 = await backend.save_checkpoint("v1")
             exported = load_safetensors_dir(backend._training().export())  # version 1's adapter, as published
-            await backend.train_step([datum], LossConfig())
+            await backend.train_step([datum], LossConfig("importance_sampling"))
             assert await backend.publish(2) == 2
             assert set(fake.adapters) == {"v2"}  # v1 was unloaded at publish (nothing used it)
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from clawbridge.config import default_of
 from clawbridge.rewards.next_state import text_of
 from clawbridge.store.rewards import VoteRow
 
@@ -160,10 +161,10 @@ class Verdict:
 class VoteConfig:
     """How one turn is judged."""
 
-    votes: int = 3
-    temperature: float = 0.6
-    max_tokens: int = 512
-    retries: int = 2
+    votes: int = default_of("judge_votes")
+    temperature: float = default_of("judge_temperature")
+    max_tokens: int = default_of("judge_max_tokens")
+    retries: int = default_of("judge_retries")
     """Retries of one vote after a transport/server error (backoff doubles from `backoff_s`)."""
     backoff_s: float = 0.5
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.background import Background
+from clawbridge.config import Settings, default_of
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
     JudgeModel,
@@ -46,7 +47,6 @@ from clawbridge.store.turns import StoredTurn
 
 if TYPE_CHECKING:
     from clawbridge.backend import LogprobScorer, ServingBackend
-    from clawbridge.config import Settings
     from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.render import Renderer
 
@@ -58,12 +58,12 @@ class WorkerConfig:
     """The judge worker's options (`Settings`' rewards section, see `from_settings`)."""
 
     votes: VoteConfig = field(default_factory=VoteConfig)
-    concurrency: int = 2
+    concurrency: int = default_of("judge_concurrency")
     """Judge calls in flight at once (the serving bound)."""
-    max_attempts: int = 3
+    max_attempts: int = default_of("judge_max_attempts")
     """Judge a turn at most this many times when all its votes fail."""
-    poll_interval_s: float = 1.0
-    opd: bool = True
+    poll_interval_s: float = default_of("judge_poll_interval_s")
+    opd: bool = default_of("method") != "rl"
     """Score hinted turns with the teacher (needs a scorer and a renderer)."""
     sessions_per_pass: int = 8
     retry_backoff_s: float = 2.0

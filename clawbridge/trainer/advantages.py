@@ -78,15 +78,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-from clawbridge.config import Settings
+from clawbridge.config import (
+    BaselineRule,
+    ExplicitRule,
+    NormalizationRule,
+    RewardMethod,
+    Settings,
+    default_of,
+)
 from clawbridge.rewards.opd import opd_advantages
 from clawbridge.store.rewards import TurnSignal
 from clawbridge.store.training import SessionTrace
-
-BaselineRule = Literal["none", "running_mean", "group_mean", "group_mean_std"]
-NormalizationRule = Literal["token_mean", "sequence_mean", "sum"]
 
 GROUP_BASELINES: frozenset[str] = frozenset({"group_mean", "group_mean_std"})
 """The baseline rules that compare turns within a group (a task id and a place, rule 3)."""
@@ -216,8 +219,6 @@ def token_scales(lengths: Sequence[int], rule: NormalizationRule) -> list[float]
 
 # ------------------------------------------------------------------ rewards from conversation
 
-ExplicitRule = Literal["override", "add"]
-RewardMethod = Literal["rl", "opd", "combine"]
 
 
 def explicit_targets(trace: SessionTrace) -> set[str]:
@@ -292,12 +293,12 @@ def mix_token_advantages(
 class RewardMix:
     """How explicit rewards, judge verdicts and OPD combine (rules 1b, 1c and 5)."""
 
-    method: RewardMethod = "combine"
-    w_rl: float = 1.0
-    w_opd: float = 1.0
-    opd_coef: float = 1.0
-    explicit_rule: ExplicitRule = "override"
-    promote_best: bool = False
+    method: RewardMethod = default_of("method")
+    w_rl: float = default_of("w_rl")
+    w_opd: float = default_of("w_opd")
+    opd_coef: float = default_of("opd_coef")
+    explicit_rule: ExplicitRule = default_of("explicit_reward_rule")
+    promote_best: bool = default_of("judge_promote_best")
 
     @classmethod
     def from_settings(cls, s: Settings) -> RewardMix:

@@ -66,21 +66,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.background import Background
+from clawbridge.config import BaselineRule, NormalizationRule, Settings, StalePolicy, default_of
 from clawbridge.faults import fault_point
 from clawbridge.privacy.guard import DROP_REASON
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
-from clawbridge.trainer.advantages import (
-    GROUP_BASELINES,
-    BaselineRule,
-    NormalizationRule,
-    RewardMix,
-    RunningMeans,
-)
+from clawbridge.trainer.advantages import GROUP_BASELINES, RewardMix, RunningMeans
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.datums import PreparedBatch, prepare_batch, screen, select_batch
 from clawbridge.trainer.gate import VersionGate
@@ -88,12 +83,10 @@ from clawbridge.trainer.merge import MergeStats
 from clawbridge.trainer.waiting import BatchWaits
 
 if TYPE_CHECKING:
-    from clawbridge.config import Settings
     from clawbridge.privacy.guard import PrivacyGuard
 
 log = logging.getLogger("clawbridge.trainer")
 
-StalePolicy = Literal["drop", "importance_weight"]
 RUNNING_MEANS_KEY = "running_means"
 """The committed step's metrics key holding the running-mean baselines after it (restored at start)."""
 
@@ -102,39 +95,39 @@ RUNNING_MEANS_KEY = "running_means"
 class TrainerConfig:
     """The trainer loop's options (`Settings`' "trainer loop" section, see `from_settings`)."""
 
-    batch_size: int = 8
+    batch_size: int = default_of("batch_size")
     """Ready turns (samples) needed before a step runs (a batch may hold more: whole
     sessions/groups); merged turns count one each."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Loss name, clip thresholds and KL coefficient sent with every step."""
-    gamma: float = 1.0
+    gamma: float = default_of("gamma")
     """Turn discount (advantages rule 2)."""
-    baseline: BaselineRule = "group_mean"
+    baseline: BaselineRule = default_of("baseline")
     """Advantages rule 3."""
-    normalization: NormalizationRule = "token_mean"
+    normalization: NormalizationRule = default_of("advantage_normalization")
     """Advantages rule 4."""
-    max_off_policy_steps: int = 2
+    max_off_policy_steps: int = default_of("max_off_policy_steps")
     """Datums sampled more than this many versions before the serving one are stale."""
-    stale_policy: StalePolicy = "drop"
-    drop_stale_after: int = 0
+    stale_policy: StalePolicy = default_of("stale_policy")
+    drop_stale_after: int = default_of("drop_stale_after")
     """importance_weight: still drop samples more than this many versions behind (0: never)."""
-    max_batch_tokens: int = 0
+    max_batch_tokens: int = default_of("max_batch_tokens")
     """A backlog trains in steps of up to this many sampled tokens (0: exactly batch_size)."""
-    capacity_mode: bool = False
+    capacity_mode: bool = default_of("capacity_mode")
     """Refuse new sessions (429) while the backlog is at its bound."""
-    max_backlog: int = 0
+    max_backlog: int = default_of("max_backlog")
     """The capacity bound in datums; 0: batch_size * (max_off_policy_steps + 1)."""
-    reward_wait_s: float = 600.0
+    reward_wait_s: float = default_of("reward_wait_s")
     """Samples of sessions ended this long ago without any reward are dropped (`no_reward`)."""
-    batch_wait_s: float = 0.0
+    batch_wait_s: float = default_of("batch_wait_s")
     """Fewer than batch_size samples ready this long train as a short batch (0: wait for a full one)."""
-    poll_interval_s: float = 1.0
+    poll_interval_s: float = default_of("trainer_poll_interval_s")
     """How often the loop looks for a ready batch when idle."""
     mix: RewardMix = field(default_factory=RewardMix)
     """Explicit vs judge rewards, the "at least one" rule and the method (advantages rules 1b-5)."""
-    wait_for_judge: bool = False
+    wait_for_judge: bool = default_of("judge") != "off"
     """A judge is configured: train a session only after the judge finished it."""
-    merge_turns: bool = True
+    merge_turns: bool = default_of("merge_session_turns")
     """Train a session's turns as one datum where each prompt extends the previous turn's."""
 
     @classmethod
