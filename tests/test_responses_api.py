@@ -358,3 +358,17 @@ def test_recorded_responses_turns_read_back_for_judge_dashboard_and_export(env: 
                if r["session_id"] == sid]
     assert records[0]["messages"] == asked and records[0]["answer"] == views[0].answer
     assert records[0]["tools"] == CHAT_TOOLS and records[1]["answer"]["content"] == "It says 42."
+
+
+@pytest.mark.parametrize("request_body", [
+    {"input": 5}, {"input": []}, {"input": [{"type": "image", "url": "x"}]}, {"input": "hi", "tools": "nope"},
+    {"input": [{"role": "wizard", "content": "x"}]},
+])
+def test_a_recorded_responses_request_that_does_not_convert_reads_as_empty(request_body: dict[str, Any]) -> None:
+    """What a reader sees of a request no validator foresaw: nothing, never an exception."""
+    from clawbridge.shapes.recorded import OpenAIView, answer_message, openai_view
+
+    assert openai_view({"model": "tiny", **request_body}, "responses") == OpenAIView()
+    odd_outputs: list[Any] = [[{"type": "web_search_call"}], [5, "x"], [{"type": "function_call"}]]
+    for output in odd_outputs:
+        assert answer_message({"output": output}) == {"role": "assistant", "content": ""}
