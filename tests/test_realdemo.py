@@ -25,7 +25,9 @@ from clawbridge.devtools.realdemo import (
     Answer,
     Evaluation,
     RealDemoConfig,
+    _gate_settled,
     _settled,
+    facts_eval_set,
     run_real_demo,
     user_reply,
 )
@@ -67,6 +69,32 @@ def test_prompt_sets_are_disjoint_and_measures_count_what_they_say() -> None:
     ev = Evaluation(0, held, fact_answers, short_tokens=32)
     assert ev.preference_rate == pytest.approx(3 / 5)
     assert ev.capability == pytest.approx(1 / 2)
+
+
+def test_the_facts_eval_set_passes_exactly_what_the_capability_check_counts(tmp_path: Path) -> None:
+    """`--promotion eval` scores versions on FACTS: an item passes (promotion's runner: the regex
+    found anywhere, case-insensitive) exactly when `Evaluation.capability` counts the answer."""
+    import re
+
+    from clawbridge.promotion.evalset import load_eval_set
+
+    es = load_eval_set(facts_eval_set(tmp_path / "facts.jsonl"), max_tokens=32)
+    assert es.regex_only and len(es.items) == len(FACTS)
+    texts = ["The capital is PARIS.", "Leonardo da Vinci painted it.", "Da Vinci.", "I think it is Neptune.",
+             "mars", "Tokyo!", "", "The answer is rome-ish", "portuguese (Brazilian)", "Shakespeare's"]
+    for item, (q, _) in zip(es.items, FACTS, strict=True):
+        assert item.messages == ({"role": "user", "content": q},)
+        for text in texts:
+            counted = Evaluation(0, [], [Answer(q, text, 3, "stop")], 32).capability == 1.0
+            assert (re.search(item.expect, text, re.IGNORECASE) is not None) == counted, (q, text)
+
+
+def test_the_gate_is_settled_once_every_step_version_is_decided() -> None:
+    assert _gate_settled(None, 3) and _gate_settled({"mode": "off", "decisions": []}, 3)
+    two = [{"version": 2, "source": "eval"}, {"version": 1, "source": "eval"}, {"version": 9, "source": "admin"}]
+    assert not _gate_settled({"mode": "eval", "decisions": two[:1], "holding": None}, 2)
+    assert not _gate_settled({"mode": "eval", "decisions": two, "holding": "evaluating candidate v3"}, 2)
+    assert _gate_settled({"mode": "eval", "decisions": two, "holding": None}, 2)
 
 
 def test_settled_waits_for_every_judgement_and_every_rewarded_turn() -> None:

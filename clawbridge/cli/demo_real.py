@@ -14,7 +14,7 @@ by more than this (3 of 12 questions)."""
 
 
 def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int | None,
-        console: Console, err: Console) -> None:
+        console: Console, err: Console, promotion: str = "off") -> None:
     from clawbridge.devtools.realdemo import (
         COMPLAINT,
         THANKS,
@@ -29,10 +29,11 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
 
     base = RealDemoConfig()
     cfg = RealDemoConfig(lora_rank=base.lora_rank if lora_rank is None else lora_rank,
-                         learning_rate=learning_rate or base.learning_rate, seed=seed, rounds=rounds or base.rounds)
+                         learning_rate=learning_rate or base.learning_rate, seed=seed, rounds=rounds or base.rounds,
+                         promotion=promotion)
     console.print(f"demo: SmolLM2-135M-Instruct, local backend, LoRA rank {cfg.lora_rank} (0: full fine-tuning), "
                   f"learning rate {cfg.learning_rate:g}, {cfg.sessions} sessions over {len(TRAIN_PROMPTS)} "
-                  f"questions; output in {out_dir}")
+                  f"questions, promotion {cfg.promotion}; output in {out_dir}")
     console.print(f"the scripted user says {COMPLAINT!r} to an answer that does not end within {cfg.short_tokens} "
                   f"tokens, {WRONG!r} to a short one that misses the known answer ({len(TRAIN_ANSWERS)} of the "
                   f"questions have one), and {THANKS!r} to the others; a RULE-BASED judge (keyword rules, not a "
@@ -59,6 +60,14 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
     console.print(table)
     for q, before, after in samples(result, 3):
         console.print(f"[bold]{q}[/bold]\n  before: {before!r}\n  after:  {after!r}", highlight=False, soft_wrap=True)
+    if result.promotion and result.promotion.get("mode") != "off":
+        decisions = [d for d in result.promotion.get("decisions") or [] if d.get("source") != "admin"]
+        verdicts = [d.get("verdict") for d in decisions]
+        console.print(f"promotion (eval on the {len(b.facts)} facts): {verdicts.count('promoted')} version(s) promoted, "
+                      f"{verdicts.count('rejected')} rejected; serving v{result.promotion.get('serving_version')} "
+                      "(the 'after' column)")
+        for d in reversed(decisions):
+            console.print(f"  v{d.get('version')} {d.get('verdict')}: {d.get('reason')}", highlight=False, soft_wrap=True)
     ok = a.capability >= b.capability - CAPABILITY_BOUND
     console.print(f"capability check (may fall by at most {CAPABILITY_BOUND:.2f}): {'held' if ok else 'FAILED'}")
     console.print(f"{result.steps} training steps; {result.judge_calls} judge calls; {result.seconds:.0f}s in all")

@@ -212,6 +212,10 @@ def demo(
              "docs/real-model.md).")] = "tiny",
     rounds: Annotated[int | None, typer.Option(
         help="smollm2: passes over the training questions, 64 sessions each (default 2).")] = None,
+    promotion: Annotated[str, typer.Option(
+        help="smollm2: off (every trained version serves at once) or eval (the 12 capability facts are the "
+             "eval set: a version serves only if it names no fewer of them than the serving one; "
+             "docs/promotion.md).")] = "off",
 ) -> None:
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -225,7 +229,10 @@ def demo(
         from clawbridge.cli import demo_real
         from clawbridge.devtools.realdemo import default_out_dir as real_out_dir
 
-        demo_real.run(out or real_out_dir(), lora_rank, learning_rate, seed, rounds, console, err)
+        if promotion not in ("off", "eval"):
+            err.print("--promotion must be off or eval")
+            raise typer.Exit(2)
+        demo_real.run(out or real_out_dir(), lora_rank, learning_rate, seed, rounds, console, err, promotion)
         return
     if reward not in ("api", "judge"):
         err.print("--reward must be api or judge")

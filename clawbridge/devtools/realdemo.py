@@ -129,6 +129,17 @@ def names_answer(prompt: str, text: str) -> bool:
     return words is None or bool(words & set(re.findall(r"[a-z0-9]+", text.lower())))
 
 
+def facts_eval_set(path: Path) -> Path:
+    """Write FACTS as a promotion eval set (`clawbridge.promotion.evalset`): one greedy question per
+    line whose `expect` matches, case-insensitive and anywhere in the answer, exactly the names the
+    capability check accepts. A version's eval score is then its capability."""
+    lines = [json.dumps({"id": f"fact-{i}", "messages": [{"role": "user", "content": q}],
+                         "expect": "|".join(re.escape(n) for n in names)})
+             for i, (q, names) in enumerate(FACTS)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 assert set(TRAIN_ANSWERS) <= set(TRAIN_PROMPTS)
 assert not (set(TRAIN_PROMPTS) & set(HELD_OUT)) and not (set(TRAIN_PROMPTS) & {q for q, _ in FACTS})
 
@@ -171,6 +182,9 @@ class RealDemoConfig:
     lora_rank: int = 8
     lora_alpha: float = 16.0
     seed: int = 0
+    promotion: str = "off"
+    """off: every trained version serves at once; eval: the FACTS are the eval set (`facts_eval_set`)
+    and a version serves only if it names no fewer of them than the serving one (docs/promotion.md)."""
     settings: dict[str, str] = field(default_factory=dict)
     """Extra CLAWBRIDGE_* variables for the proxy (they win over the demo's own)."""
 
@@ -234,6 +248,8 @@ class RealDemoResult:
     seconds: float = 0.0
     plot: Path | None = None
     judge_calls: int = 0
+    promotion: dict[str, Any] | None = None
+    """/rl/status' `promotion` object at the end (mode, serving version, decisions)."""
 
 
 def _client(base: str, key: str) -> Any:
@@ -311,11 +327,21 @@ def wait_trained(base: str, admin: str, expected_datums: int, timeout_s: float,
         if line != last:
             say(line)
             last = line
-        if _settled(trainer, judge, expected_datums):
+        steps = int((trainer.get("steps") or {}).get("ok", 0))
+        if _settled(trainer, judge, expected_datums) and _gate_settled(st.get("promotion"), steps):
             return st
         if time.monotonic() > deadline:
             raise TimeoutError(f"training did not settle within {timeout_s:.0f}s: {line}")
         time.sleep(1.0)
+
+
+def _gate_settled(promotion: dict[str, Any] | None, steps: int) -> bool:
+    """Off, or nothing on trial and every step's version decided (eval mode decides each one
+    before the next step; the last one on the trainer's next poll)."""
+    if not promotion or promotion.get("mode") == "off":
+        return True
+    decided = sum(1 for d in promotion.get("decisions") or [] if d.get("source") != "admin")
+    return not promotion.get("holding") and decided >= min(steps, 20)
 
 
 def _settled(trainer: dict[str, Any], judge: dict[str, Any], expected_datums: int) -> bool:
@@ -397,6 +423,10 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         # trainer, and a run learned nothing (preference 0.25 -> 0.25)
         "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     }
+    env["CLAWBRIDGE_PROMOTION_MODE"] = cfg.promotion
+    if cfg.promotion == "eval":
+        env["CLAWBRIDGE_EVAL_SET"] = str(facts_eval_set(out_dir / "facts.jsonl"))
+        env["CLAWBRIDGE_EVAL_MAX_TOKENS"] = str(cfg.eval_max_tokens)  # the capability check's greedy answers
     env.update(cfg.settings)
     result = RealDemoResult()
     proc = launch_proxy(model, state_dir, port, env, served_name="smollm2")
@@ -416,7 +446,10 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         say("waiting for the judge and the trainer to finish the last batch ...")
         st = wait_trained(base, admin, cfg.sessions, settle_timeout_s, say)
         result.steps = int(((st.get("trainer") or {}).get("steps") or {}).get("ok", 0))  # {"ok": n, "failed": ...}
-        result.after = evaluate(base, client_key, cfg, st["policy_version"])
+        result.promotion = st.get("promotion")
+        serving = (result.promotion or {}).get("serving_version")
+        # what plain requests get: the serving version (with promotion on, not always the newest)
+        result.after = evaluate(base, client_key, cfg, st["policy_version"] if serving is None else int(serving))
         say(f"after:  preference rate {result.after.preference_rate:.2f}, capability {result.after.capability:.2f}, "
             f"mean answer {result.after.mean_tokens:.1f} tokens")
     finally:
@@ -425,7 +458,7 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         judge.stop()
     result.seconds = time.monotonic() - t0
     (out_dir / "result.json").write_text(json.dumps(
-        {"config": asdict(cfg), "seconds": result.seconds, "steps": result.steps,
+        {"config": asdict(cfg), "seconds": result.seconds, "steps": result.steps, "promotion": result.promotion,
          "before": asdict(result.before) if result.before else None,
          "after": asdict(result.after) if result.after else None,
          "episodes": [asdict(e) for e in sorted(result.episodes, key=lambda e: e.index)]}, indent=1))
