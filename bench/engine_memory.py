@@ -8,7 +8,10 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
 - serve+train: `LocalBackend` as `clawbridge up --backend local` runs it (engine + in-process LoRA
   trainer), SmolLM2-135M-Instruct fp32, 16 concurrent streams of 96 tokens while 2 LoRA train
   steps and publishes run. Peak RSS of the whole process tree (polled every 20 ms: the process and
-  all its children) and the process's own VmHWM.
+  all its children), `--repeat` times per column, interleaved, reported as min / median / max (the
+  peak varies by ~1 GiB between runs of the same code). The old column also runs the trainer's
+  loss as it was (one whole [B, T, V] fp32 logits tensor); a third column runs the new engine with
+  that loss, to separate the two changes.
 - growth: the engine alone on the tiny model (1,000 requests of SmolLM2 take too long on a shared
   2-core box): 1,000 requests, 8 at a time, agent-like (each session resends its history plus a
   new turn), RSS after 100 and after 1,000.
@@ -21,6 +24,7 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
 Run (about 8-10 minutes on 2 shared cores):
     . .venv/bin/activate && python bench/engine_memory.py
     python bench/engine_memory.py --quick      # smaller sizes, to check that it runs
+    python bench/engine_memory.py --only-serve --repeat 5   # only the serve+train peak
 """
 
 from __future__ import annotations
@@ -105,6 +109,12 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
     from clawbridge.config import Settings
     from clawbridge.sampler import SamplingParams
 
+    if which == "old" or which.endswith("+fullloss"):  # the trainer's loss before chunked logprobs
+        import clawbridge_local.trainer.step as step
+        from clawbridge_local.trainer.logprobs import full_token_logprobs
+
+        step.token_logprobs = full_token_logprobs  # type: ignore[assignment]
+        which = which.removesuffix("+fullloss")
     lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]
     settings = Settings.model_validate({
         "model": str(model_dir), "state_dir": str(work), "lora_rank": 8, "lora_alpha": 16.0,
@@ -233,12 +243,66 @@ def run_child(name: str, model_dir: Path, args: argparse.Namespace, env: dict[st
     return out
 
 
+def median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    return ys[len(ys) // 2] if len(ys) % 2 else (ys[len(ys) // 2 - 1] + ys[len(ys) // 2]) / 2
+
+
+def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """The serve+train measurement `args.repeat` times per engine, old and new interleaved (so a
+    slow patch of the shared box hits both): min / median / max of the tree peak, median wall."""
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "new+fullloss": []}
+    for _ in range(args.repeat):
+        for w in runs:
+            runs[w].append(run_child(f"serve:{w}", model_dir, args))
+    mib = 1024
+
+    def peaks(w: str) -> str:
+        xs = [r["tree_peak_kb"] / mib for r in runs[w]]
+        return f"{min(xs):.0f} / {median(xs):.0f} / {max(xs):.0f} MiB"
+
+    def wall(w: str) -> str:
+        return f"{median([r['wall_s'] for r in runs[w]]):.0f} s"
+
+    return [
+        (f"SmolLM2 + LoRA, {args.streams} streams x {args.tokens} tok: tree peak RSS, min / median / max "
+         f"of {args.repeat}", peaks("old"), peaks("new"), "<= 2048 MiB"),
+        ("  the same, new engine with the unchunked loss logits", "", peaks("new+fullloss"), ""),
+        ("  (same runs: median wall time, streams + 2 train steps)", wall("old"), wall("new"), ""),
+    ]
+
+
+def other_rows(model_dir: Path, tiny: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """Growth (tiny model), decode speed and exactness (SmolLM2), old and new engine."""
+    rows: list[tuple[str, str, str, str]] = []
+    mib = 1024
+    g = {w: run_child(f"growth:{w}", tiny, args) for w in ("old", "new")}
+    for w in ("old", "new"):
+        g[w]["pct"] = 100 * (g[w]["rss_n_kb"] / g[w]["rss100_kb"] - 1)
+    rows.append((f"tiny, RSS after 100 -> {args.requests} requests",
+                 f"{g['old']['rss100_kb'] / mib:.0f} -> {g['old']['rss_n_kb'] / mib:.0f} MiB ({g['old']['pct']:+.1f}%)",
+                 f"{g['new']['rss100_kb'] / mib:.0f} -> {g['new']['rss_n_kb'] / mib:.0f} MiB ({g['new']['pct']:+.1f}%)",
+                 "within 10%"))
+    for c in (1, 8, 32):
+        sp = {w: run_child(f"speed{c}:{w}", model_dir, args) for w in ("old", "new")}
+        rows.append((f"SmolLM2 decode tokens/s, {c} stream(s) x 32", f"{sp['old']['tok_s']:.1f}",
+                     f"{sp['new']['tok_s']:.1f}", ">= old"))
+    ex = {w: run_child(f"exact:{w}", model_dir, args) for w in ("old", "new")}
+    rows.append(("SmolLM2 max |batched - unbatched logprob|, 8 x 32", f"{ex['old']['diff']:.2e}",
+                 f"{ex['new']['diff']:.2e}", "<= 1e-4"))
+    rows.append(("SmolLM2 max |batched - full forward logprob|, 8 x 32", "", f"{ex['new']['ref_diff']:.2e}",
+                 "<= 1e-4"))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4 streams x 16 tokens, 200 requests")
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3, help="serve+train runs per engine (peak: min/median/max)")
+    ap.add_argument("--only-serve", action="store_true", help="only the serve+train peak rows")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -262,32 +326,9 @@ def main() -> None:
         os.symlink(smol, work / "model")
         write_batch(work / "batch.json", make_batch(work / "model", 4, 64, 32))
         tiny = build_tiny_model(Path(tmp) / "tiny" / "model")
-        mib = 1024
-        s = {w: run_child(f"serve:{w}", work / "model", args) for w in ("old", "new")}
-        rows.append((f"SmolLM2 + LoRA, {args.streams} streams x {args.tokens} tok: tree peak RSS",
-                     f"{s['old']['tree_peak_kb'] / mib:.0f} MiB", f"{s['new']['tree_peak_kb'] / mib:.0f} MiB",
-                     "<= 2048 MiB"))
-        arena = run_child("serve:new", work / "model", args, env={"MALLOC_ARENA_MAX": "2"})
-        rows.append(("  the same with MALLOC_ARENA_MAX=2 (glibc arenas)", "",
-                     f"{arena['tree_peak_kb'] / mib:.0f} MiB", ""))
-        rows.append(("  (same run: wall time, streams + 2 train steps)", f"{s['old']['wall_s']:.0f} s",
-                     f"{s['new']['wall_s']:.0f} s", ""))
-        g = {w: run_child(f"growth:{w}", tiny, args) for w in ("old", "new")}
-        for w in ("old", "new"):
-            g[w]["pct"] = 100 * (g[w]["rss_n_kb"] / g[w]["rss100_kb"] - 1)
-        rows.append((f"tiny, RSS after 100 -> {args.requests} requests",
-                     f"{g['old']['rss100_kb'] / mib:.0f} -> {g['old']['rss_n_kb'] / mib:.0f} MiB ({g['old']['pct']:+.1f}%)",
-                     f"{g['new']['rss100_kb'] / mib:.0f} -> {g['new']['rss_n_kb'] / mib:.0f} MiB ({g['new']['pct']:+.1f}%)",
-                     "within 10%"))
-        for c in (1, 8, 32):
-            sp = {w: run_child(f"speed{c}:{w}", work / "model", args) for w in ("old", "new")}
-            rows.append((f"SmolLM2 decode tokens/s, {c} stream(s) x 32", f"{sp['old']['tok_s']:.1f}",
-                         f"{sp['new']['tok_s']:.1f}", ">= old"))
-        ex = {w: run_child(f"exact:{w}", work / "model", args) for w in ("old", "new")}
-        rows.append(("SmolLM2 max |batched - unbatched logprob|, 8 x 32", f"{ex['old']['diff']:.2e}",
-                     f"{ex['new']['diff']:.2e}", "<= 1e-4"))
-        rows.append(("SmolLM2 max |batched - full forward logprob|, 8 x 32", "", f"{ex['new']['ref_diff']:.2e}",
-                     "<= 1e-4"))
+        rows += serve_rows(work / "model", args)
+        if not args.only_serve:
+            rows += other_rows(work / "model", tiny, args)
     widths = [max(len(r[i]) for r in [*rows, ("measurement", "old engine", "KV-pool engine", "target")])
               for i in range(4)]
     print(f"OMP_NUM_THREADS=1, one process per measurement; {time.perf_counter() - t0:.0f} s in all")

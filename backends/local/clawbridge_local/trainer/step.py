@@ -39,6 +39,7 @@ from clawbridge_local.losses import LossInputs, LossSums, compute_loss, finalize
 from clawbridge_local.trainer import model as model_io
 from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum
 from clawbridge_local.trainer.config import TrainerConfig
+from clawbridge_local.trainer.logprobs import token_logprobs
 
 
 def resolve_device(config: TrainerConfig, local_rank: int) -> torch.device:
@@ -46,12 +47,6 @@ def resolve_device(config: TrainerConfig, local_rank: int) -> torch.device:
     if config.device == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     return torch.device(config.device)
-
-
-def token_logprobs(model: nn.Module, c: Collated) -> torch.Tensor:
-    """[B, T] logprob of each target token (fp32 log-softmax over the vocabulary)."""
-    logits = model(input_ids=c.input_ids, attention_mask=c.attention_mask).logits.float()
-    return logits.gather(-1, c.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 class TrainerCore:
