@@ -178,3 +178,46 @@ def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path)
         store.last_turn_id(s) for s in ("a", "b"))
     assert loop.tstore.training_stats()["samples"]["dropped"] == {"held_out": 1}
     store.close()
+
+
+def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
+    """With tolerance 1/12, each promotion may lose one item against the serving version; the drift
+    guard keeps every promoted version within one item of where the gate started (the anchor), and
+    an admin's promotion makes a new anchor."""
+    from clawbridge.backend import ModelInfo
+    from clawbridge.config import Settings
+    from clawbridge.promotion.promoter import Promoter
+    from clawbridge.promotion.runner import FakeEvaluator
+    from clawbridge.sampler import FakeSampler
+    from clawbridge.trainer.fake import FakeTrainingBackend
+    from clawbridge.versions import VersionRouter
+
+    evals = tmp_path / "facts.jsonl"
+    evals.write_text(_lines(*({"id": f"f{i}", "messages": MSG, "expect": "x"} for i in range(12))))
+    store = Store(tmp_path / "db.sqlite")
+    settings = Settings(promotion_mode="eval", eval_set=str(evals), promotion_tolerance=1 / 12 + 1e-9)
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    fake = FakeEvaluator({0: 9, 1: 8, 2: 7, 3: 8, 4: 9})
+    promoter = Promoter(settings, store, VersionRouter(backend, VersionStore(store)), fake)
+    promoter.serving = 0
+    assert PromotionStore(store).anchor_version() is None
+
+    async def decide(candidate: int) -> Decision:
+        d = await promoter._evaluate(candidate)
+        await promoter._apply(d)
+        return d
+
+    first = asyncio.run(decide(1))  # one item less than v0: within the tolerance
+    assert first.verdict == "promoted" and promoter.serving == 1
+    assert PromotionStore(store).anchor_version() == 0
+    second = asyncio.run(decide(2))  # one less than v1 (would pass alone), two less than the anchor
+    assert second.verdict == "rejected" and promoter.serving == 1
+    assert "anchor v0's 0.750" in second.reason and second.figures is not None and "anchor" in second.figures
+    assert asyncio.run(decide(3)).verdict == "promoted"  # v3 = v1's score: within one item of v0
+    assert fake.calls == [1, 0, 2, 3]  # v0's and v1's figures came from the cache once known
+    # the admin puts v2 to serve: it is the new anchor, so v4 is compared with v2 and v3 only
+    assert PromotionStore(store).decide(Decision(2, "promoted", "admin", "promote by the admin", 3), "eval")
+    promoter.serving = 2
+    assert PromotionStore(store).anchor_version() == 2
+    assert asyncio.run(decide(4)).verdict == "promoted"
+    store.close()

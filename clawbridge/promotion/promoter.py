@@ -5,7 +5,8 @@ Modes (`promotion_mode`):
   the store's serving version follows it, so turning promotion on later starts from it.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
-  sessions) and PROMOTED when `score >= serving score - tolerance`, else REJECTED: the serving
+  sessions) and PROMOTED when `score >= serving score - tolerance` (and, with a tolerance, within it
+  of the anchor version too, so promotions cannot drift down step by step), else REJECTED: the serving
   version stays and the trainer resumes from its committed state (weights and optimizer, a
   `rollback` version of it), so training goes on from what serves.
 - canary: the candidate answers `canary_share` of NEW sessions (sticky, `VersionRouter`); the
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from clawbridge.faults import fault_point
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
-from clawbridge.promotion.runner import Evaluator, VersionEval
+from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
 from clawbridge.rewards.judge import VoteConfig
 from clawbridge.store import Store
@@ -75,7 +76,7 @@ class Settled:
 class Promoter:
     """Promotion for one running server (module invariants)."""
 
-    def __init__(self, settings: Settings, store: Store, router: VersionRouter, evaluator: Evaluator) -> None:
+    def __init__(self, settings: Settings, store: Store, router: VersionRouter, evaluator: VersionScorer) -> None:
         self.settings = settings
         self.mode = settings.promotion_mode
         self.store = store
@@ -232,13 +233,33 @@ class Promoter:
                             "verdict): promoted unevaluated", self.serving)
         cand = await self.evaluate(candidate, es)
         inc = await self.evaluate(self.serving, es)
-        figures = {"candidate": cand.as_dict(), "incumbent": inc.as_dict(), "tolerance": tol}
-        verdict: Verdict = "promoted" if cand.score >= inc.score - tol else "rejected"
+        figures: dict[str, Any] = {"candidate": cand.as_dict(), "incumbent": inc.as_dict(), "tolerance": tol}
+        floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
+        anchor = await self._anchor(es, tol)
+        if anchor is not None:
+            figures["anchor"] = anchor[1].as_dict()
+            if anchor[1].score - tol > floor:
+                floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
+        verdict: Verdict = "promoted" if cand.score >= floor else "rejected"
         cmp = ">=" if verdict == "promoted" else "<"
         failed = f"; failed: {', '.join(cand.failed[:5])}" if verdict == "rejected" and cand.failed else ""
-        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} serving v{self.serving}'s "
-                  f"{inc.score:.3f} - tolerance {tol:g} on {es.source}{failed}")
+        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} {against} - tolerance {tol:g} "
+                  f"on {es.source}{failed}")
         return Decision(candidate, verdict, "eval", reason, self.serving, cand.score, inc.score, figures)
+
+    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval] | None:
+        """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
+        may lose up to `tol` against the serving version, so a chain of them could drift far below
+        where the gate started; a candidate must also score within `tol` of the anchor
+        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then), when
+        the anchor serves, or when it has neither a cached evaluation nor a checkpoint."""
+        anchor = await self._read(self.pstore.anchor_version)
+        if tol <= 0 or anchor is None or anchor == self.serving:
+            return None
+        cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
+        if cached is None and not await self._servable(anchor):
+            return None
+        return anchor, await self.evaluate(anchor, es)
 
     # ------------------------------------------------------------------ canary mode
     async def _canary(self, candidate: int) -> Decision | None:

@@ -17,7 +17,7 @@ import asyncio
 import re
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
 from clawbridge.promotion.stats import wilson
@@ -79,6 +79,35 @@ class VersionEval:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> VersionEval:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+class VersionScorer(Protocol):
+    """What promotion needs of an evaluator (`Evaluator`; `FakeEvaluator` beside it for tests)."""
+
+    judge: JudgeModel | None
+    """Scores rubric items (None: a set with rubric lines cannot be scored)."""
+
+    async def evaluate(self, version: int, eval_set: EvalSet) -> VersionEval:
+        """`version`'s figures on `eval_set` (greedy, so fixed per version and set)."""
+        ...
+
+
+class FakeEvaluator:
+    """A `VersionScorer` without a model: version v passes the first `passed[v]` items."""
+
+    def __init__(self, passed: dict[int, int]) -> None:
+        self.passed = passed
+        self.judge: JudgeModel | None = None
+        self.calls: list[int] = []
+        """The versions evaluated, in order (a cached figure is not asked for again)."""
+
+    async def evaluate(self, version: int, eval_set: EvalSet) -> VersionEval:
+        self.calls.append(version)
+        n, k = len(eval_set.items), self.passed[version]
+        low, high = wilson(k, n)
+        failed = [it.id for it in eval_set.items[k:]]
+        return VersionEval(version, eval_set.source, eval_set.digest, n, k, k / n, low, high, k / n, None, 0.0, 0.0,
+                           failed[:20], [])
 
 
 class Evaluator:

@@ -129,6 +129,18 @@ class PromotionStore:
         """Newest first."""
         return self._select("ORDER BY decision_id DESC LIMIT ?", (limit,))
 
+    def anchor_version(self) -> int | None:
+        """The version the eval gate's drift guard compares candidates with: the one the admin last
+        put to serve, else the one serving when the first automatic decision was taken (None before
+        any decision: the serving version is the anchor then)."""
+        with self.store.read() as c:
+            r = c.execute("SELECT version FROM promotion_decisions WHERE source='admin' "
+                          "ORDER BY decision_id DESC LIMIT 1").fetchone()
+            if r is None:
+                r = c.execute("SELECT incumbent_version FROM promotion_decisions WHERE source != 'admin' "
+                              "ORDER BY decision_id LIMIT 1").fetchone()
+        return int(r[0]) if r is not None and r[0] is not None else None
+
     def rejected_samples(self) -> int:
         """Consumed samples whose step produced a version that was then rejected."""
         with self.store.read() as c:
