@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -125,13 +126,13 @@ class Settings(BaseSettings):
     # CLI flags that set a backend's option (`up --yes`: fireworks `yes`); see `backend_flags`.
     _backend_flags: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
-    # --- server
+    # --- [server]
     host: str = Field("127.0.0.1", description="Address to bind. Non-loopback needs keys set in the environment.")
     port: int = Field(8400, description="Port to bind.")
     state_dir: Path = Field(DEFAULT_STATE_DIR, description="Where the store, keys and checkpoints live.")
     log_level: str = Field("info", description="debug, info, warning or error.")
 
-    # --- model and backend
+    # --- [serving] (the `backends` table is each backend's own)
     backend: str = Field(
         "local", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="Which backend serves and trains: local, tinker, fireworks, or another installed in the "
@@ -145,8 +146,9 @@ class Settings(BaseSettings):
     model: str = Field("", description="Model to serve: a local folder or a Hugging Face id.")
     served_model_name: str = Field("", description="Name the model answers to (default: the model's folder or id).")
     default_max_tokens: int = Field(1024, description="max_tokens when a request gives none.")
+    tokenizer: str = Field("", description="Tokenizer (with chat template) path or id; default: the model.")
 
-    # --- proxy
+    # --- [proxy]
     api_key: SecretStr | None = Field(None, description="Client key for model calls (generated if unset).")
     admin_key: SecretStr | None = Field(None, description="Admin key for /rl/* management (generated if unset).")
     metrics_key: SecretStr | None = Field(None, description="Key that may read /metrics (besides the admin key); environment only.")
@@ -173,9 +175,7 @@ class Settings(BaseSettings):
         8 * 1024**3, ge=0, description="`status` warns when the store (db + WAL) grows past this (0: no budget)."
     )
 
-    tokenizer: str = Field("", description="Tokenizer (with chat template) path or id; default: the model.")
-
-    # --- training (shared by every backend)
+    # --- [training]
     lora_rank: int = Field(32, description="LoRA rank; 0 trains all weights (local and fireworks only).")
     lora_alpha: float = Field(32.0, description="LoRA alpha (scaling = alpha / rank).")
     lora_target_modules: list[str] = Field(
@@ -188,7 +188,7 @@ class Settings(BaseSettings):
         f"{FULL_LEARNING_RATE:g} for full fine-tuning; see `effective_learning_rate`).",
     )
 
-    # --- trainer loop (section owned by clawbridge/trainer)
+    # --- [trainer]
     train: bool = Field(True, description="Run the trainer loop when the backend can train (false: record and serve only).")
     batch_size: int = Field(
         8, ge=1, description="Rewarded main turns per training step; a step runs once this many are ready "
@@ -249,7 +249,7 @@ class Settings(BaseSettings):
         "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one always stays).",
     )
 
-    # --- rewards (section owned by clawbridge/rewards): judge, OPD and how they combine
+    # --- [rewards]
     judge: Literal["off", "endpoint", "base"] = Field(
         "off", description="Judge of each main turn from its next state: off, endpoint (OpenAI-compatible) or base (the backend's base model)."
     )
@@ -277,7 +277,7 @@ class Settings(BaseSettings):
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
 
-    # --- promotion (section owned by clawbridge/promotion): a new version serves only once it is not worse
+    # --- [promotion]
     promotion_mode: Literal["auto", "off", "eval", "canary"] = Field(
         "auto", description="auto: eval when eval_set names a file, else off; off: every trained version serves at "
         "once; eval: a new version is evaluated "
@@ -314,13 +314,13 @@ class Settings(BaseSettings):
     promotion_poll_interval_s: float = Field(
         2.0, gt=0, description="canary: how often the rewards of the candidate's and the incumbent's sessions are tested.")
 
-    # --- hosted backends (tinker, fireworks): the start-up probe (clawbridge.probe)
+    # --- [probe]
     probe_timeout_s: float = Field(
         10.0, gt=0, description="Hosted backends: each start-up check of the service (reachable, key accepted, model "
         "offered) gives up after this long, so `up` says what is wrong in seconds.",
     )
 
-    # --- privacy (section owned by clawbridge/privacy): what may leave the machine
+    # --- [privacy]
     privacy: Literal["auto", "on", "off"] = Field(
         "auto", description="Privacy filter on training data sent to a hosted backend and on judge prompts sent to an "
         "endpoint: auto (on for hosted backends and judge=endpoint), on, off. Found prompt spans are replaced by "
@@ -344,7 +344,7 @@ class Settings(BaseSettings):
     def _refuse_moved_options(cls, data: Any) -> Any:
         """A backend's old flat key (`tinker_base_url = ...`) says where it moved (module invariants)."""
         if isinstance(data, dict):
-            data = _flatten_promotion(data)
+            data = _flatten_sections(data)
 
             unknown = [k for k in data if isinstance(k, str) and k not in cls.model_fields]
             moved = [m for m in (next((h(k) for h in _unknown_option_hints if h(k)), None) for k in unknown) if m]
@@ -443,29 +443,81 @@ def default_of(name: str) -> Any:
     return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
-PROMOTION_TABLE_KEYS = {"mode": "promotion_mode", "tolerance": "promotion_tolerance",
-                        "poll_interval_s": "promotion_poll_interval_s"}
-"""TOML `[promotion]` keys whose option name differs (the others are the option names themselves)."""
+@dataclass(frozen=True)
+class Section:
+    """A group of options: a TOML table (`[trainer]`) and a table of the configuration reference."""
+
+    table: str
+    first: str
+    """Its first option: a section holds the options declared from this one to the next section's."""
+    title: str
+    """What it is about (the reference's heading)."""
 
 
-def _flatten_promotion(data: dict[str, Any]) -> dict[str, Any]:
-    """A TOML `[promotion]` table as the flat options it names (`mode` -> `promotion_mode`); a value
-    set by a higher source (a flag or the environment, already flat in `data`) wins."""
-    table = data.get("promotion")
-    if not isinstance(table, dict):
-        return data
-    out = {k: v for k, v in data.items() if k != "promotion"}
-    for key, value in table.items():
-        name = PROMOTION_TABLE_KEYS.get(str(key), str(key))
-        if name not in Settings.model_fields or not (name in PROMOTION_TABLE_KEYS.values() or name in _PROMOTION_OPTIONS):
-            raise ValueError(f"[promotion] has no option {key!r}; known: "
-                             + ", ".join(sorted({*PROMOTION_TABLE_KEYS, *_PROMOTION_OPTIONS})))
-        out.setdefault(name, value)
+SECTIONS: tuple[Section, ...] = (
+    Section("server", "host", "server"),
+    Section("serving", "backend", "model and backend"),
+    Section("proxy", "api_key", "proxy"),
+    Section("training", "lora_rank", "training, shared by every backend"),
+    Section("trainer", "train", "trainer loop (clawbridge/trainer)"),
+    Section("rewards", "judge", "rewards (clawbridge/rewards): judge, on-policy distillation and how they combine"),
+    Section("promotion", "promotion_mode", "promotion (clawbridge/promotion): a new version serves only once it "
+            "is not worse"),
+    Section("probe", "probe_timeout_s", "hosted backends' (tinker, fireworks) start-up probe (clawbridge.probe)"),
+    Section("privacy", "privacy", "privacy (clawbridge/privacy): what may leave the machine"),
+)
+"""The sections of `Settings`, in declaration order; every option but `backends` (each backend's own
+`[backends.<name>]` table) is in exactly one."""
+
+
+def _section_options() -> dict[str, tuple[str, ...]]:
+    names = [n for n in Settings.model_fields if n != "backends"]
+    starts = [names.index(sec.first) for sec in SECTIONS]
+    assert starts == sorted(starts) and starts[0] == 0, "SECTIONS must follow the declaration order of Settings"
+    ends = [*starts[1:], len(names)]
+    return {sec.table: tuple(names[a:b]) for sec, a, b in zip(SECTIONS, starts, ends, strict=True)}
+
+
+SECTION_OPTIONS: dict[str, tuple[str, ...]] = _section_options()
+"""{TOML table: the option names it holds}."""
+
+
+def section_of(name: str) -> str | None:
+    """The TOML table option `name` belongs to (None: `backends`, or not an option)."""
+    return next((t for t, names in SECTION_OPTIONS.items() if name in names), None)
+
+
+def section_key(table: str, key: str) -> str | None:
+    """The option a key of TOML table `table` names: the option itself (`[trainer] batch_size`), the
+    option with the table's name before it (`[promotion] mode` -> `promotion_mode`, `[privacy]
+    detectors` -> `privacy_detectors`), or `mode` for the option named like its table (`[privacy]
+    mode` -> `privacy`); None when the table holds no such option."""
+    options = SECTION_OPTIONS.get(table, ())
+    for name in (key, f"{table}_{key}", table if key == "mode" else ""):
+        if name in options:
+            return name
+    return None
+
+
+def _flatten_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """The TOML section tables in `data` as the flat options they name (`[trainer] batch_size` ->
+    `batch_size`). Top-level keys still work; a value already flat in `data` (a flag or the
+    environment) wins. A key that is not an option of its table is refused, naming where it is."""
+    out = dict(data)
+    for table in SECTION_OPTIONS:
+        values = out.get(table)
+        if not isinstance(values, dict):  # absent, or `privacy = "on"`: the option, not the table
+            continue
+        del out[table]
+        for key, value in values.items():
+            name = section_key(table, str(key))
+            if name is None:
+                home = section_of(str(key))
+                where = f" ({key} is an option of [{home}])" if home else ""
+                raise ValueError(f"[{table}] has no option {key!r}{where}; it holds: "
+                                 + ", ".join(SECTION_OPTIONS[table]))
+            out.setdefault(name, value)
     return out
-
-
-_PROMOTION_OPTIONS = ("eval_set", "held_out_share", "eval_max_tokens", "eval_max_items", "canary_share",
-                      "canary_min_sessions", "canary_max_sessions", "canary_confidence")
 
 
 def load_settings(config_file: Path | None = None, *, backend_flags: dict[str, dict[str, Any]] | None = None,

@@ -388,11 +388,13 @@ def config_show(
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Print the resolved configuration (flags > CLAWBRIDGE_* env > TOML > defaults), secrets masked.
+    """Print the resolved configuration (flags > CLAWBRIDGE_* env > TOML > defaults), secrets masked;
+    each option by its TOML path (`trainer.batch_size`: `batch_size` in the `[trainer]` table).
 
     `backends` holds each installed backend's options (TOML `[backends.<name>]`, environment
     `CLAWBRIDGE_<NAME>_<OPTION>`) as that backend would read them."""
     from clawbridge.backend_settings import env_names
+    from clawbridge.config import section_of
     from clawbridge.plugins import resolved_config, settings_models
 
     settings = settings_or_exit(config, state_dir=state_dir)
@@ -405,8 +407,8 @@ def config_show(
     table = Table("option", "value", "env var")
     models = settings_models()
     for k, v in dump.items():
-        if k != "backends":
-            table.add_row(k, json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
+        if k != "backends":  # the option as its TOML path: `trainer.batch_size`
+            table.add_row(f"{section_of(k)}.{k}", json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
             continue
         for name, section in v.items():
             model = models.get(name)
