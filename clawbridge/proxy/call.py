@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -288,7 +287,9 @@ class SampledCall:
         return next((s for s in self.req.stop_strings if full.startswith(s, at)), None)
 
     # ------------------------------------------------------------------ recording
-    def turn(self, status: str, response: dict[str, Any] | None) -> TurnRecord:
+    def turn(self, status: str, response_json: str | None) -> TurnRecord:
+        """The turn as recorded; `response_json`: the response body already serialized (once: the
+        client gets the same bytes)."""
         meta = dict(self.call.meta)
         meta["stream"] = self.req.stream
         return TurnRecord(
@@ -298,14 +299,14 @@ class SampledCall:
             policy_version=self.policy_version,
             finish_reason=self.gen.finish_reason if status == "ok" else status,
             request_json=self.stored,
-            response_json=json.dumps(response) if response is not None else None,
+            response_json=response_json,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
             meta=meta, turn_id=self.turn_id, user_id=self.call.user,
         )
 
-    async def record(self, status: str, response: dict[str, Any] | None) -> None:
+    async def record(self, status: str, response_json: str | None) -> None:
         end = self.call.end_after if status == "ok" else ("single_call" if self.call.source == "implicit" else None)
-        await self.state.writer.record_turn(self.turn(status, response), self.call.source, end)
+        await self.state.writer.record_turn(self.turn(status, response_json), self.call.source, end)
 
     def record_cancelled_soon(self) -> None:
         """Record a call the client abandoned without awaiting (we may be inside a cancelled scope)."""
@@ -322,9 +323,9 @@ class SampledCall:
         abandoned = await self.sample_all(request)
         if abandoned is not None:
             return abandoned
-        body = shape.body()
-        await self.record("ok", body)
-        return Response(orjson.dumps(body), media_type="application/json")
+        body = orjson.dumps(shape.body())  # serialized once: the store keeps the bytes the client gets
+        await self.record("ok", body.decode())
+        return Response(body, media_type="application/json")
 
     async def sample_all(self, request: Request) -> Response | None:
         """Sample to the end; a 499 response if the client left (the call is recorded cancelled).
@@ -384,7 +385,7 @@ class SampledCall:
                     raise shutting_down()
             for event in shape.flush():
                 yield event
-            await self.record("ok", shape.recorded())
+            await self.record("ok", orjson.dumps(shape.recorded()).decode())
             finished = True
             for event in shape.closing():
                 yield event
