@@ -14,7 +14,7 @@ by more than this (3 of 12 questions)."""
 
 
 def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed: int, rounds: int | None,
-        console: Console, err: Console, promotion: str = "off") -> None:
+        console: Console, err: Console, promotion: str = "off", tolerance: float | None = None) -> None:
     from clawbridge.devtools.realdemo import (
         COMPLAINT,
         THANKS,
@@ -30,10 +30,11 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
     base = RealDemoConfig()
     cfg = RealDemoConfig(lora_rank=base.lora_rank if lora_rank is None else lora_rank,
                          learning_rate=learning_rate or base.learning_rate, seed=seed, rounds=rounds or base.rounds,
-                         promotion=promotion)
+                         promotion=promotion, tolerance=base.tolerance if tolerance is None else tolerance)
     console.print(f"demo: SmolLM2-135M-Instruct, local backend, LoRA rank {cfg.lora_rank} (0: full fine-tuning), "
                   f"learning rate {cfg.learning_rate:g}, {cfg.sessions} sessions over {len(TRAIN_PROMPTS)} "
-                  f"questions, promotion {cfg.promotion}; output in {out_dir}")
+                  f"questions, promotion {cfg.promotion}"
+                  + (f" (tolerance {cfg.tolerance:g})" if cfg.promotion == "eval" else "") + f"; output in {out_dir}")
     console.print(f"the scripted user says {COMPLAINT!r} to an answer that does not end within {cfg.short_tokens} "
                   f"tokens, {WRONG!r} to a short one that misses the known answer ({len(TRAIN_ANSWERS)} of the "
                   f"questions have one), and {THANKS!r} to the others; a RULE-BASED judge (keyword rules, not a "

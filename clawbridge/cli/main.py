@@ -214,8 +214,10 @@ def demo(
         help="smollm2: passes over the training questions, 64 sessions each (default 2).")] = None,
     promotion: Annotated[str, typer.Option(
         help="smollm2: off (every trained version serves at once) or eval (the 12 capability facts are the "
-             "eval set: a version serves only if it names no fewer of them than the serving one; "
-             "docs/promotion.md).")] = "off",
+             "eval set: a version serves only if it names at most --tolerance of them fewer than the serving "
+             "one; docs/promotion.md).")] = "off",
+    tolerance: Annotated[float | None, typer.Option(
+        help="smollm2 with --promotion eval: the promotion tolerance (default 0.09: one fact of 12).")] = None,
 ) -> None:
     """Watch a model learn, offline: serve, record, reward, train and publish, then plot."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -232,7 +234,8 @@ def demo(
         if promotion not in ("off", "eval"):
             err.print("--promotion must be off or eval")
             raise typer.Exit(2)
-        demo_real.run(out or real_out_dir(), lora_rank, learning_rate, seed, rounds, console, err, promotion)
+        demo_real.run(out or real_out_dir(), lora_rank, learning_rate, seed, rounds, console, err, promotion,
+                      tolerance)
         return
     if reward not in ("api", "judge"):
         err.print("--reward must be api or judge")
