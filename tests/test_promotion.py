@@ -186,6 +186,7 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     an admin's promotion makes a new anchor."""
     from clawbridge.backend import ModelInfo
     from clawbridge.config import Settings
+    from clawbridge.promotion.describe import promotion_lines
     from clawbridge.promotion.promoter import Promoter
     from clawbridge.promotion.runner import FakeEvaluator
     from clawbridge.sampler import FakeSampler
@@ -214,6 +215,9 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     assert second.verdict == "rejected" and promoter.serving == 1
     assert "anchor v0's 0.750" in second.reason and second.figures is not None and "anchor" in second.figures
     assert asyncio.run(decide(3)).verdict == "promoted"  # v3 = v1's score: within one item of v0
+    status = promoter.status()
+    assert status["anchor_version"] == 0 and status["serving_version"] == 3
+    assert "(tolerance 0.0833333 against the serving version and anchor v0): serving v3" in promotion_lines(status)[0]
     assert fake.calls == [1, 0, 2, 3]  # v0's and v1's figures came from the cache once known
     # the admin puts v2 to serve: it is the new anchor, so v4 is compared with v2 and v3 only
     assert PromotionStore(store).decide(Decision(2, "promoted", "admin", "promote by the admin", 3), "eval")

@@ -16,7 +16,9 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     if p.get("eval_set"):
         head += f" on {p['eval_set']}"
     if p.get("tolerance") is not None:
-        head += f" (tolerance {p['tolerance']:g})"
+        anchor = (f" against the serving version and anchor v{p['anchor_version']}"
+                  if p.get("anchor_version") is not None else "")
+        head += f" (tolerance {p['tolerance']:g}{anchor})"
     head += f": serving v{p['serving_version']}"
     head += (f"; candidate v{p['candidate_version']} on trial" if p.get("candidate_version") is not None
              else "; no candidate on trial")

@@ -346,12 +346,18 @@ class Promoter:
             "pinned": self.pinned,
             "eval_set": es,
             "tolerance": self.tolerance if self.mode != "off" else None,
+            "anchor_version": self._anchor_version() if self.mode == "eval" and self.tolerance > 0 else None,
             "holding": self.hold,
             "canary": self.canary.as_dict() if self.canary is not None else None,
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
             "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
         }
+
+    def _anchor_version(self) -> int:
+        """The drift guard's anchor (`_anchor`): the serving version before any decision."""
+        anchor = self.pstore.anchor_version()
+        return self.serving if anchor is None else anchor
 
     def _pending_candidate(self) -> int | None:
         held = self._weights_of(self.router.published_version)
