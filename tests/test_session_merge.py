@@ -262,8 +262,21 @@ def test_local_trainer_step_is_the_same_merged_or_separate(
     assert m_merged["datums"] == 1.0 and m_sep["datums"] == 4.0
     for key in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "tokens", "grad_norm"):
         assert m_merged[key] == pytest.approx(m_sep[key], rel=1e-5, abs=1e-7), key
-    worst = max(float((p_merged[k] - p_sep[k]).abs().max()) for k in p_merged)
-    assert worst <= 1e-5
+    # The merged datum sums the same per-token terms in another order (and the loss's chunked
+    # logits split them at other places), so gradients differ by float rounding. AdamW's first step
+    # is ~lr * g / (|g| + eps): a weight whose gradient is near 0 turns rounding into a visible part
+    # of a step. Measured here: 8 of 1.32M weights differ by more than 1e-6, the worst by 2.5e-5
+    # (2.5% of a step of lr = 1e-3). So: (almost) every weight takes the same step, none differs by
+    # more than a tenth of a step, and the step is a real one.
+    from safetensors.torch import load_file
+
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    diffs = [(p_merged[k] - p_sep[k]).abs().flatten() for k in p_merged]
+    total = sum(d.numel() for d in diffs)
+    off = sum(int((d > 1e-6).sum()) for d in diffs)
+    assert off <= 1e-4 * total, f"{off} of {total} weights took another step"
+    assert max(float(d.max()) for d in diffs) <= 0.1 * 1e-3
+    assert max(float((p_merged[k] - base[k]).abs().max()) for k in base if k in p_merged) > 0.5e-3
 
 
 # ------------------------------------------------------------------ the trainer loop's counters
