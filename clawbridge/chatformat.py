@@ -59,6 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from clawbridge.messages import ChatMessage, RenderError
 from clawbridge.parse import (
     END_OF_TURN_MARKERS,
     THINK_CLOSE,
@@ -78,10 +79,6 @@ TOOLS_PROMPT_TAIL = (
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call>"
 )
-
-
-class RenderError(ValueError):
-    """The request cannot be rendered (bad messages, tools or template failure): HTTP 400."""
 
 
 class ToolChoiceError(RenderError):
@@ -136,12 +133,15 @@ class ChatFormat(Protocol):
         """Texts of `stop_token_ids` (the parser strips them from the end)."""
         ...
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    def render_prompt(self, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+                      tools: list[dict[str, Any]] | None = None,
                       tool_choice: str | dict[str, Any] | None = None) -> Prompt:
-        """Render an OpenAI chat request (raises `RenderError` / `ToolChoiceError`)."""
+        """Render an OpenAI chat request: `ChatMessage`s as they are, plain message objects parsed by
+        `clawbridge.messages.parse_messages` (raises `RenderError` / `ToolChoiceError`)."""
         ...
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    def render(self, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+               tools: list[dict[str, Any]] | None = None,
                tool_choice: str | dict[str, Any] | None = None) -> list[int]:
         """`render_prompt(...).ids`."""
         ...

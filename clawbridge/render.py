@@ -1,6 +1,8 @@
 """Renderer: the `ChatFormat` of a transformers tokenizer with a chat template.
 
-OpenAI-shaped chat messages -> prompt token ids through the chat template, with tools handled as
+Parsed chat messages (`clawbridge.messages.ChatMessage`, what a validated request holds; plain
+OpenAI-shaped message objects are parsed by the same rules first) -> prompt token ids through the
+chat template, with tools handled as
 the template's family needs (`clawbridge.chatformat`: natively, or written into the system
 message), a forced `tool_choice` prefilled; sampled text -> assistant message by the one grammar
 of `clawbridge.parse`, with this vocabulary's stop markers.
@@ -18,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -36,14 +37,11 @@ from clawbridge.chatformat import (
     stop_markers_for,
     tool_style_for,
 )
-from clawbridge.content import ContentError, content_text
+from clawbridge.messages import ROLES, ChatMessage, parse_messages
 from clawbridge.parse import ParsedMessage, StreamParser, parse_completion
 from clawbridge.sources import resolve_source
 
-__all__ = ["ROLES", "RenderError", "Renderer", "SegmentCache", "ToolChoiceError", "normalize_messages"]
-
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-"""Message roles `render` accepts."""
+__all__ = ["ROLES", "RenderError", "Renderer", "SegmentCache", "ToolChoiceError"]
 
 _BATCH_MIN_CHARS = 64 * 1024
 """Below this much uncached text, segments are tokenized one by one instead of in a batch."""
@@ -93,84 +91,6 @@ class SegmentCache:
         with self._lock:
             self._data.clear()
             self._chars = 0
-
-
-def _text_of(content: Any, where: str) -> str:
-    """Message content as one string by `clawbridge.content`'s rules, as a `RenderError`."""
-    try:
-        return content_text(content, where)
-    except ContentError as e:
-        raise RenderError(str(e)) from None
-
-
-def _normalize_tool_call(call: Any, where: str) -> dict[str, Any]:
-    if not isinstance(call, Mapping):
-        raise RenderError(f"{where}: each tool call must be an object")
-    fn = call.get("function", call)
-    if not isinstance(fn, Mapping):
-        raise RenderError(f"{where}: tool call 'function' must be an object")
-    name = fn.get("name")
-    if not isinstance(name, str) or not name:
-        raise RenderError(f"{where}: tool call without a function name")
-    args: Any = fn.get("arguments")
-    if args is None or args == "":
-        args = {}
-    elif isinstance(args, str):
-        try:
-            parsed = json.loads(args)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            args = parsed
-    elif not isinstance(args, Mapping):
-        raise RenderError(f"{where}: tool call arguments must be a JSON string or an object")
-    out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
-    if isinstance(call.get("id"), str):
-        out["id"] = call["id"]
-    return out
-
-
-def normalize_messages(messages: Any, *, developer_as_system: bool) -> list[dict[str, Any]]:
-    """Validate OpenAI-shaped messages and rewrite them into what chat templates expect.
-
-    Content becomes a string (`clawbridge.content.content_text`: text parts joined with "\\n",
-    null -> ""); assistant tool call
-    arguments that are JSON objects in a string become dicts (other strings stay as they are);
-    `reasoning_content` is kept; `developer` becomes `system` when `developer_as_system`.
-    """
-    if not isinstance(messages, list) or not messages:
-        raise RenderError("'messages' must be a non-empty list")
-    out: list[dict[str, Any]] = []
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, Mapping):
-            raise RenderError(f"{where} must be an object")
-        role = msg.get("role")
-        if role not in ROLES:
-            raise RenderError(f"{where}: unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})")
-        if role == "developer" and developer_as_system:
-            role = "system"
-        if role == "tool" and msg.get("content") is None:
-            raise RenderError(f"{where}: a tool message needs 'content'")
-        norm: dict[str, Any] = {"role": role, "content": _text_of(msg.get("content"), where)}
-        if role == "assistant":
-            reasoning = msg.get("reasoning_content")
-            if reasoning is not None:
-                if not isinstance(reasoning, str):
-                    raise RenderError(f"{where}: 'reasoning_content' must be a string")
-                norm["reasoning_content"] = reasoning
-            calls = msg.get("tool_calls")
-            if calls:
-                if not isinstance(calls, list):
-                    raise RenderError(f"{where}: 'tool_calls' must be a list")
-                norm["tool_calls"] = [
-                    _normalize_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)
-                ]
-        for key in ("name", "tool_call_id"):
-            if isinstance(msg.get(key), str):
-                norm[key] = msg[key]
-        out.append(norm)
-    return out
 
 
 class Renderer:
@@ -242,13 +162,16 @@ class Renderer:
 
     def render_prompt(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> Prompt:
-        """An OpenAI chat request as prompt text and ids: normalized messages and the tools shown,
-        through the chat format and template, generation prompt added, then a forced call's opening."""
-        norm = normalize_messages(messages, developer_as_system=not self.developer_role_supported)
+        """An OpenAI chat request as prompt text and ids: the parsed messages (`ChatMessage`s are
+        taken as they are, plain objects parsed by `clawbridge.messages.parse_messages`) and the
+        tools shown, through the chat format and template, generation prompt added, then a forced
+        call's opening."""
+        dev_as_system = not self.developer_role_supported
+        norm = [m.template_dict(developer_as_system=dev_as_system) for m in parse_messages(messages)]
         selection = select_tools(tools, tool_choice)
         shown_messages, template_tools = self.tool_style.prepare(norm, selection.shown)
         try:
@@ -267,7 +190,7 @@ class Renderer:
 
     def render_text(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> str:
@@ -276,7 +199,7 @@ class Renderer:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> list[int]:

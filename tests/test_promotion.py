@@ -37,7 +37,11 @@ def test_eval_set_reads_expect_and_rubric_lines() -> None:
     ("{not json", "line 2: not JSON"),
     ("[1, 2]", "line 2: expected a JSON object"),
     (json.dumps({"messages": [], "expect": "x"}), "line 2: \"messages\" must be a non-empty list"),
-    (json.dumps({"messages": [{"content": "x"}], "expect": "x"}), "line 2: each message needs a \"role\""),
+    (json.dumps({"messages": [{"content": "x"}], "expect": "x"}), "line 2: messages[0]: unknown role None"),
+    # the proxy's own message rules (clawbridge.messages), so a set the proxy would refuse is refused here
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}], "expect": "x"}),
+     "line 2: messages[0]: content: content part type 'image_url' is not supported"),
+    (json.dumps({"messages": [{"role": "tool"}], "expect": "x"}), "line 2: messages[0]: a tool message needs 'content'"),
     (json.dumps({"messages": MSG}), "line 2: give exactly one of"),
     (json.dumps({"messages": MSG, "expect": "x", "rubric": "y"}), "line 2: give exactly one of"),
     (json.dumps({"messages": MSG, "expect": "(unclosed"}), "line 2: \"expect\" is not a valid regular expression"),

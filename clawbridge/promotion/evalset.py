@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from clawbridge.messages import ChatMessage, RenderError, parse_messages
 from clawbridge.store import Store
 
 HELD_OUT_REASON = "held_out"
@@ -49,7 +50,9 @@ class EvalItem:
     kind: Literal["expect", "rubric", "held_out"]
     id: str
     messages: tuple[dict[str, Any], ...] = ()
-    """expect / rubric: the chat the version answers (rendered with the served model's template)."""
+    """expect / rubric: the chat the version answers, as the line wrote it (the digest's input)."""
+    chat: tuple[ChatMessage, ...] = ()
+    """`messages` parsed once by the proxy's rules (`clawbridge.messages`): what is rendered."""
     expect: str = ""
     """expect: the regular expression the greedy answer must match (case-insensitive)."""
     rubric: str = ""
@@ -131,9 +134,10 @@ def _item(line: str, n: int, source: str) -> EvalItem:
     messages = obj.get("messages")
     if not isinstance(messages, list) or not messages:
         raise EvalSetError(f"{where}: \"messages\" must be a non-empty list of chat messages")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise EvalSetError(f"{where}: each message needs a \"role\" and a \"content\"")
+    try:
+        chat = tuple(parse_messages(messages))
+    except RenderError as exc:
+        raise EvalSetError(f"{where}: {exc}") from None
     has_expect, has_rubric = "expect" in obj, "rubric" in obj
     if has_expect == has_rubric:
         raise EvalSetError(f"{where}: give exactly one of \"expect\" (a regular expression) or \"rubric\" (text)")
@@ -148,11 +152,11 @@ def _item(line: str, n: int, source: str) -> EvalItem:
             re.compile(expect, re.IGNORECASE)
         except re.error as exc:
             raise EvalSetError(f"{where}: \"expect\" is not a valid regular expression ({exc})") from None
-        return EvalItem("expect", item_id, tuple(messages), expect=expect)
+        return EvalItem("expect", item_id, tuple(messages), chat, expect=expect)
     rubric = obj["rubric"]
     if not isinstance(rubric, str) or not rubric.strip():
         raise EvalSetError(f"{where}: \"rubric\" must be a non-empty string")
-    return EvalItem("rubric", item_id, tuple(messages), rubric=rubric)
+    return EvalItem("rubric", item_id, tuple(messages), chat, rubric=rubric)
 
 
 def held_out_set(store: Store, max_items: int, max_tokens: int) -> EvalSet:

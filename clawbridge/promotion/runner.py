@@ -165,7 +165,7 @@ class Evaluator:
             same = tuple(ids) == item.completion_ids
             passed = same if item.verdict > 0 else not same
             return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
-        prompt = await asyncio.to_thread(self.renderer.render, list(item.messages))
+        prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
         ids = await self.answer(sampler, prompt, self.max_tokens)
         text = self._text(ids)
         if item.kind == "expect":

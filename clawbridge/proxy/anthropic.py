@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.parse import Delta
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, render_request
-from clawbridge.proxy.errors import ApiError, refused_as_400
+from clawbridge.proxy.errors import ApiError, refused_as_400, validated
 from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
@@ -194,7 +194,7 @@ class MessagesApi:
     def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
         with refused_as_400():
             data = openai_data(validate_messages_request(body))
-        return Prepared(ChatRequest.model_validate(data), data, MessagesShape)
+        return Prepared(validated(ChatRequest, data, code="invalid_field"), data, MessagesShape)
 
     def error_response(self, err: ApiError) -> Response:
         return anthropic_error(err)
@@ -215,7 +215,8 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
         check_model(state, req.model)
         with refused_as_400():
             data = openai_data(req)
-        prompt = await asyncio.to_thread(render_request, state, data)
+        prompt = await asyncio.to_thread(render_request, state, data["messages"], data.get("tools"),
+                                         data.get("tool_choice"))
         return JSONResponse({"input_tokens": len(prompt.ids)})
 
     async def guarded(work: Awaitable[Response]) -> Response:

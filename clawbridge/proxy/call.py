@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawbridge.chatformat import Prompt, ToolChoiceError
+from clawbridge.messages import ChatMessage
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import ChatRequest
@@ -152,10 +153,12 @@ async def route_sampler(state: ProxyState, model: str, session_id: str | None) -
         raise sampler_error(exc) from None
 
 
-def render_request(state: ProxyState, data: dict[str, Any]) -> Prompt:
-    """The prompt for OpenAI-shaped request `data`; a 400 naming the problem if it cannot be rendered."""
+def render_request(state: ProxyState, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+                   tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> Prompt:
+    """The prompt for a chat request's parsed `messages` (plain message objects are parsed first),
+    `tools` and `tool_choice`; a 400 naming the problem if it cannot be rendered."""
     try:
-        return state.renderer.render_prompt(data["messages"], data.get("tools"), data.get("tool_choice"))
+        return state.renderer.render_prompt(messages, tools, tool_choice)
     except ToolChoiceError as exc:
         raise ApiError(400, f"invalid tool_choice: {exc}", code="invalid_tool_choice", param="tool_choice") from None
     except RenderError as exc:
@@ -214,8 +217,9 @@ class SampledCall:
 
     async def start(self) -> None:
         # Rendering and tokenizing grow with the prompt: off the loop when it is large.
-        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, self.data,
-                                               reads_store=self.with_history)
+        req = self.req
+        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, req.messages,
+                                               req.tools, req.tool_choice, reads_store=self.with_history)
         self.prompt_ids = self.prompt.ids
         if self.prompt.forced is not None or (self.req.parallel_tool_calls is False and self.data.get("tools")):
             # A forced call is the whole answer (as OpenAI answers a named tool_choice), and with

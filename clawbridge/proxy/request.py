@@ -8,6 +8,8 @@ Invariants:
   OpenAI API refuses those too, so a client that works here works there.
 - A body with more than `max_messages` messages is 400 right after JSON parsing, before
   validation or rendering (which grow with the message count).
+- Messages are parsed once, here, into `clawbridge.messages.ChatMessage`s (the renderer takes
+  them as they are): a message that breaks its rules is 422 naming `messages.<i>`.
 - Malformed JSON is 400; fields of the wrong type or range are 422; options clawbridge cannot
   honour (n > 1, penalties, logit_bias, structured output, audio, images) are 400 naming the
   option, never silently ignored. Unknown harmless fields (user, store, metadata, ...) are ignored.
@@ -16,13 +18,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from clawbridge.content import TEXT_PART_TYPES
+from clawbridge.messages import ChatMessage
 from clawbridge.proxy.errors import ApiError, validated
 
 DEFAULT_MAX_MESSAGES = 4096
@@ -119,14 +122,6 @@ def parse_json_object(body: bytes, max_messages: int = DEFAULT_MAX_MESSAGES) -> 
     return data
 
 
-class Message(BaseModel):
-    """One chat message; content shapes are normalised by the renderer."""
-
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-
-
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
@@ -138,7 +133,8 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    """Parsed once here (`clawbridge.messages`); the renderer takes them as they are."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None
@@ -172,14 +168,34 @@ class ChatRequest(BaseModel):
 
 
 def validate_chat_request(data: dict[str, Any]) -> ChatRequest:
+    """`data` (an OpenAI-shaped chat request) as a `ChatRequest` with parsed messages: 422 naming
+    the first bad field, 400 naming an option or content that cannot be served."""
+    _refuse_non_text(data)
     req = validated(ChatRequest, data, code="invalid_field")
     _refuse_unsupported(req, data)
     return req
 
 
+def _no(option: str, why: str) -> ApiError:
+    return ApiError(400, f"unsupported option {option}: {why}", param=option, code="unsupported_option")
+
+
+def _refuse_non_text(data: dict[str, Any]) -> None:
+    """400 for a content part that is not text (an image, audio, a file), named as an unsupported
+    option before validation, which would call it a malformed field."""
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") not in TEXT_PART_TYPES:
+                    raise _no(f"messages.{i}.content", f"content part type {part.get('type')!r}; only text is served")
+
+
 def _refuse_unsupported(req: ChatRequest, data: dict[str, Any]) -> None:
-    def no(option: str, why: str) -> ApiError:
-        return ApiError(400, f"unsupported option {option}: {why}", param=option, code="unsupported_option")
+    no = _no
 
     if req.n not in (None, 1):
         raise no("n", "clawbridge samples one choice per call; send n separate calls")
@@ -202,8 +218,3 @@ def _refuse_unsupported(req: ChatRequest, data: dict[str, Any]) -> None:
             if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not fn.get("name"):
                 raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
                                param=f"tools.{i}")
-    for i, msg in enumerate(req.messages):
-        if isinstance(msg.content, list):
-            for part in msg.content:
-                if part.get("type") not in TEXT_PART_TYPES:
-                    raise no(f"messages.{i}.content", f"content part type {part.get('type')!r}; only text is served")
