@@ -32,8 +32,10 @@ from tests.support import ProxyProcess
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    # COLUMNS: rich wraps a message at 80 columns when stderr is not a terminal, so where a long
+    # tmp path puts the break decided whether "not empty" was found (CI's pytest-0 path split it)
     return subprocess.run([sys.executable, "-m", "clawbridge.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, "COLUMNS": "1000", **(env or {})})
 
 
 def closed_port() -> int:
