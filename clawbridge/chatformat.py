@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from clawbridge.messages import ChatMessage, RenderError
+from clawbridge.messages import Messages, RenderError
 from clawbridge.parse import (
     END_OF_TURN_MARKERS,
     THINK_CLOSE,
@@ -133,14 +133,14 @@ class ChatFormat(Protocol):
         """Texts of `stop_token_ids` (the parser strips them from the end)."""
         ...
 
-    def render_prompt(self, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+    def render_prompt(self, messages: Messages,
                       tools: list[dict[str, Any]] | None = None,
                       tool_choice: str | dict[str, Any] | None = None) -> Prompt:
         """Render an OpenAI chat request: `ChatMessage`s as they are, plain message objects parsed by
         `clawbridge.messages.parse_messages` (raises `RenderError` / `ToolChoiceError`)."""
         ...
 
-    def render(self, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+    def render(self, messages: Messages,
                tools: list[dict[str, Any]] | None = None,
                tool_choice: str | dict[str, Any] | None = None) -> list[int]:
         """`render_prompt(...).ids`."""

@@ -26,7 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema, model_validator
@@ -34,13 +34,14 @@ from pydantic_core import PydanticCustomError
 
 from clawbridge.content import ContentError, content_text
 
-__all__ = ["ROLES", "ChatMessage", "RenderError", "Role", "parse_messages"]
+__all__ = ["ROLES", "ChatMessage", "Messages", "RenderError", "Role", "parse_messages"]
 
 
 class RenderError(ValueError):
     """The request cannot be rendered (bad messages, tools or template failure): HTTP 400.
     Defined here, below the chat formats (`clawbridge.chatformat` re-exports it), because parsing
     a message is the first thing that can fail."""
+
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset(get_args(Role))
@@ -151,6 +152,10 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]
     return out
+
+
+Messages = Sequence[ChatMessage] | Sequence[Mapping[str, Any]]
+"""What a renderer takes: parsed messages (used as they are), or plain message objects (parsed)."""
 
 
 def parse_messages(messages: Any) -> list[ChatMessage]:

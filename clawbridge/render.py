@@ -2,10 +2,9 @@
 
 Parsed chat messages (`clawbridge.messages.ChatMessage`, what a validated request holds; plain
 OpenAI-shaped message objects are parsed by the same rules first) -> prompt token ids through the
-chat template, with tools handled as
-the template's family needs (`clawbridge.chatformat`: natively, or written into the system
-message), a forced `tool_choice` prefilled; sampled text -> assistant message by the one grammar
-of `clawbridge.parse`, with this vocabulary's stop markers.
+chat template, with tools handled as the template's family needs (`clawbridge.chatformat`:
+natively, or written into the system message), a forced `tool_choice` prefilled; sampled text ->
+assistant message by the one grammar of `clawbridge.parse`, with this vocabulary's stop markers.
 
 Invariants:
 - Token exact: `render` returns exactly `tokenizer(text, add_special_tokens=False).input_ids` for
@@ -23,7 +22,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,7 @@ from clawbridge.chatformat import (
     stop_markers_for,
     tool_style_for,
 )
-from clawbridge.messages import ROLES, ChatMessage, parse_messages
+from clawbridge.messages import ROLES, Messages, parse_messages
 from clawbridge.parse import ParsedMessage, StreamParser, parse_completion
 from clawbridge.sources import resolve_source
 
@@ -162,7 +161,7 @@ class Renderer:
 
     def render_prompt(
         self,
-        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+        messages: Messages,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> Prompt:
@@ -190,7 +189,7 @@ class Renderer:
 
     def render_text(
         self,
-        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+        messages: Messages,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> str:
@@ -199,7 +198,7 @@ class Renderer:
 
     def render(
         self,
-        messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+        messages: Messages,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
     ) -> list[int]:

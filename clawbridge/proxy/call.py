@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawbridge.chatformat import Prompt, ToolChoiceError
-from clawbridge.messages import ChatMessage
+from clawbridge.messages import Messages
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import ChatRequest
@@ -153,7 +153,7 @@ async def route_sampler(state: ProxyState, model: str, session_id: str | None) -
         raise sampler_error(exc) from None
 
 
-def render_request(state: ProxyState, messages: Sequence[ChatMessage] | Sequence[Mapping[str, Any]],
+def render_request(state: ProxyState, messages: Messages,
                    tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> Prompt:
     """The prompt for a chat request's parsed `messages` (plain message objects are parsed first),
     `tools` and `tool_choice`; a 400 naming the problem if it cannot be rendered."""
