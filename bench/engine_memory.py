@@ -11,12 +11,16 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
   all its children), `--repeat` times per column, interleaved, reported as min / median / max (the
   peak varies by ~1 GiB between runs of the same code). The old column also runs the trainer's
   loss as it was (one whole [B, T, V] fp32 logits tensor); a third column runs the new engine with
-  that loss, to separate the two changes.
+  that loss, to separate the two changes, and a fourth the new engine as it served LoRA before
+  adapters were served unmerged (each publish merged into the weights, a model copy while streams
+  hold the old ones; the trainer with its own copy of the base).
 - growth: the engine alone on the tiny model (1,000 requests of SmolLM2 take too long on a shared
   2-core box): 1,000 requests, 8 at a time, agent-like (each session resends its history plus a
   new turn), RSS after 100 and after 1,000.
 - speed: SmolLM2 decode tokens/s at 1, 8 and 32 concurrent streams (32 tokens each, sampled,
-  seeded), wall time from the first request to the last token.
+  seeded), wall time from the first request to the last token; and, on the new engine, the same
+  with a LoRA version (rank 8 on every linear layer and lm_head, random) published merged against
+  published as an adapter (what unmerged serving costs per token).
 - exactness: SmolLM2, 8 streams of 32 tokens, batched against `batch_decode=False` (one request
   per forward): max |logprob difference| over the tokens both sampled before their first
   difference; and the pool engine's batched logprobs against a plain transformers full forward.
@@ -87,6 +91,8 @@ def engine_class(which: str) -> Any:
         from old_engine.engine import TorchEngine as Old
 
         class OldEngine(Old):  # type: ignore[misc]
+            lend_base = None  # it only loads full weights: the trainer keeps its own base
+
             @classmethod
             def load(cls, model: str, **kw: Any) -> Any:
                 kw.pop("kv_budget_tokens", None)
@@ -115,6 +121,13 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
 
         step.token_logprobs = full_token_logprobs  # type: ignore[assignment]
         which = which.removesuffix("+fullloss")
+    if which.endswith("+merged"):  # LoRA as served before adapters: merged publishes, the trainer's own base
+        import clawbridge_local.lora_serving as ls
+        import clawbridge_local.training as tr
+
+        tr.LocalTrainer.weight_update = tr.LocalTrainer.merged_update  # type: ignore[assignment,method-assign]
+        ls.share_frozen_weights = lambda trained, served: 0
+        which = which.removesuffix("+merged")
     lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]
     settings = Settings.model_validate({
         "model": str(model_dir), "state_dir": str(work), "lora_rank": 8, "lora_alpha": 16.0,
@@ -202,6 +215,46 @@ def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: boo
     return {"tok_s": concurrency * tokens / wall, "lps": out, "ref_diff": ref_diff}
 
 
+def lora_speed(model_dir: Path, concurrency: int, tokens: int, adapter: bool) -> dict[str, Any]:
+    """Decode tokens/s of the new engine serving a LoRA version (rank 8, every linear layer and
+    lm_head, random): as an adapter, or merged into the weights."""
+    import torch
+    from clawbridge_local.engine import TorchEngine
+    from clawbridge_local.lora_serving import LoraAdapter
+
+    from clawbridge.sampler import SamplingParams
+
+    engine = TorchEngine.load(str(model_dir), device="cpu", dtype="float32", max_running=concurrency, progress=False)
+    model = engine._current.model
+    gen = torch.Generator().manual_seed(0)
+    tensors: dict[str, Any] = {}
+    merged: dict[str, Any] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            out_f, in_f = mod.weight.shape
+            a, b = torch.randn(8, in_f, generator=gen) * 0.01, torch.randn(out_f, 8, generator=gen) * 0.01
+            tensors[f"base_model.model.{name}.lora_A.weight"], tensors[f"base_model.model.{name}.lora_B.weight"] = a, b
+            merged[f"{name}.weight"] = mod.weight.detach() + 2.0 * (b @ a)
+    update: Any = LoraAdapter.from_peft(tensors, 2.0, "bench") if adapter else merged
+    prompts = [list(range(10 + i, 30 + i + 3 * (i % 8))) for i in range(concurrency)]
+
+    async def go() -> float:
+        await engine.swap_weights(update, 1)
+
+        async def one(i: int) -> None:
+            stream = await engine.sample(prompts[i], SamplingParams(max_tokens=tokens, seed=i))
+            async for _ in stream:
+                pass
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(concurrency)))
+        return time.perf_counter() - t0
+
+    wall = asyncio.run(go())
+    engine.shutdown()
+    return {"tok_s": concurrency * tokens / wall}
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -213,6 +266,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             return asyncio.run(serve_train(which, model_dir, Path(work), args.streams, args.tokens))
     if kind == "growth":
         return asyncio.run(growth(which, model_dir, args.requests))
+    if kind.startswith("lspeed"):
+        return lora_speed(model_dir, int(kind.removeprefix("lspeed")), 32, adapter=which == "adapter")
     if kind.startswith("speed"):
         c = int(kind.removeprefix("speed"))
         return speed(which, model_dir, c, 32)
@@ -251,7 +306,7 @@ def median(xs: list[float]) -> float:
 def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     """The serve+train measurement `args.repeat` times per engine, old and new interleaved (so a
     slow patch of the shared box hits both): min / median / max of the tree peak, median wall."""
-    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "new+fullloss": []}
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "new+fullloss": [], "new+merged": []}
     for _ in range(args.repeat):
         for w in runs:
             runs[w].append(run_child(f"serve:{w}", model_dir, args))
@@ -268,6 +323,7 @@ def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
         (f"SmolLM2 + LoRA, {args.streams} streams x {args.tokens} tok: tree peak RSS, min / median / max "
          f"of {args.repeat}", peaks("old"), peaks("new"), "<= 2048 MiB"),
         ("  the same, new engine with the unchunked loss logits", "", peaks("new+fullloss"), ""),
+        ("  the same, new engine serving LoRA merged, trainer with its own base", "", peaks("new+merged"), ""),
         ("  (same runs: median wall time, streams + 2 train steps)", wall("old"), wall("new"), ""),
     ]
 
@@ -287,6 +343,10 @@ def other_rows(model_dir: Path, tiny: Path, args: argparse.Namespace) -> list[tu
         sp = {w: run_child(f"speed{c}:{w}", model_dir, args) for w in ("old", "new")}
         rows.append((f"SmolLM2 decode tokens/s, {c} stream(s) x 32", f"{sp['old']['tok_s']:.1f}",
                      f"{sp['new']['tok_s']:.1f}", ">= old"))
+    for c in (1, 8, 32):
+        ls = {w: run_child(f"lspeed{c}:{w}", model_dir, args) for w in ("merged", "adapter")}
+        rows.append((f"  {c} stream(s), a LoRA r8 version: merged (left) / adapter (right)", f"{ls['merged']['tok_s']:.1f}",
+                     f"{ls['adapter']['tok_s']:.1f}", ""))
     ex = {w: run_child(f"exact:{w}", model_dir, args) for w in ("old", "new")}
     rows.append(("SmolLM2 max |batched - unbatched logprob|, 8 x 32", f"{ex['old']['diff']:.2e}",
                  f"{ex['new']['diff']:.2e}", "<= 1e-4"))

@@ -320,7 +320,8 @@ class TorchEngine:
 
     async def publish(self, weights: WeightSource, version: int) -> int:
         """`ServingEngine.publish`: swap in `weights.weight_update()` as `version`."""
-        update = await asyncio.to_thread(weights.weight_update)
+        # The old engine only loads full weights: LoRA merged as it was before adapters were served unmerged.
+        update = await asyncio.to_thread(getattr(weights, "merged_update", weights.weight_update))
         return await self.swap_weights(update, version)
 
     async def aclose(self) -> None:

@@ -241,8 +241,10 @@ class LocalBackend:
     # ---- training ----------------------------------------------------------------------
     def _training(self) -> LocalTrainer:
         if self._trainer is None:
+            engine = self._engine
+            shared = engine.lend_base if isinstance(engine, TorchEngine) and self.settings.lora_rank > 0 else None
             self._trainer = LocalTrainer(self.settings, launcher=trainer_launcher(self.options),
-                                         cpu_threads=engine_threads(self.options.engine_threads))
+                                         cpu_threads=engine_threads(self.options.engine_threads), base_weights=shared)
         return self._trainer
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:

@@ -33,14 +33,19 @@ Invariants:
 - Weight publishing (`swap_weights`) happens in the worker between steps, never during a forward.
   The policy version of a stream is that of the weights captured in `sample`, and those are the
   weights every one of its steps runs on:
-  * if no accepted request holds the current weights, they are updated in place;
-  * otherwise the model is copied, the copy is updated and becomes current, and the old copy is
+  * a LoRA adapter (`clawbridge_local.lora_serving.LoraAdapter`) is never merged: the new version
+    is the same base weights with the new adapter, so nothing is copied and old streams keep
+    theirs (the adapter is what a version costs);
+  * full weights: if no accepted request holds the current weights, they are updated in place;
+    otherwise the model is copied, the copy is updated and becomes current, and the old copy is
     freed when its last stream ends (peak memory: two copies while old streams finish).
-  Either way the cached prefixes of the replaced weights are dropped.
+  Either way the cached prefixes of the replaced weights are dropped. An engine that serves
+  adapters refuses full weights (they would change the base every adapter is added to).
 - Pool accounting: an admitted request holds one region until it ends; when no request runs,
   `kv_used_tokens` is 0 (only evictable prefixes remain).
-- `load_version` keeps another committed version beside the current weights (a model copy held
-  by the `TorchVersionSampler` it returns; the backend bounds how many, `max_loaded_versions`).
+- `load_version` keeps another committed version beside the current weights (its adapter, or a
+  model copy for full weights, held by the `TorchVersionSampler` it returns; the backend bounds
+  how many, `max_loaded_versions`).
   Its streams share the slots and rounds of all others; publishing never touches it.
   A state dict that names `lm_head.weight` unties a tied-embedding model first, so the input
   embedding keeps its own values (LoRA on the unembedding changes the output layer only).
@@ -75,12 +80,14 @@ from clawbridge.sampler import (
 )
 from clawbridge_local.kvpool import KVPool, Row, install
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
+from clawbridge_local.lora_serving import AdapterHooks, LoraAdapter
 from clawbridge_local.sampling import Choice, choose, make_generator
 from clawbridge_local.serving import WeightSource
 
 log = logging.getLogger("clawbridge.engine")
-WeightUpdate = Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
-"""A new state (all or some parameters, by name) or a function that updates a module in place."""
+WeightUpdate = LoraAdapter | Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
+"""A LoRA adapter (served unmerged), a new state (all or some parameters, by name) or a function
+that updates a module in place."""
 
 
 @dataclass(eq=False)
@@ -89,6 +96,8 @@ class _Weights:
 
     model: torch.nn.Module
     version: int
+    adapter: LoraAdapter | None = None
+    """Added to `model`'s output by the engine's hooks (LoRA served unmerged); None: `model` alone."""
     users: int = 0
     """Accepted, unreleased requests that run on these weights (guarded by the engine lock)."""
 
@@ -237,6 +246,10 @@ class TorchEngine:
         model.eval()
         self._lock = threading.Lock()
         self._current = _Weights(model, policy_version)
+        self._hooks = AdapterHooks()
+        """The LoRA hooks of `model` (installed at the first adapter published or loaded)."""
+        self._base_lent = False
+        """`lend_base` was called: the in-process trainer reads `model`'s tensors as its base."""
         self._in_flight = 0
         self._closed = False
         self._ids = itertools.count()
@@ -491,6 +504,7 @@ class TorchEngine:
                 req = reqs[0]
                 req.generator = make_generator(req.params.seed, self.device)
                 head = len(req.prompt) - 1 - req.cached
+                self._hooks.active = req.weights.adapter
                 if head > 0:
                     self.pool.forward(req.weights.model, [req.prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
                     req.cached += head
@@ -499,6 +513,7 @@ class TorchEngine:
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
                 tokens = [[r.last_token] for r in reqs]
+            self._hooks.active = reqs[0].weights.adapter
             logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
             for r, row in zip(reqs, rows, strict=True):
                 r.cached += row.new
@@ -545,7 +560,13 @@ class TorchEngine:
             swap.done.set_exception(e)
 
     def _pin(self, swap: _Swap) -> int:
-        """Load `swap.update` into a copy of the current model, kept apart as `swap.version`."""
+        """Load `swap.update` into a copy of the current model, kept apart as `swap.version` (an
+        adapter: beside the shared base, no copy)."""
+        if isinstance(swap.update, LoraAdapter):
+            model = self._current.model
+            swap.pinned = _Weights(model, swap.version, self._hooks.prepare(model, swap.update))
+            return swap.version
+        self._refuse_full_weights()
         if isinstance(swap.update, Mapping):
             _check_state(self._current.model, swap.update)
         fresh = copy.deepcopy(self._current.model)
@@ -553,7 +574,29 @@ class TorchEngine:
         swap.pinned = _Weights(fresh, swap.version)
         return swap.version
 
+    def lend_base(self) -> torch.nn.Module:
+        """The base model, for the in-process LoRA trainer to share its frozen tensors
+        (`lora_serving.share_frozen_weights`). From now on only adapters are published or loaded:
+        full weights would change the trainer's base. Call it before any full weights were published."""
+        self._base_lent = True
+        return self._current.model
+
+    def _refuse_full_weights(self) -> None:
+        if self._hooks.installed or self._base_lent:
+            raise ValueError("this engine serves LoRA adapters over shared base weights; publish an adapter, "
+                             "not full weights")
+
     def _publish(self, update: WeightUpdate, version: int) -> int:
+        if isinstance(update, LoraAdapter):
+            cur = self._current
+            if version <= cur.version:
+                raise ValueError(f"new policy version {version} must be > {cur.version}")
+            served = _Weights(cur.model, version, self._hooks.prepare(cur.model, update))
+            with self._lock:
+                self._current = served
+            self.pool.drop_prefixes(cur)
+            return version
+        self._refuse_full_weights()
         if isinstance(update, Mapping):
             _check_state(self._current.model, update)
         with self._lock:
@@ -606,6 +649,8 @@ def untie_output_embeddings(model: torch.nn.Module) -> bool:
 
 
 def _apply_update(model: torch.nn.Module, update: WeightUpdate) -> None:
+    if isinstance(update, LoraAdapter):
+        raise TypeError("an adapter is served beside the weights (AdapterHooks), never applied to them")
     if isinstance(update, Mapping):
         if any(k.endswith("lm_head.weight") for k in update):
             untie_output_embeddings(model)

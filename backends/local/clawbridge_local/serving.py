@@ -5,7 +5,7 @@ Invariants:
 - `publish(weights, version)` makes the trainer's current weights the ones new streams sample
   from, labelled `version`, and returns the version served; streams already running finish on the
   weights they started with. Each engine takes the weights in the form it loads: the in-process
-  torch engine swaps tensors (`WeightSource.weight_update`), SGLang loads an exported folder
+  torch engine swaps tensors or adds an adapter (`WeightSource.weight_update`), SGLang loads an exported folder
   (`WeightSource.export`: an adapter or full weights).
 - `aclose()` stops the engine and frees what it holds; idempotent.
 """
@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from clawbridge.sampler import Sampler
+from clawbridge_local.lora_serving import LoraAdapter
 
 
 class WeightSource(Protocol):
     """The trained weights, in either form an engine loads (`LocalTrainer` is one)."""
 
-    def weight_update(self) -> dict[str, Any]:
-        """The weights as tensors by parameter name (blocking; call it off the event loop)."""
+    def weight_update(self) -> dict[str, Any] | LoraAdapter:
+        """The weights as tensors by parameter name, or a LoRA adapter to serve unmerged (blocking;
+        call it off the event loop)."""
         ...
 
     def export(self) -> Path:

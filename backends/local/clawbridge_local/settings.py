@@ -66,8 +66,8 @@ class LocalSettings(BaseModel):
         json_schema_extra=_env("kv_budget_tokens"))
     max_loaded_versions: int = Field(
         2, ge=1, description="Committed versions other than the published one kept loaded for `model: NAME@N` and "
-        "promotion, least recently used dropped (torch engine: a copy of the model's weights each; SGLang + LoRA: "
-        "an adapter each).",
+        "promotion, least recently used dropped (LoRA: an adapter each, over the one base; torch engine with full "
+        "weights: a copy of the model's weights each).",
         json_schema_extra={"env": ["CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS"]})
 
     # --- sglang

@@ -2,10 +2,13 @@
 
 Invariants:
 - The trainer starts lazily (first step, or a checkpoint to restore): serving-only use pays nothing.
-- Publishing exports the trained weights (a transformers folder, or a peft adapter), turns them
-  into a state dict named like the served model's parameters (LoRA is merged: W + (alpha/r)·B·A,
-  in float32 from the base weights, read from the model folder per publish, never kept), and swaps it into the engine under a new,
-  strictly greater policy version. Streams already running finish on the weights they started on.
+- Publishing exports the trained weights (a transformers folder, or a peft adapter) and hands the
+  torch engine what it serves, under a new, strictly greater policy version: full weights as a
+  state dict named like the served model's parameters; LoRA as the adapter itself
+  (`clawbridge_local.lora_serving.LoraAdapter`), served unmerged beside the shared base weights,
+  so a publish copies no model. Streams already running finish on the weights they started on.
+  (`merged_update` still merges, W + (alpha/r)·B·A in float32 from the base weights read from the
+  model folder, for an engine that only loads full weights.)
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
   `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
   trainer; the store records which one each committed version is. A write cut short by a kill
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
+from clawbridge_local.lora_serving import LoraAdapter
 from clawbridge_local.settings import local_settings
 from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher, Nodes
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
@@ -102,14 +106,18 @@ def _base_weight(base: Mapping[str, Any], module: str) -> Any:
     raise KeyError(f"adapter module {module!r} has no base weight {name!r}")
 
 
+def adapter_scale(adapter_dir: Path) -> float:
+    """The LoRA scale of a peft adapter folder: alpha / r (alpha / sqrt(r) with rslora)."""
+    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
+    r = float(cfg["r"])
+    return float(cfg["lora_alpha"]) / (r**0.5 if cfg.get("use_rslora") else r)
+
+
 def merge_lora(adapter_dir: Path, base: Mapping[str, Any]) -> dict[str, Any]:
     """Merged weights for every module the adapter touches: W + (alpha / r) * B @ A (float32;
     alpha / sqrt(r) with rslora). A merged `lm_head.weight` of a tied-embedding model is its own
     tensor: the engine unties it (`engine.untie_output_embeddings`) before loading it."""
-    cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
-    r = float(cfg["r"])
-    scale = float(cfg["lora_alpha"]) / (r**0.5 if cfg.get("use_rslora") else r)
-    return merge_lora_tensors(load_safetensors_dir(adapter_dir), scale, base, str(adapter_dir))
+    return merge_lora_tensors(load_safetensors_dir(adapter_dir), adapter_scale(adapter_dir), base, str(adapter_dir))
 
 
 def merge_lora_tensors(tensors: dict[str, Any], scale: float, base: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -132,7 +140,9 @@ class LocalTrainer:
     """Owns the `FsdpTrainerClient` and makes engine weight updates from its exports. Blocking:
     async callers use `asyncio.to_thread`."""
 
-    def __init__(self, settings: Settings, launcher: Launcher = "auto", cpu_threads: int = 0) -> None:
+    def __init__(self, settings: Settings, launcher: Launcher = "auto", cpu_threads: int = 0,
+                 base_weights: Callable[[], Any] | None = None) -> None:
+        """`base_weights`: the served base model, shared with an in-process LoRA trainer."""
         self.settings = settings
         self.model_dir = resolve_model_folder(settings.model)
         self.work_dir = settings.state_path / "trainer" / "local"
@@ -142,7 +152,7 @@ class LocalTrainer:
         """Trainer processes (`[backends.local] train_world_size`), over all nodes."""
         nodes = Nodes(options.train_nnodes, options.train_master_addr, options.train_master_port)
         self.client = FsdpTrainerClient(trainer_config(settings, str(self.model_dir), cpu_threads), self.work_dir,
-                                        launcher=launcher, nodes=nodes)
+                                        launcher=launcher, nodes=nodes, base_weights=base_weights)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
             shutil.rmtree(partial, ignore_errors=True)
         self._base: Mapping[str, Any] | None = None
@@ -161,8 +171,16 @@ class LocalTrainer:
         self.ensure_started()
         return self.client.train_step(batch, loss)
 
-    def weight_update(self) -> dict[str, Any]:
-        """The current trained weights as a state dict for the torch engine."""
+    def weight_update(self) -> dict[str, Any] | LoraAdapter:
+        """The current trained weights for the torch engine: a state dict, or the LoRA adapter."""
+        export = self.export()
+        if self.lora:
+            return LoraAdapter.from_peft(load_safetensors_dir(export), adapter_scale(export), str(export))
+        return load_safetensors_dir(export)
+
+    def merged_update(self) -> dict[str, Any]:
+        """`weight_update` as full weights: LoRA merged into the base (for an engine that serves
+        nothing else; the benchmark's old engine)."""
         export = self.export()
         if self.lora:
             if self._base is None:  # base weights are only needed to merge LoRA for the torch engine
@@ -180,9 +198,9 @@ class LocalTrainer:
         self._last_export = export
         return export
 
-    def checkpoint_update(self, checkpoint: Path) -> dict[str, Any]:
-        """The served weights of a committed version, as a state dict for the torch engine, read
-        from its checkpoint without touching the trainer (LoRA: merged onto the base weights)."""
+    def checkpoint_update(self, checkpoint: Path) -> dict[str, Any] | LoraAdapter:
+        """The served weights of a committed version for the torch engine, read from its
+        checkpoint without touching the trainer: a state dict, or the LoRA adapter."""
         from safetensors.torch import load_file
 
         state = json.loads((checkpoint / CHECKPOINT_STATE).read_text())
@@ -191,10 +209,8 @@ class LocalTrainer:
         tensors: dict[str, Any] = load_file(str(checkpoint / "model.safetensors"))
         if not self.lora:
             return tensors
-        if self._base is None:
-            self._base = LazyTensors(self.model_dir)
         s = self.settings
-        return merge_lora_tensors(tensors, float(s.lora_alpha) / s.lora_rank, self._base, str(checkpoint))
+        return LoraAdapter.from_peft(tensors, float(s.lora_alpha) / s.lora_rank, str(checkpoint))
 
     def checkpoint_adapter(self, checkpoint: Path, out: Path) -> Path:
         """A peft adapter folder (what `export` writes for LoRA) at `out`, made from a LoRA

@@ -23,22 +23,28 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge_local.trainer import protocol
 from clawbridge_local.trainer.batch import validate_datum, write_batch
 from clawbridge_local.trainer.config import TrainerConfig
 from clawbridge_local.trainer.protocol import TrainerError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+log = logging.getLogger("clawbridge.trainer.local")
 
 Launcher = Literal["auto", "inprocess", "torchrun"]
 RUN_FILE = "current-run.json"
@@ -112,8 +118,12 @@ class FsdpTrainerClient:
         start_timeout_s: float = 600.0,
         python: str = sys.executable,
         nodes: Nodes | None = None,
+        base_weights: Callable[[], nn.Module] | None = None,
     ) -> None:
+        """`base_weights`: in-process LoRA only, the served base model whose frozen tensors the
+        trainer shares instead of holding its own copy (`lora_serving.share_frozen_weights`)."""
         self.config = config
+        self.base_weights = base_weights
         self.work_dir = Path(work_dir)
         self.launcher: Launcher = launcher
         self.nodes = nodes or Nodes()
@@ -159,6 +169,11 @@ class FsdpTrainerClient:
 
             self.core = TrainerCore(self.config)
             self.step = self.core.step
+            if self.base_weights is not None and self.config.lora is not None:
+                from clawbridge_local.lora_serving import share_frozen_weights
+
+                shared = share_frozen_weights(self.core.model, self.base_weights())
+                log.info("the trainer shares %.0f MiB of base weights with the engine", shared / 2**20)
             return
         if self.launcher == "inprocess":
             raise ValueError("the in-process launcher runs world size 1 only")

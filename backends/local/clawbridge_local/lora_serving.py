@@ -1,0 +1,148 @@
+"""LoRA served unmerged: one set of base weights, an adapter per served version.
+
+With LoRA training the torch engine never merges an adapter into its weights. Each published or
+kept version is a `LoraAdapter` (per adapted module, A transposed and B transposed with the
+LoRA scale folded in), and every version shares the base weights. A forward hook on each adapted
+module adds `(x @ A^T) @ (s * B)^T` to the module's output while a forward runs for a version
+with an adapter (`AdapterHooks.active`, set by the engine's worker thread around each forward).
+Publishing a version then costs its adapter's bytes (a few MB), not a copy of the model, and so
+does keeping older versions servable beside it (`TorchEngine.load_version`). It is also what the
+trainer computes: peft adds the same unmerged product to the same base output.
+
+Invariants:
+- A LoRA publish never writes the base weights: every version's output is the base's plus its own
+  adapter's, and a version without an adapter (no hook active) is the base exactly.
+- Only the engine's worker thread sets `active` and runs forwards on the hooked model.
+- An adapter whose modules the served model lacks, or whose shapes do not fit them, is refused
+  (`ValueError`) before anything changes; its tensors are placed on the module's device and dtype.
+- The in-process trainer may share the base: `share_frozen_weights` points its frozen parameters
+  at the served model's tensors (equal values checked first), once the engine has lent its base
+  (`TorchEngine.lend_base`), after which the engine refuses full weights, so nothing writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["AdapterHooks", "LoraAdapter", "served_name", "share_frozen_weights"]
+
+
+@dataclass(frozen=True, eq=False)
+class LoraAdapter:
+    """The LoRA matrices of one version, by served module name (`model.layers.0.mlp.up_proj`)."""
+
+    down: Mapping[str, torch.Tensor]
+    """A^T, [in_features, r]."""
+    up: Mapping[str, torch.Tensor]
+    """(scale * B)^T, [r, out_features]."""
+
+    @classmethod
+    def from_peft(cls, tensors: Mapping[str, torch.Tensor], scale: float, where: str) -> LoraAdapter:
+        """From peft-named tensors (`base_model.model.<module>.lora_A[.default].weight` and its
+        `lora_B`), as an adapter export or a checkpoint holds them; `where` names them in errors."""
+        down: dict[str, torch.Tensor] = {}
+        up: dict[str, torch.Tensor] = {}
+        for key, a in tensors.items():
+            if ".lora_A." not in key:
+                continue
+            module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
+            b = tensors.get(key.replace(".lora_A.", ".lora_B."))
+            if b is None:
+                raise ValueError(f"{where}: {key} has no lora_B beside it")
+            down[module] = a.float().t().contiguous()
+            up[module] = (b.float() * scale).t().contiguous()
+        if not down:
+            raise ValueError(f"{where} has no LoRA weights")
+        return cls(down, up)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its tensors hold."""
+        return sum(t.numel() * t.element_size() for m in (self.down, self.up) for t in m.values())
+
+    def placed(self, model: torch.nn.Module) -> LoraAdapter:
+        """This adapter checked against `model` and moved to each module's device and dtype."""
+        modules = dict(model.named_modules())
+        down: dict[str, torch.Tensor] = {}
+        up: dict[str, torch.Tensor] = {}
+        for name, a_t in self.down.items():
+            mod = modules.get(name)
+            weight = getattr(mod, "weight", None)
+            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+                raise ValueError(f"adapter module {name!r} is not a linear layer of the served model")
+            b_t = self.up[name]
+            out_features, in_features = weight.shape
+            if a_t.shape[0] != in_features or b_t.shape[1] != out_features or a_t.shape[1] != b_t.shape[0]:
+                raise ValueError(f"adapter module {name!r}: shapes {tuple(a_t.shape)} x {tuple(b_t.shape)} do not "
+                                 f"fit its weight {tuple(weight.shape)}")
+            down[name] = a_t.to(device=weight.device, dtype=weight.dtype)
+            up[name] = b_t.to(device=weight.device, dtype=weight.dtype)
+        return LoraAdapter(down, up)
+
+
+class AdapterHooks:
+    """The forward hooks of one served model (module invariants)."""
+
+    def __init__(self) -> None:
+        self.active: LoraAdapter | None = None
+        """The adapter of the version whose forward runs now (None: the base)."""
+        self._hooked: dict[str, Any] = {}
+
+    @property
+    def installed(self) -> bool:
+        """Whether any module is hooked (the model serves adapters)."""
+        return bool(self._hooked)
+
+    def prepare(self, model: torch.nn.Module, adapter: LoraAdapter) -> LoraAdapter:
+        """`adapter` placed for `model`, with a hook on every module it adapts."""
+        placed = adapter.placed(model)
+        modules = dict(model.named_modules())
+        for name in placed.down:
+            if name not in self._hooked:
+                self._hooked[name] = modules[name].register_forward_hook(self._hook(name))
+        return placed
+
+    def _hook(self, name: str) -> Callable[[torch.nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor | None]:
+        def add_delta(_: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor | None:
+            adapter = self.active
+            if adapter is None:
+                return None
+            a_t = adapter.down.get(name)
+            if a_t is None:
+                return None
+            return out + (args[0] @ a_t) @ adapter.up[name]
+
+        return add_delta
+
+
+def served_name(trained: str) -> str:
+    """The served model's name of a parameter of the trained peft model
+    (`base_model.model.model.layers.0.mlp.up_proj.base_layer.weight` -> `model.layers.0.mlp.up_proj.weight`)."""
+    return trained.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def share_frozen_weights(trained: torch.nn.Module, served: torch.nn.Module) -> int:
+    """Point every frozen parameter of `trained` (a peft LoRA model) at the same tensor of `served`
+    (the engine's base model, never written while adapters are served) where name, shape, dtype and
+    device agree, so one copy of the base serves and trains; returns the bytes no longer held
+    twice. Both sides only read these tensors: LoRA trains its adapters alone."""
+    own = dict(served.named_parameters(remove_duplicate=False))
+    shared = 0
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, p in trained.named_parameters(remove_duplicate=False):
+            if p.requires_grad or id(p) in seen:
+                continue
+            q = own.get(served_name(name))
+            if q is None or q.shape != p.shape or q.dtype != p.dtype or q.device != p.device:
+                continue
+            if not torch.equal(q, p):  # not the same base (a merged or changed served model): keep our own
+                continue
+            seen.add(id(p))
+            p.data = q.data
+            shared += p.numel() * p.element_size()
+    return shared

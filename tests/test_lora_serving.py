@@ -1,0 +1,151 @@
+"""LoRA served unmerged by the torch engine (`clawbridge_local.lora_serving`): a publish adds an
+adapter beside the base weights instead of copying and merging the model, versions kept beside
+the published one are adapters too, and the in-process trainer shares the engine's base tensors.
+
+Runs on CPU with the tiny Qwen3 model (`clawbridge.devtools.tinymodel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("clawbridge_local")
+
+from clawbridge_local.engine import TorchEngine  # noqa: E402
+from clawbridge_local.lora_serving import LoraAdapter, served_name  # noqa: E402
+
+from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
+
+PROMPT = [11, 42, 7, 300, 5, 99, 1000, 3]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+SCORED = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+TARGETS = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
+
+
+async def run(sampler: Sampler, params: SamplingParams = GREEDY) -> tuple[list[int], list[float], int]:
+    stream = await sampler.sample(PROMPT, params)
+    toks = [t async for t in stream]
+    return [t.token_id for t in toks], [t.logprob for t in toks], stream.policy_version
+
+
+def random_adapter(model: Any, seed: int, scale: float = 2.0, rank: int = 4) -> tuple[LoraAdapter, dict[str, Any]]:
+    """An adapter on TARGETS of every layer (peft-named tensors, as a checkpoint holds them), and
+    the merged weights it stands for: W + scale * B @ A."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, Any] = {}
+    merged: dict[str, Any] = {}
+    for name, mod in model.named_modules():
+        if not name.endswith(TARGETS):
+            continue
+        out_f, in_f = mod.weight.shape
+        a = torch.randn(rank, in_f, generator=gen) * 0.05
+        b = torch.randn(out_f, rank, generator=gen) * 0.05
+        tensors[f"base_model.model.{name}.lora_A.default.weight"] = a
+        tensors[f"base_model.model.{name}.lora_B.default.weight"] = b
+        merged[f"{name}.weight"] = mod.weight.detach() + scale * (b @ a)
+    return LoraAdapter.from_peft(tensors, scale, "test"), merged
+
+
+def test_an_adapter_publish_serves_the_merged_weights_without_touching_the_base(tiny_model_dir: Path) -> None:
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
+    merged_engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
+    try:
+        model: Any = engine._current.model
+        base = {k: (v.data_ptr(), v.detach().clone()) for k, v in model.state_dict().items()}
+        adapter, merged = random_adapter(model, seed=1)
+
+        async def go() -> None:
+            base_run = await run(engine)
+            assert (await engine.swap_weights(adapter, 1)) == 1
+            served = await run(engine, SCORED)
+            await merged_engine.swap_weights(merged, 1)
+            want = await run(merged_engine, SCORED)
+            assert served[0] == want[0] and served[2] == 1
+            assert max(abs(a - b) for a, b in zip(served[1], want[1], strict=True)) < 1e-4
+            assert (await run(engine))[0] != base_run[0], "the adapter must change what is served"
+            # The base is shared by every version: the same tensors, unchanged.
+            for k, v in model.state_dict().items():
+                assert v.data_ptr() == base[k][0] and torch.equal(v, base[k][1]), k
+            assert engine._current.model is model
+            # A version kept beside it is an adapter over the same base; v0 is the base exactly.
+            zero = LoraAdapter(adapter.down, {k: torch.zeros_like(v) for k, v in adapter.up.items()})
+            v0 = await engine.load_version(zero, 0)
+            assert v0._weights.model is model
+            assert (await run(v0)) == base_run
+            both = await asyncio.gather(run(v0), run(engine))
+            assert both[0] == base_run and both[1][0] == (await run(engine))[0]
+            # Full weights would change the base every adapter is added to: refused, nothing changes.
+            with pytest.raises(ValueError, match="serves LoRA adapters"):
+                await engine.swap_weights(merged, 2)
+            assert engine.policy_version == 1
+
+        asyncio.run(go())
+        assert engine.in_flight == 0
+    finally:
+        engine.shutdown()
+        merged_engine.shutdown()
+
+
+def test_a_bad_adapter_is_refused_before_anything_changes(tiny_model_dir: Path) -> None:
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
+    try:
+        model: Any = engine._current.model
+        adapter, _ = random_adapter(model, seed=2)
+        name = next(iter(adapter.down))
+
+        async def go() -> None:
+            before = await run(engine)
+            unknown = LoraAdapter({"model.nope": adapter.down[name]}, {"model.nope": adapter.up[name]})
+            with pytest.raises(ValueError, match="not a linear layer"):
+                await engine.swap_weights(unknown, 1)
+            wrong = LoraAdapter({name: adapter.down[name][:-1]}, {name: adapter.up[name]})
+            with pytest.raises(ValueError, match="do not fit"):
+                await engine.swap_weights(wrong, 1)
+            with pytest.raises(ValueError, match="no LoRA weights"):
+                LoraAdapter.from_peft({"model.norm.weight": torch.ones(3)}, 1.0, "empty")
+            assert engine.policy_version == 0 and (await run(engine)) == before
+
+        asyncio.run(go())
+    finally:
+        engine.shutdown()
+
+
+def test_the_in_process_lora_trainer_shares_the_engines_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Through the local backend: after a step, every frozen parameter of the trainer's peft model
+    is the engine's tensor (one copy of the base), the publish serves the trainer's logprobs, and
+    the engine refuses full weights from then on."""
+    from clawbridge_local.backend import LocalBackend
+
+    from clawbridge.backend import Datum, LossConfig
+    from clawbridge.config import Settings
+
+    settings = Settings.model_validate({"model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
+                                        "learning_rate": 0.05,
+                                        "backends": {"local": {"engine": "torch", "device": "cpu"}}})
+    backend = LocalBackend(settings, progress=False)
+
+    async def go() -> None:
+        await backend.start()
+        try:
+            engine: Any = backend.sampler()
+            ids, lps, _ = await run(engine, SCORED)
+            datum = Datum.from_turn(PROMPT, ids, lps, [1.0] * len(ids), policy_version=0, turn_id="t0")
+            await backend.train_step([datum], LossConfig("importance_sampling"))
+            served = {k: v.data_ptr() for k, v in engine._current.model.named_parameters(remove_duplicate=False)}
+            trainer: Any = backend._training().client.core.model
+            frozen = [(n, p) for n, p in trainer.named_parameters() if not p.requires_grad]
+            assert frozen and all(p.data_ptr() == served[served_name(n)] for n, p in frozen)
+            assert await backend.publish() == 1
+            _, after_lps, v = await run(engine, SCORED)
+            assert v == 1 and after_lps != lps
+            with pytest.raises(ValueError, match="serves LoRA adapters"):
+                await engine.swap_weights({}, 2)
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
