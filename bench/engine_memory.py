@@ -122,11 +122,13 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
         step.token_logprobs = full_token_logprobs  # type: ignore[assignment]
         which = which.removesuffix("+fullloss")
     if which.endswith("+merged"):  # LoRA as served before adapters: merged publishes, the trainer's own base
+        import clawbridge_local.engine as en
         import clawbridge_local.lora_serving as ls
         import clawbridge_local.training as tr
 
         tr.LocalTrainer.weight_update = tr.LocalTrainer.merged_update  # type: ignore[assignment,method-assign]
         ls.share_frozen_weights = lambda trained, served: 0
+        en.TorchEngine.lend_base = lambda self: self._current.model  # type: ignore[method-assign]  # lends nothing
         which = which.removesuffix("+merged")
     lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]
     settings = Settings.model_validate({
