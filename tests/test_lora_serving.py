@@ -78,7 +78,9 @@ def test_an_adapter_publish_serves_the_merged_weights_without_touching_the_base(
             assert v0._weights.model is model
             assert (await run(v0)) == base_run
             both = await asyncio.gather(run(v0), run(engine))
-            assert both[0] == base_run and both[1][0] == (await run(engine))[0]
+            # Together they decode in one forward (summation order: logprobs to 1e-4, as batching).
+            assert both[0][0] == base_run[0] and both[1][0] == (await run(engine))[0]
+            assert max(abs(a - b) for a, b in zip(both[0][1], base_run[1], strict=True)) < 1e-4
             # Full weights would change the base every adapter is added to: refused, nothing changes.
             with pytest.raises(ValueError, match="serves LoRA adapters"):
                 await engine.swap_weights(merged, 2)
@@ -89,6 +91,35 @@ def test_an_adapter_publish_serves_the_merged_weights_without_touching_the_base(
     finally:
         engine.shutdown()
         merged_engine.shutdown()
+
+
+def test_rows_of_different_adapters_decode_in_one_forward_each_with_its_own(tiny_model_dir: Path) -> None:
+    """The base (v0), a published adapter (v1) and a kept one (v2), one request each, run at once:
+    their decode steps share forwards, and each request gets the tokens and logprobs (to 1e-4) it
+    gets when it runs alone: no row sees another row's adapter."""
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
+    try:
+        model: Any = engine._current.model
+        one, _ = random_adapter(model, seed=1)
+        two, _ = random_adapter(model, seed=2, scale=4.0)
+
+        async def go() -> None:
+            zero = await engine.load_version(LoraAdapter(one.down, {k: torch.zeros_like(v) for k, v in one.up.items()}), 0)
+            await engine.swap_weights(one, 1)
+            kept = await engine.load_version(two, 2)
+            samplers: list[Sampler] = [zero, engine, kept]
+            alone = [await run(s, SCORED) for s in samplers]
+            assert len({tuple(a[0]) for a in alone}) == 3, "three versions that answer alike prove nothing"
+            before = engine.batched_steps
+            together = await asyncio.gather(*(run(s, SCORED) for s in samplers))
+            assert engine.batched_steps > before, "one request per version: only a mixed forward is batched"
+            for (ids, lps, v), (want_ids, want_lps, want_v) in zip(together, alone, strict=True):
+                assert ids == want_ids and v == want_v
+                assert max(abs(a - b) for a, b in zip(lps, want_lps, strict=True)) < 1e-4
+
+        asyncio.run(go())
+    finally:
+        engine.shutdown()
 
 
 def test_a_bad_adapter_is_refused_before_anything_changes(tiny_model_dir: Path) -> None:

@@ -12,8 +12,9 @@ Threading:
   `SamplerOverloaded` (429) at once.
 - A round gives every running request one step (its prefill, or one decode token), so all running
   requests progress together. Prefills run one request at a time. Decode steps of running
-  requests on the same weights run as one forward whose attention reads each request's region of
-  the pool in place, unless `batch_decode` is off. A request's logprobs then equal its unbatched
+  requests on the same base weights run as one forward (each row adds its own version's adapter,
+  `lora_serving.AdapterHooks`) whose attention reads each request's region of the pool in place,
+  unless `batch_decode` is off. A request's logprobs then equal its unbatched
   ones up to float summation order (<= 1e-4), so a seeded request's tokens are reproducible alone,
   and with neighbours except where a draw falls within that distance of a boundary; with
   `batch_decode` off they are the same whether or not other requests run beside it.
@@ -238,7 +239,7 @@ class TorchEngine:
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
         self.batch_decode = batch_decode
-        """Batch the decode steps of running requests on the same weights (see `batching`)."""
+        """Batch the decode steps of running requests on the same base weights, any adapters."""
         self.batched_steps = 0
         """Batched decode forwards run so far (each decodes one token for two or more requests)."""
         self.waited = 0
@@ -486,25 +487,26 @@ class TorchEngine:
 
     def _round(self) -> None:
         """One step for every running request: prefills one by one, then the decode steps of
-        requests on the same weights in one forward (or one by one without `batch_decode`)."""
+        requests on the same base weights in one forward, each with its own version's adapter (or
+        one by one without `batch_decode`)."""
         decoders: dict[int, list[_Request]] = {}
         for req in list(self._running):
             if req.generated == 0 or not self.batch_decode:
                 self._step([req])
             else:
-                decoders.setdefault(id(req.weights), []).append(req)
+                decoders.setdefault(id(req.weights.model), []).append(req)
         for group in decoders.values():
             self._step(group)
 
     def _step(self, reqs: list[_Request]) -> None:
         """One forward: the prefill of one request (its first step), or one decode token for each
-        of `reqs` (same weights); hand the tokens over."""
+        of `reqs` (same base model; each row adds its own version's adapter); hand the tokens over."""
         try:
             if reqs[0].generated == 0:  # prefill: the prompt but its last token, then that token
                 req = reqs[0]
                 req.generator = make_generator(req.params.seed, self.device)
                 head = len(req.prompt) - 1 - req.cached
-                self._hooks.active = req.weights.adapter
+                self._hooks.set_rows([req.weights.adapter], self.device)
                 if head > 0:
                     self.pool.forward(req.weights.model, [req.prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
                     req.cached += head
@@ -513,7 +515,7 @@ class TorchEngine:
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
                 tokens = [[r.last_token] for r in reqs]
-            self._hooks.active = reqs[0].weights.adapter
+            self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
             logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
             for r, row in zip(reqs, rows, strict=True):
                 r.cached += row.new

@@ -3,8 +3,11 @@
 With LoRA training the torch engine never merges an adapter into its weights. Each published or
 kept version is a `LoraAdapter` (per adapted module, A transposed and B transposed with the
 LoRA scale folded in), and every version shares the base weights. A forward hook on each adapted
-module adds `(x @ A^T) @ (s * B)^T` to the module's output while a forward runs for a version
-with an adapter (`AdapterHooks.active`, set by the engine's worker thread around each forward).
+module adds `(x @ A^T) @ (s * B)^T` to the module's output for the rows of a forward that run a
+version with an adapter (`AdapterHooks.set_rows`, called by the engine's worker thread before each
+forward). The rows of one decode step may run different versions over the same base (a version
+kept beside the published one, a canary, another user's adapter): each row gets its own adapter's
+product, so they still decode in one forward.
 Publishing a version then costs its adapter's bytes (a few MB), not a copy of the model, and so
 does keeping older versions servable beside it (`TorchEngine.load_version`). It is also what the
 trainer computes: peft adds the same unmerged product to the same base output.
@@ -12,7 +15,9 @@ trainer computes: peft adds the same unmerged product to the same base output.
 Invariants:
 - A LoRA publish never writes the base weights: every version's output is the base's plus its own
   adapter's, and a version without an adapter (no hook active) is the base exactly.
-- Only the engine's worker thread sets `active` and runs forwards on the hooked model.
+- Only the engine's worker thread calls `set_rows` and runs forwards on the hooked model.
+- Row b of a forward's output is the base's plus exactly the adapter `rows[b]` names (None: the
+  base's alone): rows never see another row's adapter.
 - An adapter whose modules the served model lacks, or whose shapes do not fit them, is refused
   (`ValueError`) before anything changes; its tensors are placed on the module's device and dtype.
 - The in-process trainer may share the base: `share_frozen_weights` points its frozen parameters
@@ -22,7 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,9 +93,28 @@ class AdapterHooks:
     """The forward hooks of one served model (module invariants)."""
 
     def __init__(self) -> None:
-        self.active: LoraAdapter | None = None
-        """The adapter of the version whose forward runs now (None: the base)."""
+        self._rows: tuple[LoraAdapter | None, ...] = ()
+        self._groups: list[tuple[LoraAdapter, torch.Tensor]] = []
         self._hooked: dict[str, Any] = {}
+
+    @property
+    def rows(self) -> tuple[LoraAdapter | None, ...]:
+        """The adapter of each batch row of the forward that runs now (None: the base)."""
+        return self._rows
+
+    def set_rows(self, adapters: Sequence[LoraAdapter | None], device: torch.device | str = "cpu") -> None:
+        """Before a forward: row b runs `adapters[b]` (None: the base); `device` is the model's."""
+        self._rows = tuple(adapters)
+        first = self._rows[0] if self._rows else None
+        if all(a is first for a in self._rows):  # one version for the whole batch: no indexing
+            self._groups = []
+            return
+        by_adapter: dict[int, tuple[LoraAdapter, list[int]]] = {}
+        for b, adapter in enumerate(self._rows):
+            if adapter is not None:
+                by_adapter.setdefault(id(adapter), (adapter, []))[1].append(b)
+        self._groups = [(adapter, torch.tensor(idx, dtype=torch.long, device=device))
+                        for adapter, idx in by_adapter.values()]
 
     @property
     def installed(self) -> bool:
@@ -108,13 +132,20 @@ class AdapterHooks:
 
     def _hook(self, name: str) -> Callable[[torch.nn.Module, tuple[Any, ...], torch.Tensor], torch.Tensor | None]:
         def add_delta(_: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor | None:
-            adapter = self.active
-            if adapter is None:
+            if not self._rows:
                 return None
-            a_t = adapter.down.get(name)
-            if a_t is None:
-                return None
-            return out + (args[0] @ a_t) @ adapter.up[name]
+            x = args[0]
+            if not self._groups:  # every row runs the same version
+                adapter = self._rows[0]
+                if adapter is None or name not in adapter.down:
+                    return None
+                return out + (x @ adapter.down[name]) @ adapter.up[name]
+            out = out.clone()
+            for adapter, idx in self._groups:
+                a_t = adapter.down.get(name)
+                if a_t is not None:
+                    out.index_add_(0, idx, (x.index_select(0, idx) @ a_t) @ adapter.up[name])
+            return out
 
         return add_delta
 
