@@ -9,11 +9,12 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
   trainer), SmolLM2-135M-Instruct fp32, 16 concurrent streams of 96 tokens while 2 LoRA train
   steps and publishes run. Peak RSS of the whole process tree (polled every 20 ms: the process and
   all its children), `--repeat` times per column, interleaved, reported as min / median / max (the
-  peak varies by ~1 GiB between runs of the same code). The old column also runs the trainer's
-  loss as it was (one whole [B, T, V] fp32 logits tensor); a third column runs the new engine with
-  that loss, to separate the two changes, and a fourth the new engine as it served LoRA before
-  adapters were served unmerged (each publish merged into the weights, a model copy while streams
-  hold the old ones; the trainer with its own copy of the base).
+  peak varies by ~1 GiB between runs of the same code). The old column also runs the trainer as
+  it was: its loss on one whole [B, T, V] fp32 logits tensor, every activation kept for the
+  backward pass. Three more rows of the new engine take one change back each, to separate them:
+  the trainer keeping every activation (`activation_checkpointing = false`), the unchunked loss,
+  and LoRA served as before adapters were served unmerged (each publish merged into the weights,
+  a model copy while streams hold the old ones; the trainer with its own copy of the base).
 - growth: the engine alone on the tiny model (1,000 requests of SmolLM2 take too long on a shared
   2-core box): 1,000 requests, 8 at a time, agent-like (each session resends its history plus a
   new turn), RSS after 100 and after 1,000.
@@ -115,6 +116,8 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
     from clawbridge.config import Settings
     from clawbridge.sampler import SamplingParams
 
+    checkpointing = not (which == "old" or which.endswith("+keepact"))  # the trainer keeping all activations
+    which = which.removesuffix("+keepact")
     if which == "old" or which.endswith("+fullloss"):  # the trainer's loss before chunked logprobs
         import clawbridge_local.trainer.step as step
         from clawbridge_local.trainer.logprobs import full_token_logprobs
@@ -123,18 +126,16 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
         which = which.removesuffix("+fullloss")
     if which.endswith("+merged"):  # LoRA as served before adapters: merged publishes, the trainer's own base
         import clawbridge_local.engine as en
-        import clawbridge_local.lora_serving as ls
         import clawbridge_local.training as tr
 
         tr.LocalTrainer.weight_update = tr.LocalTrainer.merged_update  # type: ignore[assignment,method-assign]
-        ls.share_frozen_weights = lambda trained, served: 0
-        en.TorchEngine.lend_base = lambda self: self._current.model  # type: ignore[method-assign]  # lends nothing
+        en.TorchEngine.lend_base = lambda self: None  # type: ignore[method-assign]  # lends nothing
         which = which.removesuffix("+merged")
     lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]
     settings = Settings.model_validate({
         "model": str(model_dir), "state_dir": str(work), "lora_rank": 8, "lora_alpha": 16.0,
         "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": streams,
-                               "engine_threads": 1}}})
+                               "engine_threads": 1, "activation_checkpointing": checkpointing}}})
     sampler_peak = PeakSampler()
     backend = lb.LocalBackend(settings, progress=False)
     await backend.start()
@@ -308,7 +309,8 @@ def median(xs: list[float]) -> float:
 def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     """The serve+train measurement `args.repeat` times per engine, old and new interleaved (so a
     slow patch of the shared box hits both): min / median / max of the tree peak, median wall."""
-    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "new+fullloss": [], "new+merged": []}
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "new+keepact": [], "new+fullloss": [],
+                                              "new+merged": []}
     for _ in range(args.repeat):
         for w in runs:
             runs[w].append(run_child(f"serve:{w}", model_dir, args))
@@ -324,6 +326,8 @@ def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
     return [
         (f"SmolLM2 + LoRA, {args.streams} streams x {args.tokens} tok: tree peak RSS, min / median / max "
          f"of {args.repeat}", peaks("old"), peaks("new"), "<= 2048 MiB"),
+        ("  the same, the trainer keeping every activation (no activation checkpointing)", "",
+         peaks("new+keepact"), ""),
         ("  the same, new engine with the unchunked loss logits", "", peaks("new+fullloss"), ""),
         ("  the same, new engine serving LoRA merged, trainer with its own base", "", peaks("new+merged"), ""),
         ("  (same runs: median wall time, streams + 2 train steps)", wall("old"), wall("new"), ""),

@@ -4,8 +4,10 @@ What is compared, for full fine-tuning and for LoRA (peft, rank 8, all 7 project
 - `plain`: the baseline. `AutoModelForCausalLM` (+ `get_peft_model`), AdamW, the importance-sampling
   token-sum loss `-(exp(logp - logp_sampler) * adv * mask).sum()`, grad-norm clip 1.0, written here
   from scratch (own padding, own loss) so it shares no code with the trainer.
-- `fsdp-1`: `FsdpTrainerClient` in-process (world size 1: `TrainerCore`, no process group).
-- `fsdp-2`: `FsdpTrainerClient` under `torchrun --nproc_per_node=2` (FSDP2 `fully_shard`, gloo),
+- `fsdp-1`: `FsdpTrainerClient` in-process (world size 1: `TrainerCore`, no process group), with
+  activation checkpointing (the default: each decoder layer's forward runs again in the backward).
+- `fsdp-1-keep`: the same with `activation_checkpointing = false` (activations kept, as `plain`).
+- `fsdp-2`: `FsdpTrainerClient` (activation checkpointing) under `torchrun --nproc_per_node=2` (FSDP2 `fully_shard`, gloo),
   including the client's real overhead (batch file, request/response files).
 Same model, same batch, same hyperparameters (lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight
 decay, micro-batch = whole batch). Steps of the three run interleaved (plain, fsdp-1, fsdp-2,
@@ -169,16 +171,18 @@ class Runner:
     last_loss: float = float("nan")
 
 
-def trainer_config(model_dir: Path, lora: LoraSettings | None) -> TrainerConfig:
+def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: bool = True) -> TrainerConfig:
     """The trainer under measurement: the plain loop's optimizer settings, one micro-batch per step."""
     return TrainerConfig(model_path=str(model_dir), lora=lora, learning_rate=LR, betas=BETAS, eps=EPS,
-                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024)
+                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024, activation_checkpointing=checkpointing)
 
 
 def fsdp_runner(
-    name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int
+    name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int,
+    checkpointing: bool = True,
 ) -> Runner:
-    client = FsdpTrainerClient(trainer_config(model_dir, lora), work, launcher="inprocess" if world == 1 else "torchrun")
+    client = FsdpTrainerClient(trainer_config(model_dir, lora, checkpointing), work,
+                               launcher="inprocess" if world == 1 else "torchrun")
     t0 = time.perf_counter()
     with env(OMP_NUM_THREADS=str(max(1, threads // world))):
         client.start(world)
@@ -199,6 +203,8 @@ def bench_mode(
     runners = [Runner("plain", plain.step, lambda: None, [])]
     with tempfile.TemporaryDirectory() as tmp:
         runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads))
+        runners.append(fsdp_runner("fsdp-1-keep", model_dir, Path(tmp) / "w1k", lora, 1, args.threads,
+                                   checkpointing=False))
         if not args.no_torchrun:
             runners.append(fsdp_runner("fsdp-2", model_dir, Path(tmp) / "w2", lora, 2, args.threads))
         loss = LossConfig("importance_sampling")
@@ -219,13 +225,13 @@ def bench_mode(
         f"  batch: {len(batch)} datums, {tokens} tokens/step; {args.steps} timed steps after {args.warmup} warmup"
     )
     print(
-        f"  {'runner':8} {'step p50 s':>10} {'min s':>8} {'tokens/s':>10} {'vs plain':>9} {'last loss':>12}"
+        f"  {'runner':11} {'step p50 s':>10} {'min s':>8} {'tokens/s':>10} {'vs plain':>9} {'last loss':>12}"
     )
     for r in runners:
         p50 = statistics.median(r.seconds)
         tps = tokens / p50
         print(
-            f"  {r.name:8} {p50:10.3f} {min(r.seconds):8.3f} {tps:10.0f} {tps / base:8.2f}x {r.last_loss:12.5f}"
+            f"  {r.name:11} {p50:10.3f} {min(r.seconds):8.3f} {tps:10.0f} {tps / base:8.2f}x {r.last_loss:12.5f}"
         )
 
 

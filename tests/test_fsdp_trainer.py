@@ -95,6 +95,38 @@ def test_shard_and_micro_batches_cover_every_datum_once() -> None:
     assert spare == [[]] and float(collate(spare[0]).mask.sum()) == 0.0
 
 
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_activation_checkpointing_keeps_less_for_the_same_gradients(tiny_model: Path, lora: bool) -> None:
+    """With `activation_checkpointing` the forward keeps fewer bytes for the backward pass (measured
+    with saved-tensor hooks: the decoder layers keep only their inputs) and the gradients are
+    exactly the ones without it."""
+    from clawbridge_local.trainer.config import LoraSettings
+    from clawbridge_local.trainer.model import build_model
+
+    ids = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+    saved: dict[bool, int] = {}
+    grads: dict[bool, dict[str, torch.Tensor]] = {}
+    for on in (False, True):
+        config = TrainerConfig(model_path=str(tiny_model), lora=LoraSettings(rank=4) if lora else None,
+                               activation_checkpointing=on)
+        model: Any = build_model(config, torch.device("cpu"))
+        kept = [0]
+
+        def pack(t: torch.Tensor, kept: list[int] = kept) -> torch.Tensor:
+            kept[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids).logits.log_softmax(-1).mean()
+        loss.backward()
+        saved[on] = kept[0]
+        grads[on] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    # The tiny model's two layers are small beside its logits, kept either way: 0.61-0.64 measured.
+    assert saved[True] < 0.7 * saved[False], saved
+    assert grads[True].keys() == grads[False].keys() and grads[True]
+    assert all(torch.equal(grads[True][n], grads[False][n]) for n in grads[True])
+
+
 def test_gradient_accumulation_equals_one_big_batch(tiny_model: Path, tmp_path: Path) -> None:
     batch = make_batch(1)
     results = []

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("clawbridge_local")
 
 from clawbridge_local.engine import TorchEngine  # noqa: E402
-from clawbridge_local.lora_serving import LoraAdapter, served_name  # noqa: E402
+from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
 
 from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
 
@@ -31,6 +31,12 @@ async def run(sampler: Sampler, params: SamplingParams = GREEDY) -> tuple[list[i
     stream = await sampler.sample(PROMPT, params)
     toks = [t async for t in stream]
     return [t.token_id for t in toks], [t.logprob for t in toks], stream.policy_version
+
+
+def served_name(trained: str) -> str:
+    """The served model's name of a parameter of the trained peft model
+    (`base_model.model.model.layers.0.mlp.up_proj.base_layer.weight` -> `model.layers.0.mlp.up_proj.weight`)."""
+    return trained.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def random_adapter(model: Any, seed: int, scale: float = 2.0, rank: int = 4) -> tuple[LoraAdapter, dict[str, Any]]:
@@ -180,3 +186,31 @@ def test_the_in_process_lora_trainer_shares_the_engines_base(tiny_model_dir: Pat
             await backend.close()
 
     asyncio.run(go())
+
+
+def test_the_trainer_loads_its_own_base_where_the_served_one_is_not_the_base(tiny_model_dir: Path) -> None:
+    """An engine that published full weights lends nothing; a served model that is not fp32 is not
+    shared (the trainer's master weights are fp32): in both cases the trainer loads its own copy."""
+    from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
+    from clawbridge_local.trainer.model import build_model
+
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
+    try:
+        model: Any = engine._current.model
+        _, merged = random_adapter(model, seed=3)
+        asyncio.run(engine.swap_weights(merged, 1))
+        assert engine.lend_base() is None
+        assert (asyncio.run(engine.swap_weights(merged, 2))) == 2, "lending nothing leaves full weights allowed"
+    finally:
+        engine.shutdown()
+    config = TrainerConfig(model_path=str(tiny_model_dir), lora=LoraSettings(rank=4, target_modules=("q_proj",)))
+    half = TorchEngine.load(str(tiny_model_dir), device="cpu", dtype="bfloat16", progress=False)
+    try:
+        base = half.lend_base()
+        assert base is not None
+        trained = build_model(config, torch.device("cpu"), base)
+        served = {p.data_ptr() for p in base.parameters()}
+        frozen = [p for p in trained.parameters() if not p.requires_grad]
+        assert frozen and all(p.dtype == torch.float32 and p.data_ptr() not in served for p in frozen)
+    finally:
+        half.shutdown()

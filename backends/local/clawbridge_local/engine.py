@@ -251,6 +251,8 @@ class TorchEngine:
         """The LoRA hooks of `model` (installed at the first adapter published or loaded)."""
         self._base_lent = False
         """`lend_base` was called: the in-process trainer reads `model`'s tensors as its base."""
+        self._base_replaced = False
+        """Full weights were published: the served model is no longer the folder's base."""
         self._in_flight = 0
         self._closed = False
         self._ids = itertools.count()
@@ -576,10 +578,13 @@ class TorchEngine:
         swap.pinned = _Weights(fresh, swap.version)
         return swap.version
 
-    def lend_base(self) -> torch.nn.Module:
-        """The base model, for the in-process LoRA trainer to share its frozen tensors
-        (`lora_serving.share_frozen_weights`). From now on only adapters are published or loaded:
-        full weights would change the trainer's base. Call it before any full weights were published."""
+    def lend_base(self) -> torch.nn.Module | None:
+        """The base model, whose tensors the in-process LoRA trainer's frozen weights are
+        (`clawbridge_local.trainer.model.over_base`); None once full weights were published (it
+        is no longer the base). From now on only adapters are published or loaded: full weights
+        would change the trainer's base."""
+        if self._base_replaced:
+            return None
         self._base_lent = True
         return self._current.model
 
@@ -601,6 +606,7 @@ class TorchEngine:
         self._refuse_full_weights()
         if isinstance(update, Mapping):
             _check_state(self._current.model, update)
+        self._base_replaced = True
         with self._lock:
             cur = self._current
             if version <= cur.version:

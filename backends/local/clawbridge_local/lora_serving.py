@@ -20,8 +20,8 @@ Invariants:
   base's alone): rows never see another row's adapter.
 - An adapter whose modules the served model lacks, or whose shapes do not fit them, is refused
   (`ValueError`) before anything changes; its tensors are placed on the module's device and dtype.
-- The in-process trainer may share the base: `share_frozen_weights` points its frozen parameters
-  at the served model's tensors (equal values checked first), once the engine has lent its base
+- The in-process trainer may share the base: its frozen parameters are the served model's tensors
+  (`clawbridge_local.trainer.model.over_base`), once the engine has lent its base
   (`TorchEngine.lend_base`), after which the engine refuses full weights, so nothing writes them.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AdapterHooks", "LoraAdapter", "served_name", "share_frozen_weights"]
+__all__ = ["AdapterHooks", "LoraAdapter"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,31 +149,3 @@ class AdapterHooks:
 
         return add_delta
 
-
-def served_name(trained: str) -> str:
-    """The served model's name of a parameter of the trained peft model
-    (`base_model.model.model.layers.0.mlp.up_proj.base_layer.weight` -> `model.layers.0.mlp.up_proj.weight`)."""
-    return trained.removeprefix("base_model.model.").replace(".base_layer.", ".")
-
-
-def share_frozen_weights(trained: torch.nn.Module, served: torch.nn.Module) -> int:
-    """Point every frozen parameter of `trained` (a peft LoRA model) at the same tensor of `served`
-    (the engine's base model, never written while adapters are served) where name, shape, dtype and
-    device agree, so one copy of the base serves and trains; returns the bytes no longer held
-    twice. Both sides only read these tensors: LoRA trains its adapters alone."""
-    own = dict(served.named_parameters(remove_duplicate=False))
-    shared = 0
-    seen: set[int] = set()
-    with torch.no_grad():
-        for name, p in trained.named_parameters(remove_duplicate=False):
-            if p.requires_grad or id(p) in seen:
-                continue
-            q = own.get(served_name(name))
-            if q is None or q.shape != p.shape or q.dtype != p.dtype or q.device != p.device:
-                continue
-            if not torch.equal(q, p):  # not the same base (a merged or changed served model): keep our own
-                continue
-            seen.add(id(p))
-            p.data = q.data
-            shared += p.numel() * p.element_size()
-    return shared

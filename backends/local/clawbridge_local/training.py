@@ -45,7 +45,7 @@ def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) ->
                             target_modules=tuple(settings.lora_target_modules))
     return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.effective_learning_rate,
                          max_grad_norm=options.max_grad_norm, micro_batch_size=options.micro_batch_size,
-                         cpu_threads=cpu_threads)
+                         activation_checkpointing=options.activation_checkpointing, cpu_threads=cpu_threads)
 
 
 def resolve_model_folder(model: str) -> Path:

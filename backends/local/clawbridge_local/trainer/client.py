@@ -118,10 +118,10 @@ class FsdpTrainerClient:
         start_timeout_s: float = 600.0,
         python: str = sys.executable,
         nodes: Nodes | None = None,
-        base_weights: Callable[[], nn.Module] | None = None,
+        base_weights: Callable[[], nn.Module | None] | None = None,
     ) -> None:
-        """`base_weights`: in-process LoRA only, the served base model whose frozen tensors the
-        trainer shares instead of holding its own copy (`lora_serving.share_frozen_weights`)."""
+        """`base_weights`: in-process LoRA only, the served base model (None: none lent) whose
+        tensors the trainer's frozen weights are, instead of a copy of its own (`model.over_base`)."""
         self.config = config
         self.base_weights = base_weights
         self.work_dir = Path(work_dir)
@@ -167,12 +167,13 @@ class FsdpTrainerClient:
         if world_size == 1 and self.nodes.count == 1 and self.launcher in ("auto", "inprocess"):
             from clawbridge_local.trainer.step import TrainerCore
 
-            self.core = TrainerCore(self.config)
+            base = self.base_weights() if self.base_weights is not None and self.config.lora is not None else None
+            self.core = TrainerCore(self.config, base=base)
             self.step = self.core.step
-            if self.base_weights is not None and self.config.lora is not None:
-                from clawbridge_local.lora_serving import share_frozen_weights
-
-                shared = share_frozen_weights(self.core.model, self.base_weights())
+            if base is not None:
+                served = {t.data_ptr() for t in base.parameters()}
+                shared = sum(p.numel() * p.element_size() for p in set(self.core.model.parameters())
+                             if p.data_ptr() in served)
                 log.info("the trainer shares %.0f MiB of base weights with the engine", shared / 2**20)
             return
         if self.launcher == "inprocess":

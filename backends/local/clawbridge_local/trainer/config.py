@@ -60,6 +60,8 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 or less: no clipping; the norm is still reported)."""
     micro_batch_size: int = 8
     """Datums per forward/backward on one rank; larger batches are accumulated."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
     precision: Precision = "auto"
     """auto: bf16 mixed precision on GPU, fp32 on CPU. Master weights and optimizer stay fp32."""
     device: str = "auto"

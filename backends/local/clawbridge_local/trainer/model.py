@@ -9,11 +9,17 @@ Invariants:
 - State dicts leave the group as FULL tensors on CPU (`get_model_state_dict(full_state_dict=True,
   cpu_offload=True)`), with the same keys in 1-process and FSDP runs, so exports and checkpoints
   written by any world size load into any other. Only rank 0 writes; callers rename into place.
+- Activations: with `activation_checkpointing` (the default) a decoder layer keeps only its input
+  for the backward pass and recomputes the rest, so a step's memory grows with one layer's
+  activations, not all of them; the gradients are the same.
+- In-process LoRA beside the torch engine, the frozen base is the engine's tensors (`over_base`),
+  never a second copy; the trained LoRA matrices are initialized exactly as over a loaded copy.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
+
+log = logging.getLogger("clawbridge.trainer")
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -42,20 +50,68 @@ def use_bf16(config: TrainerConfig, device: torch.device) -> bool:
     return device.type == "cuda" and config.precision in ("auto", "bf16")
 
 
-def build_model(config: TrainerConfig, device: torch.device) -> nn.Module:
-    """Load the causal LM in fp32 on CPU, add LoRA if configured; not yet sharded or moved."""
+def build_model(config: TrainerConfig, device: torch.device, base: nn.Module | None = None) -> nn.Module:
+    """Load the causal LM in fp32 on CPU, add LoRA if configured; not yet sharded or moved.
+
+    `base`: LoRA only, the served model of the same folder (the in-process trainer beside the torch
+    engine). Where its weights are fp32 on `device`, the trained model's frozen weights are its
+    tensors (`over_base`): one copy of the base serves and trains, and none is loaded here."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(config.seed)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        config.model_path, dtype=torch.float32, local_files_only=True
-    )
+    model: Any = None
+    if base is not None and config.lora is not None:
+        model = over_base(config, base, device)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32, local_files_only=True)
     model.config.use_cache = False
     if config.lora is not None:
         from peft import get_peft_model
 
         model = get_peft_model(model, lora_config(config.lora))
+    if config.activation_checkpointing:
+        checkpoint_activations(model)
     model.train()
+    return model
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """Recompute each decoder layer's forward in the backward pass (transformers' activation
+    checkpointing, non-reentrant: frozen inputs need no grad, and it composes with FSDP2)."""
+    peft_or_lm: Any = model
+    lm: Any = peft_or_lm.get_base_model() if hasattr(peft_or_lm, "get_base_model") else peft_or_lm
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def over_base(config: TrainerConfig, base: nn.Module, device: torch.device) -> nn.Module | None:
+    """The architecture of `config.model_path` built without weights (meta device), its parameters
+    and persistent buffers then set to `base`'s own tensors (shared, not copied) and its other
+    buffers (rotary frequencies) to copies; None where `base` is not fp32 on `device` (the fp32
+    master weights rule). Both sides only read the shared tensors: LoRA trains its adapters alone,
+    and the engine that lent `base` publishes adapters only (`TorchEngine.lend_base`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tensors = [*base.parameters(), *base.buffers()]
+    if any(t.dtype != torch.float32 or t.device != device for t in tensors if t.is_floating_point()):
+        log.info("the served base is not fp32 on %s: the trainer loads its own copy", device)
+        return None
+    with torch.device("meta"):
+        model: Any = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.model_path,
+                                                                                  local_files_only=True),
+                                                      dtype=torch.float32)
+    model.load_state_dict(base.state_dict(), strict=True, assign=True)
+    for name, buf in base.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if module._buffers.get(leaf) is not None and module._buffers[leaf].is_meta:  # not in the state dict
+            module._buffers[leaf] = buf.clone()
+    model.tie_weights()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"the served base lacks {left[:3]}: not the model of {config.model_path}")
     return model
 
 

@@ -60,7 +60,9 @@ class TrainerCore:
         rank: int = 0,
         world_size: int = 1,
         local_rank: int = 0,
+        base: nn.Module | None = None,
     ) -> None:
+        """`base`: in-process LoRA, the served model whose tensors are the frozen base (`model.build_model`)."""
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -68,7 +70,7 @@ class TrainerCore:
         """True under torchrun: FSDP2-wrapped, collectives on every call."""
         self.device = resolve_device(config, local_rank)
         self.bf16 = model_io.use_bf16(config, self.device)
-        self.model = model_io.build_model(config, self.device)
+        self.model = model_io.build_model(config, self.device, base)
         self._place(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
