@@ -7,7 +7,9 @@ module adds `(x @ A^T) @ (s * B)^T` to the module's output for the rows of a for
 version with an adapter (`AdapterHooks.set_rows`, called by the engine's worker thread before each
 forward). The rows of one decode step may run different versions over the same base (a version
 kept beside the published one, a canary, another user's adapter): each row gets its own adapter's
-product, so they still decode in one forward.
+product, so they still decode in one forward. The mixed adapters are concatenated along the rank
+(per module, once per mix of adapters) and a row mask zeroes, for each row, the columns of the
+others: two matmuls per module whatever the number of adapters (`bench/multi_adapter.py`).
 Publishing a version then costs its adapter's bytes (a few MB), not a copy of the model, and so
 does keeping older versions servable beside it (`TorchEngine.load_version`). It is also what the
 trainer computes: peft adds the same unmerged product to the same base output.
@@ -94,7 +96,17 @@ class AdapterHooks:
 
     def __init__(self) -> None:
         self._rows: tuple[LoraAdapter | None, ...] = ()
-        self._groups: list[tuple[LoraAdapter, torch.Tensor]] = []
+        self._slots: tuple[int, ...] = ()
+        """Per row, the index of its adapter in `_mixed` (-1: the base); empty when one version runs."""
+        self._mixed: tuple[LoraAdapter, ...] = ()
+        """The distinct adapters of a mixed forward (ordered by id, so a reordering of rows keeps `_cat`)."""
+        self._cat: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]] | None] = {}
+        """Per module, the mixed adapters' A^T and (sB)^T concatenated along the rank and which
+        adapter holds which columns (None: no mixed adapter adapts it); kept while the same
+        adapters mix (decode steps repeat them token after token)."""
+        self._masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
+        """Per column layout, [B, 1, R]: 1 where a column belongs to the row's own adapter."""
+        self._device: torch.device | str = "cpu"
         self._hooked: dict[str, Any] = {}
 
     @property
@@ -105,16 +117,38 @@ class AdapterHooks:
     def set_rows(self, adapters: Sequence[LoraAdapter | None], device: torch.device | str = "cpu") -> None:
         """Before a forward: row b runs `adapters[b]` (None: the base); `device` is the model's."""
         self._rows = tuple(adapters)
+        self._masks = {}
         first = self._rows[0] if self._rows else None
-        if all(a is first for a in self._rows):  # one version for the whole batch: no indexing
-            self._groups = []
+        if all(a is first for a in self._rows):  # one version for the whole batch: no mixing
+            self._slots = ()
             return
-        by_adapter: dict[int, tuple[LoraAdapter, list[int]]] = {}
-        for b, adapter in enumerate(self._rows):
-            if adapter is not None:
-                by_adapter.setdefault(id(adapter), (adapter, []))[1].append(b)
-        self._groups = [(adapter, torch.tensor(idx, dtype=torch.long, device=device))
-                        for adapter, idx in by_adapter.values()]
+        mixed = tuple(sorted({id(a): a for a in self._rows if a is not None}.values(), key=id))  # any row order
+        if tuple(map(id, mixed)) != tuple(map(id, self._mixed)):
+            self._mixed, self._cat = mixed, {}
+        index = {id(a): i for i, a in enumerate(mixed)}
+        self._slots = tuple(-1 if a is None else index[id(a)] for a in self._rows)
+        self._device = device
+
+    def _mixed_delta(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        """The rows' adapters' products in one pair of matmuls: x @ [A_1^T .. A_k^T], each row's
+        columns of other adapters zeroed, @ [(sB_1)^T; ..; (sB_k)^T]."""
+        if name not in self._cat:
+            have = [(i, a) for i, a in enumerate(self._mixed) if name in a.down]
+            self._cat[name] = None if not have else (
+                torch.cat([a.down[name] for _, a in have], 1), torch.cat([a.up[name] for _, a in have], 0),
+                tuple((i, a.down[name].shape[1]) for i, a in have))
+        entry = self._cat[name]
+        if entry is None:
+            return None
+        a_cat, b_cat, layout = entry
+        mask = self._masks.get(layout)
+        if mask is None:
+            cols: list[list[float]] = []
+            for slot in self._slots:
+                cols.append([1.0 if i == slot else 0.0 for i, r in layout for _ in range(r)])
+            mask = torch.tensor(cols, dtype=x.dtype, device=self._device).unsqueeze(1)
+            self._masks[layout] = mask
+        return ((x @ a_cat) * mask) @ b_cat
 
     @property
     def installed(self) -> bool:
@@ -135,17 +169,13 @@ class AdapterHooks:
             if not self._rows:
                 return None
             x = args[0]
-            if not self._groups:  # every row runs the same version
+            if not self._slots:  # every row runs the same version
                 adapter = self._rows[0]
                 if adapter is None or name not in adapter.down:
                     return None
                 return out + (x @ adapter.down[name]) @ adapter.up[name]
-            out = out.clone()
-            for adapter, idx in self._groups:
-                a_t = adapter.down.get(name)
-                if a_t is not None:
-                    out.index_add_(0, idx, (x.index_select(0, idx) @ a_t) @ adapter.up[name])
-            return out
+            delta = self._mixed_delta(name, x)
+            return None if delta is None else out + delta
 
         return add_delta
 
