@@ -8,7 +8,9 @@ run always prints the whole table.
 Parts (reusing the bench scripts, not copies of them):
 - demo: `clawbridge up` + the tiny demo (clawbridge.devtools.demo) on --device, LoRA and full, bf16
   on CUDA; the figure is the mean reward of the last 20% of sessions against the first 20%.
-- train: trainer tokens/s and model FLOPs utilization for the qwen3-0.6b and qwen3-1.7b shapes
+- train: trainer tokens/s and model FLOPs utilization (recomputed activations not counted: the
+  trainer's default activation checkpointing runs each layer's forward twice, the plain loop once)
+  for the qwen3-0.6b and qwen3-1.7b shapes
   (random weights, clawbridge.devtools.shapes), LoRA and full, FSDP2 world 1 (bench/train_throughput.py's
   `fsdp_runner`) against its plain transformers/peft loop (`PlainLoop`), run one after the other
   (each alone in memory).
@@ -206,7 +208,7 @@ def train_rows(kit: Kit, shape: str, world: int = 1) -> list[Row]:
                 runner.close()
         kit.free()
         label = shape + (" (scaled)" if kit.quick else "")
-        rows.append(Row("train", f"{label} {mode}, FSDP2 world {world}",
+        rows.append(Row("train", f"{label} {mode}, FSDP2 world {world}, activation checkpointing",
                         f"{tps:,.0f} tok/s, {mfu(kit, n_params, tps * world if world > 1 else tps, bool(lora))}",
                         f"plain loop {base:,.0f} tok/s ({tps / base:.2f}x)" if base else "world 1 rows above"))
     return rows
