@@ -433,8 +433,12 @@ def test_lora_publish_reaches_every_replica_before_it_serves(replicas: list[Fake
 
     async def go() -> None:
         engine = await SGLangEngine.connect([a.url, b.url], lora=True)
+        # Paced (3 s a stream), so all four are still open when the next one picks its replica:
+        # unpaced, a stream could end before the next request and free its replica (CI: 3 and 1).
+        a.token_delay_s = b.token_delay_s = 0.1
         streams = [await engine.sample([3, 4], SamplingParams(max_tokens=30)) for _ in range(4)]
         assert len(a.requests) == len(b.requests) == 2  # spread over both
+        a.token_delay_s = b.token_delay_s = 0.0
         for s in streams:
             await collect(s)
         assert await engine.publish_lora(adapter(tmp_path / "a1"), 1) == 1
