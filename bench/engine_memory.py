@@ -127,8 +127,9 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
     if which.endswith("+merged"):  # LoRA as served before adapters: merged publishes, the trainer's own base
         import clawbridge_local.engine as en
         import clawbridge_local.training as tr
+        from old_engine.merged import merged_update
 
-        tr.LocalTrainer.weight_update = tr.LocalTrainer.merged_update  # type: ignore[assignment,method-assign]
+        tr.LocalTrainer.weight_update = merged_update  # type: ignore[assignment,method-assign]
         en.TorchEngine.lend_base = lambda self: None  # type: ignore[method-assign]  # lends nothing
         which = which.removesuffix("+merged")
     lb.TorchEngine = engine_class(which)  # type: ignore[attr-defined,misc]

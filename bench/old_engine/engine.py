@@ -321,7 +321,9 @@ class TorchEngine:
     async def publish(self, weights: WeightSource, version: int) -> int:
         """`ServingEngine.publish`: swap in `weights.weight_update()` as `version`."""
         # The old engine only loads full weights: LoRA merged as it was before adapters were served unmerged.
-        update = await asyncio.to_thread(getattr(weights, "merged_update", weights.weight_update))
+        from old_engine.merged import merged_update
+
+        update = await asyncio.to_thread(merged_update, weights)  # type: ignore[arg-type]  # a LocalTrainer
         return await self.swap_weights(update, version)
 
     async def aclose(self) -> None:

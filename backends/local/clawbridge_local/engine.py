@@ -14,10 +14,10 @@ Threading:
   requests progress together. Prefills run one request at a time. Decode steps of running
   requests on the same base weights run as one forward (each row adds its own version's adapter,
   `lora_serving.AdapterHooks`) whose attention reads each request's region of the pool in place,
-  unless `batch_decode` is off. A request's logprobs then equal its unbatched
-  ones up to float summation order (<= 1e-4), so a seeded request's tokens are reproducible alone,
-  and with neighbours except where a draw falls within that distance of a boundary; with
-  `batch_decode` off they are the same whether or not other requests run beside it.
+  unless `batch_decode` is off. A request's logprobs then equal its unbatched ones up to float
+  summation order (<= 1e-4), so a seeded request's tokens are reproducible alone, and with
+  neighbours except where a draw falls within that distance of a boundary; with `batch_decode`
+  off they are the same whether or not other requests run beside it.
 - A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
   later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
 - Repeatable: a prefill runs the prompt but its last token in one forward, then the last token

@@ -7,8 +7,6 @@ Invariants:
   state dict named like the served model's parameters; LoRA as the adapter itself
   (`clawbridge_local.lora_serving.LoraAdapter`), served unmerged beside the shared base weights,
   so a publish copies no model. Streams already running finish on the weights they started on.
-  (`merged_update` still merges, W + (alpha/r)·B·A in float32 from the base weights read from the
-  model folder, for an engine that only loads full weights.)
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
   `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
   trainer; the store records which one each committed version is. A write cut short by a kill
@@ -21,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,32 +64,6 @@ def load_safetensors_dir(folder: Path) -> dict[str, Any]:
     for f in sorted(folder.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
-
-
-class LazyTensors(Mapping[str, Any]):
-    """The tensors of a folder's *.safetensors files, each read from disk when asked for and not
-    kept: merging LoRA for the torch engine needs a few base matrices per publish, and holding a
-    whole second fp32 copy of the base for it would double the resident weights."""
-
-    def __init__(self, folder: Path) -> None:
-        from safetensors import safe_open
-
-        self._file: dict[str, str] = {}
-        for f in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as h:
-                self._file.update(dict.fromkeys(h.keys(), str(f)))
-
-    def __getitem__(self, name: str) -> Any:
-        from safetensors import safe_open
-
-        with safe_open(self._file[name], framework="pt") as h:
-            return h.get_tensor(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._file)
-
-    def __len__(self) -> int:
-        return len(self._file)
 
 
 def _base_weight(base: Mapping[str, Any], module: str) -> Any:
@@ -155,7 +127,6 @@ class LocalTrainer:
                                         launcher=launcher, nodes=nodes, base_weights=base_weights)
         for partial in self.checkpoint_dir.glob(".tmp-*"):  # left by a process killed mid-write
             shutil.rmtree(partial, ignore_errors=True)
-        self._base: Mapping[str, Any] | None = None
         self._last_export: Path | None = None
 
     @property
@@ -176,16 +147,6 @@ class LocalTrainer:
         export = self.export()
         if self.lora:
             return LoraAdapter.from_peft(load_safetensors_dir(export), adapter_scale(export), str(export))
-        return load_safetensors_dir(export)
-
-    def merged_update(self) -> dict[str, Any]:
-        """`weight_update` as full weights: LoRA merged into the base (for an engine that serves
-        nothing else; the benchmark's old engine)."""
-        export = self.export()
-        if self.lora:
-            if self._base is None:  # base weights are only needed to merge LoRA for the torch engine
-                self._base = LazyTensors(self.model_dir)
-            return merge_lora(export, self._base)
         return load_safetensors_dir(export)
 
     def export(self) -> Path:
