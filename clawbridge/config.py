@@ -248,6 +248,15 @@ class Settings(BaseSettings):
         3, ge=1, description="Checkpoints kept: those of the newest N committed policy versions (older ones are "
         "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one always stays).",
     )
+    per_user_adapters: bool = Field(
+        False, description="Train an adapter per user: each user's rewarded turns train their own LoRA adapter "
+        "(own optimizer, checkpoints and policy versions) and their calls are answered by it once it has trained; "
+        "calls without a user train and get the shared policy (LoRA, local torch engine; see docs/users.md).",
+    )
+    max_user_adapters: int = Field(
+        16, ge=1, description="per_user_adapters: users' adapters kept loaded in the engine at once, least recently "
+        "used unloaded (reloaded from its checkpoint at that user's next call).",
+    )
 
     # --- [rewards]
     judge: Literal["off", "endpoint", "base"] = Field(

@@ -55,6 +55,7 @@ from clawbridge.store.health import check_store_file, prepare_state_dir
 from clawbridge.trainer import TrainerLoop
 from clawbridge.trainer.checkpoints import CheckpointKeeper, check_identity
 from clawbridge.trainer.identity import checkpoint_identity
+from clawbridge.trainer.lanes import PerUserTraining, UserLanes, per_user_problem
 
 log = logging.getLogger("clawbridge")
 
@@ -133,6 +134,9 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         if backend is None:
             backend = load_backend(settings.backend, settings)
         problems = check_capabilities(settings, backend)
+        lanes_problem = per_user_problem(settings, backend) if settings.train else None
+        if lanes_problem:
+            problems.append(lanes_problem)
         if problems:
             raise UnsupportedSettings("; ".join(problems))
         await backend.start()
@@ -155,7 +159,14 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
                                                            trust_user_header=settings.trust_user_header))
     state.privacy = build_guard(settings, backend, renderer)
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
-        state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
+        if settings.per_user_adapters and isinstance(backend, PerUserTraining):
+            step_lock = asyncio.Lock()  # every lane's steps take turns (clawbridge.trainer.lanes)
+            state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy, lane="",
+                                                      step_lock=step_lock)
+            state.lanes = UserLanes(settings, store, backend, step_lock, identity, state.privacy)
+            state.router.lanes = state.lanes
+        else:
+            state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
     state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
     try:
         state.promotion = build_promoter(settings, state.store, state.router, renderer,

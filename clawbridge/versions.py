@@ -20,6 +20,10 @@ Invariants:
   as new.
 - A stream's version is fixed when the stream starts (`Sampler` invariant), so a turn is always
   recorded with the version that sampled it, whichever route chose it.
+- Per-user adapters (`clawbridge.trainer.lanes`): a plain call of a user whose lane has a trained
+  version gets that version (reason 'user'); every other plain call is routed as above.
+  `NAME@N` naming a version of a user's lane answers only that user's calls: for anyone else it
+  is `VersionNotFound`, worded as for a version that does not exist.
 - The router reads the store only off the event loop (`asyncio.to_thread`).
 """
 
@@ -31,7 +35,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from clawbridge.backend import FakeServingBackend, ModelInfo
 from clawbridge.sampler import FakeSampler, Sampler
@@ -64,6 +68,12 @@ class VersionLookup(Protocol):
     def get(self, version: int) -> VersionRow | None: ...
 
     def listing(self, limit: int = 50, committed_only: bool = True) -> list[VersionRow]: ...
+
+
+class LaneRoutes(Protocol):
+    """Which version a user's plain calls get (`clawbridge.trainer.lanes.UserLanes`)."""
+
+    def version_for(self, user: str | None) -> int | None: ...
 
 
 class VersionNotFound(LookupError):
@@ -102,7 +112,7 @@ class Route:
     """The version asked for (`NAME@N`, the serving version once set, or the candidate); None: the
     backend's published one, whichever it is when the stream starts."""
     reason: str
-    """'pinned' (NAME@N), 'serving' or 'canary'."""
+    """'pinned' (NAME@N), 'serving', 'canary' or 'user' (the caller's own adapter)."""
 
 
 @dataclass
@@ -127,6 +137,8 @@ class VersionRouter:
     versions: VersionLookup
     model_names: tuple[str, ...] = ("default",)
     """Names `NAME@N` accepts: the served model id and `default`."""
+    lanes: LaneRoutes | None = None
+    """Per-user adapters (None: off): the version each user's plain calls get."""
     _serving: int | None = None
     _candidate: int | None = None
     _share: float = 0.0
@@ -176,11 +188,14 @@ class VersionRouter:
             self._sessions.popitem(last=False)
         return canary
 
-    async def route(self, model: str, session_id: str | None) -> Route:
-        """The sampler for a request naming `model` in `session_id`; raises `VersionNotFound`."""
+    async def route(self, model: str, session_id: str | None, user: str | None = None) -> Route:
+        """The sampler for a request of `user` naming `model` in `session_id`; raises `VersionNotFound`."""
         pinned = parse_versioned(model, self.model_names)
         if pinned is not None:
-            return Route(await self.sampler_for(pinned), pinned, "pinned")
+            return Route(await self.sampler_for(pinned, caller=user), pinned, "pinned")
+        own = self.lanes.version_for(user) if self.lanes is not None else None
+        if own is not None:
+            return Route(await self.sampler_for(own, caller=user), own, "user")
         if session_id is not None and self.is_canary(session_id):
             assert self._candidate is not None
             return Route(await self.sampler_for(self._candidate), self._candidate, "canary")
@@ -188,13 +203,15 @@ class VersionRouter:
             return Route(self.backend.sampler(), None, "serving")
         return Route(await self.sampler_for(self._serving), self._serving, "serving")
 
-    async def sampler_for(self, version: int) -> Sampler:
-        """A sampler of committed `version` (what promotion evaluates); raises `VersionNotFound`."""
+    async def sampler_for(self, version: int, caller: str | Literal[False] | None = False) -> Sampler:
+        """A sampler of committed `version` (what promotion evaluates); raises `VersionNotFound`.
+        `caller`: the user calling (None: a caller without one), who may not name another user's
+        version (module invariants); False: not checked (promotion, the admin)."""
         current = self.backend.sampler()
         if version == current.policy_version:
             return current
         row = await asyncio.to_thread(self.versions.get, version)
-        if row is None or row.status != "committed":
+        if row is None or row.status != "committed" or (caller is not False and row.lane and row.lane != caller):
             raise VersionNotFound(f"policy version {version} does not exist", await self.kept_versions())
         if not row.restorable:
             raise VersionNotFound(f"the checkpoint of policy version {version} was pruned by retention",
@@ -271,6 +288,21 @@ class LoadedVersions:
             if self._on_evict is not None:
                 await self._on_evict(dropped)
         return sampler
+
+    async def put(self, version: int, sampler: Sampler) -> None:
+        """Keep `sampler` as `version`'s, as if just loaded (a user lane's fresh publish, whose
+        weights are already in memory), evicting the least recently used past `max_loaded`."""
+        self._loaded[version] = sampler
+        self._loaded.move_to_end(version)
+        while len(self._loaded) > self.max_loaded:
+            dropped, _ = self._loaded.popitem(last=False)
+            if self._on_evict is not None:
+                await self._on_evict(dropped)
+
+    def discard(self, versions: Sequence[int]) -> None:
+        """Stop serving `versions` from the cache (a forgotten user's); running streams finish."""
+        for v in versions:
+            self._loaded.pop(v, None)
 
     def clear(self) -> None:
         self._loaded.clear()

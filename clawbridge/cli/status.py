@@ -46,6 +46,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                     info["privacy"] = r.json().get("privacy")
                     info["engine"] = r.json().get("engine")
                     info["users"] = r.json().get("users")
+                    info["lanes"] = r.json().get("lanes")
                     info["promotion"] = r.json().get("promotion")
             except (httpx.HTTPError, ValueError):
                 pass
@@ -95,7 +96,7 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
                   f"tokens: {s['prompt_tokens']} prompt, {s['completion_tokens']} completion")
     console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
                   f"last trained policy: {s['last_trained_policy_version']}")
-    print_users(console, info.get("users"))
+    print_users(console, info.get("users"), info.get("lanes"))
     print_promotion(console, info.get("promotion"))
     print_trainer(console, info.get("trainer"))
     if info["running"] and "store" in info:
@@ -124,8 +125,10 @@ def print_promotion(console: Console, p: dict[str, Any] | None) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def print_users(console: Console, users: list[dict[str, Any]] | None) -> None:
-    """One line per user (and one for sessions without a user), when there are users."""
+def print_users(console: Console, users: list[dict[str, Any]] | None,
+                lanes: dict[str, dict[str, Any]] | None = None) -> None:
+    """One line per user (and one for sessions without a user), when there are users; with
+    per-user adapters, what each user's own adapter is doing (`lane_text`)."""
     if not users or all(u["user"] is None for u in users):
         return
     console.print("users:")
@@ -134,8 +137,36 @@ def print_users(console: Console, users: list[dict[str, Any]] | None) -> None:
         name = u["user"] if u["user"] is not None else "(no user: shared client key / admin)"
         status = "" if u["status"] in (None, "active") else f" [{u['status']}]"
         console.print(f"  {name}{status}: {u['sessions']} session(s), {u['turns']} turn(s), "
-                      f"{u['pending_turns']} pending, mean reward {mean} over {u['rewards']} reward(s)",
+                      f"{u['pending_turns']} pending, mean reward {mean} over {u['rewards']} reward(s)"
+                      + (lane_text(lanes.get(u["user"])) if lanes is not None and u["user"] is not None else ""),
                       highlight=False)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """`values` as block characters between their min and max (a flat line when all are equal)."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = hi - lo
+    return "".join(SPARKS[0 if span == 0 else round((v - lo) / span * (len(SPARKS) - 1))] for v in values)
+
+
+def lane_text(lane: dict[str, Any] | None) -> str:
+    """A user's adapter: the version their calls get, its steps and the reward trend of its last steps."""
+    if lane is None:
+        return "; own adapter: nothing to train yet (the shared policy answers)"
+    served = lane["serving_version"]
+    text = f"; own adapter v{served}" if served is not None else "; own adapter: not trained yet (the shared policy answers)"
+    text += f", {lane['steps']['ok']} step(s)" + (", training now" if lane["in_step"] else "")
+    trend = lane["reward_trend"]
+    if trend:
+        text += f", step reward {trend[0]:.2f} -> {trend[-1]:.2f} {sparkline(trend)}"
+    if lane.get("last_error"):
+        text += f", last step failed: {lane['last_error']}"
+    return text
 
 
 def _fmt_metrics(m: dict[str, Any] | None) -> str:

@@ -117,6 +117,7 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
             "config": None if trainer is None else trainer.get("config"),
         },
         "users": UserStore(state.store).stats(),
+        "lanes": state.lanes.status() if state.lanes is not None else None,
         "versions": versions,
         "checkpoints": checkpoints(state),
         "promotion": promotion(state),

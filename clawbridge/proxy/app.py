@@ -53,6 +53,8 @@ def build_app(state: ProxyState) -> FastAPI:
         reaper = asyncio.create_task(_reap_idle(state))
         if state.trainer is not None:
             await state.trainer.start()
+        if state.lanes is not None:
+            await state.lanes.start()
         if state.judge is not None:
             await state.judge.start()
         if state.reporter is not None:
@@ -64,6 +66,8 @@ def build_app(state: ProxyState) -> FastAPI:
                 await state.reporter.stop()
             if state.judge is not None:
                 await state.judge.stop()
+            if state.lanes is not None:
+                await state.lanes.stop()
             if state.trainer is not None:
                 await state.trainer.stop()
             reaper.cancel()
@@ -109,7 +113,7 @@ def build_app(state: ProxyState) -> FastAPI:
                 "store": problem or "ok"}
         return JSONResponse(body, status_code=503 if problem else 200)
 
-    app.include_router(build_user_router(state))  # before /rl/*: its own prefix
+    app.include_router(build_user_router(state, [state.lanes] if state.lanes is not None else []))  # before /rl/*: its own prefix
     app.include_router(build_promotion_router(state))
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))

@@ -135,11 +135,11 @@ class ApiShape(Protocol):
         ...
 
 
-async def route_sampler(state: ProxyState, model: str, session_id: str | None) -> Sampler:
-    """The sampler `state.router` picks for `model` (`NAME@N`, or the served name) in `session_id`;
-    404 `model_not_found` naming the versions kept when `NAME@N` cannot be served."""
+async def route_sampler(state: ProxyState, model: str, session_id: str | None, user: str | None = None) -> Sampler:
+    """The sampler `state.router` picks for `model` (`NAME@N`, or the served name) in `session_id`
+    of `user`; 404 `model_not_found` naming the versions kept when `NAME@N` cannot be served."""
     try:
-        return (await state.router.route(model, session_id)).sampler
+        return (await state.router.route(model, session_id, user)).sampler
     except VersionNotFound as exc:
         if parse_versioned(model, state.router.model_names) is None:
             # A plain request is never refused because the serving version cannot be loaded (a
@@ -227,7 +227,7 @@ class SampledCall:
             self._stops = StopMatcher(self.req.stop_strings, ends=[TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
-        sampler = await route_sampler(self.state, self.req.model, self.call.session_id)
+        sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.caller)
         try:
             self.stream = await sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:

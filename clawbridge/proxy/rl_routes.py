@@ -236,6 +236,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),
                 "users": await state.read(UserStore(state.store).stats),
                 "trainer": await state.read(trainer.status) if trainer is not None else None,
+                "lanes": await state.read(state.lanes.status) if state.lanes is not None else None,
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,
                 "promotion": await state.read(state.promotion.status) if state.promotion is not None else None,

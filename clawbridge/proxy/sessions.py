@@ -54,6 +54,9 @@ class CallSession:
     meta: dict[str, Any] = field(default_factory=dict)
     user: str | None = None
     """The caller's user: the session is created as theirs (`sessions.user_id`)."""
+    caller: str | None = None
+    """Whose call this is: the caller's user, also for a session key (its session's user), whose
+    own adapter answers it with per-user adapters (`clawbridge.trainer.lanes`)."""
 
 
 def check_session_id(value: str, what: str) -> str:
@@ -121,15 +124,15 @@ def resolve_call_session(
         sid = check_session_id(sid.strip(), what) if what else sid.strip()
         if principal.kind == "session" and principal.session_id != sid:
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(scoped_session_id(user, sid), source, turn_type, end_after, meta, user)
+        return CallSession(scoped_session_id(user, sid), source, turn_type, end_after, meta, user, principal.user)
     if principal.kind == "session" and principal.session_id:
         if url_session is not None and url_session != principal.session_id:
             raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta, user)
+        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta, user, principal.user)
     if url_session is not None:
         sid = check_session_id(url_session, "session id in the URL")
-        return CallSession(scoped_session_id(user, sid), url_source, turn_type, end_after, meta, user)
+        return CallSession(scoped_session_id(user, sid), url_source, turn_type, end_after, meta, user, principal.user)
     runtime = parse_runtime_session(messages)
     if runtime is not None:
-        return CallSession(scoped_session_id(user, runtime), "openclaw_runtime", turn_type, end_after, meta, user)
-    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta, user)
+        return CallSession(scoped_session_id(user, runtime), "openclaw_runtime", turn_type, end_after, meta, user, principal.user)
+    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta, user, principal.user)

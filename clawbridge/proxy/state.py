@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from clawbridge.promotion.promoter import Promoter
     from clawbridge.reporting import StepReporter
     from clawbridge.rewards.worker import RewardWorker
+    from clawbridge.trainer.lanes import UserLanes
     from clawbridge.trainer.loop import TrainerLoop
 
 log = logging.getLogger("clawbridge.store")
@@ -193,6 +194,8 @@ class ProxyState:
     keys: Keys
     trainer: TrainerLoop | None = None
     """The trainer loop when the backend trains and training is on (clawbridge.trainer)."""
+    lanes: UserLanes | None = None
+    """Users' own adapters' trainer lanes with `per_user_adapters` (clawbridge.trainer.lanes)."""
     judge: RewardWorker | None = None
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
     privacy: PrivacyGuard | None = None
@@ -231,6 +234,8 @@ class ProxyState:
     def _wake_trainer(self) -> None:
         if self.trainer is not None:
             self.trainer.notify()
+        if self.lanes is not None:
+            self.lanes.notify()
 
     async def compute(self, size: int, fn: Callable[..., T], *args: Any, reads_store: bool = False) -> T:
         """`fn(*args)`: CPU work that grows with a request of `size` bytes (parsing, validation,

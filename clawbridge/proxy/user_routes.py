@@ -6,9 +6,11 @@
 - DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows}, ...}
 
 Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
-OpenAI-style bodies); a forget is answered only after its deletion is committed and the file
-vacuumed; then each `ForgetHook` of the server (per-user adapters and their checkpoints, once
-they exist) deletes what it keeps for the user, and its counts join the answer.
+OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
+for the user (their adapter's trainer lane, checkpoints, versions and steps:
+`clawbridge.trainer.lanes`), then deletes the user's rows from the store and vacuums the file, so
+nothing a hook deleted from the store stays in its free pages; it is answered only after that
+committed, with every hook's counts joined.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class ForgetHook(Protocol):
 
     async def forget_user(self, user: str) -> dict[str, int]: ...
 
+    def forgotten(self, user: str) -> None:
+        """The store's part of forgetting `user` is over (done or failed): what `forget_user`
+        paused for them may resume (a lane for a user who comes back)."""
+        ...
+
 
 class NewUser(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -49,12 +56,22 @@ def _api_error(exc: UserError) -> ApiError:
 async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> dict[str, Any]:
     """Delete everything of `user` (the store, then each hook); what was deleted, per table/hook."""
     try:
+        await state.read(UserStore(state.store).require_known, user)
+    except UserError as exc:
+        raise _api_error(exc) from None
+    hooked: dict[str, int] = {}
+    try:
+        for hook in hooks:
+            hooked.update(await hook.forget_user(user))
         report = await state.writer.call(UserStore(state.store).forget, user)
     except UserError as exc:
         raise _api_error(exc) from None
+    finally:
+        for hook in hooks:
+            hook.forgotten(user)
     deleted = dict(report.deleted)
-    for hook in hooks:
-        deleted.update(await hook.forget_user(user))
+    for name, n in hooked.items():  # a hook may have deleted rows of a table the store counts too
+        deleted[name] = deleted.get(name, 0) + n
     if state.trainer is not None:
         state.trainer.notify()
     log.info("forgot user %s: deleted %s; store vacuumed%s", user,

@@ -214,6 +214,14 @@ MIGRATIONS: list[str] = [
 
     ALTER TABLE samples ADD COLUMN rejected_version INTEGER;
     """,
+    # v7: per-user adapters (clawbridge.trainer.lanes): every policy version and training step
+    # belongs to one trainer lane, '' for the shared policy, else the user whose adapter it is.
+    """
+    ALTER TABLE policy_versions ADD COLUMN lane TEXT NOT NULL DEFAULT '';
+    ALTER TABLE steps ADD COLUMN lane TEXT NOT NULL DEFAULT '';
+    CREATE INDEX policy_versions_lane ON policy_versions(lane, status, version);
+    CREATE INDEX steps_lane ON steps(lane, step);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -21,6 +21,11 @@ Invariants:
   finished its session (`reward_sessions`, see `clawbridge.store.rewards`), and `no_reward` drops
   wait for that too. Judge verdicts (rewards with source `judge`) are NOT part of `SessionTrace`:
   the trainer reads them from `judgements` and combines them with the explicit rewards it sees here.
+- Lanes (per-user adapters, `clawbridge.trainer.lanes`): a `TrainingStore` bound to a lane
+  (`lane` not None) sees as ready only the samples of that lane's user ('' : sessions without a
+  user), begins its steps in that lane, and lists and recovers only that lane's steps; so a step
+  never mixes two users' turns and one lane's restart never touches another lane's running step.
+  Unbound (`lane=None`, per-user adapters off) it sees everything, as before lanes existed.
 """
 
 from __future__ import annotations
@@ -98,13 +103,17 @@ class StepRow:
     finished_at: float | None
     samples: int = 0
     """How many samples this step consumed (0 unless ok)."""
+    lane: str = ""
+    """The trainer lane that ran it ('' the shared policy, else the user whose adapter it trained)."""
 
 
 class TrainingStore:
     """Samples and steps on a `Store`'s connection."""
 
-    def __init__(self, store: Store, wait_for_judge: bool = False) -> None:
+    def __init__(self, store: Store, wait_for_judge: bool = False, lane: str | None = None) -> None:
         self.store = store
+        self.lane = lane
+        """The lane whose samples and steps this view trains (module invariants); None: all."""
         self.wait_for_judge = wait_for_judge
         """Samples become ready only after the judge finished their session."""
         self._judged = (
@@ -130,8 +139,9 @@ class TrainingStore:
             )
             return cur.rowcount, watermark
 
-    def ready_samples(self) -> list[PendingSample]:
-        """READY samples (see the module invariants), oldest first, a session's turns in order."""
+    def ready_samples(self, every_lane: bool = False) -> list[PendingSample]:
+        """READY samples (see the module invariants), oldest first, a session's turns in order: of
+        this view's lane, or of every lane with `every_lane`."""
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT sa.turn_id, sa.session_id, t.seq, sa.policy_version, s.task_id, s.source, "
@@ -142,9 +152,10 @@ class TrainingStore:
                 + self._judged.format("sa")
                 + " ORDER BY sa.created_at, s.ended_at, sa.session_id, t.seq"
             ).fetchall()
+        lane = None if every_lane else self.lane
         return [
             PendingSample(str(r[0]), str(r[1]), int(r[2]), int(r[3]), r[4], str(r[5]), int(r[6]), float(r[7]), r[8])
-            for r in rows
+            for r in rows if lane is None or (r[8] or "") == lane
         ]
 
     def unsettled_tasks(self) -> set[str]:
@@ -275,7 +286,7 @@ class TrainingStore:
                     "AND sa.dropped_reason IS NULL AND NOT EXISTS (SELECT 1 FROM reward_sessions rs "
                     "WHERE rs.session_id = sa.session_id)"
                 ).fetchone()[0]
-        ready = len(self.ready_samples())
+        ready = len(self.ready_samples(every_lane=True))
         return {
             "active_sessions": int(active[0]),
             "active_session_turns": int(active[1]),
@@ -291,14 +302,16 @@ class TrainingStore:
         """Mark steps left `running` by a killed process as failed; their samples stay unconsumed."""
         with self.store.write() as c:
             return c.execute(
-                "UPDATE steps SET status='failed', error=?, finished_at=? WHERE status='running'",
-                (INTERRUPTED_ERROR, self.store.clock.now()),
+                "UPDATE steps SET status='failed', error=?, finished_at=? WHERE status='running'"
+                + ("" if self.lane is None else " AND lane=?"),
+                (INTERRUPTED_ERROR, self.store.clock.now(), *(() if self.lane is None else (self.lane,))),
             ).rowcount
 
     def begin_step(self) -> int:
         """Insert a `running` step row; returns its step number."""
         with self.store.write() as c:
-            cur = c.execute("INSERT INTO steps(status, started_at) VALUES('running', ?)", (self.store.clock.now(),))
+            cur = c.execute("INSERT INTO steps(status, started_at, lane) VALUES('running', ?, ?)",
+                            (self.store.clock.now(), self.lane or ""))
             return int(cur.lastrowid or 0)
 
     def commit_step(
@@ -348,6 +361,12 @@ class TrainingStore:
         """Newest first, with how many samples each consumed."""
         return self._select_steps("ORDER BY st.step DESC LIMIT ?", (limit,))
 
+    def lane_steps(self, limit: int = 20) -> list[StepRow]:
+        """This view's lane's steps, newest first (all steps when unbound)."""
+        if self.lane is None:
+            return self.steps(limit)
+        return self._select_steps("WHERE st.lane=? ORDER BY st.step DESC LIMIT ?", (self.lane, limit))
+
     def last_error(self) -> StepRow | None:
         """The most recent failed step, if any."""
         rows = self._select_steps("WHERE st.status='failed' ORDER BY st.step DESC LIMIT 1", ())
@@ -370,6 +389,7 @@ class TrainingStore:
                 started_at=float(r["started_at"]),
                 finished_at=r["finished_at"],
                 samples=int(r["n"]),
+                lane=str(r["lane"]),
             )
             for r in rows
         ]
@@ -405,6 +425,7 @@ class TrainingStore:
 def _step_dict(s: StepRow) -> dict[str, Any]:
     return {
         "step": s.step,
+        "lane": s.lane,
         "status": s.status,
         "policy_version": s.policy_version,
         "samples": s.samples,

@@ -172,14 +172,18 @@ class UserStore:
         return out
 
     # ------------------------------------------------------------------ forget
+    def require_known(self, name: str) -> None:
+        """`UserError` unless `name` is a valid name that was added or has sessions (what `forget` takes)."""
+        check_user_name(name)
+        with self.store.read() as c:
+            _require_known(c, name)
+
     def forget(self, name: str) -> ForgetReport:
         """Delete the user and every row of its sessions (see the module invariants), then vacuum."""
         check_user_name(name)
         deleted: dict[str, int] = {}
         with self.store.write() as c:
-            known = c.execute("SELECT 1 FROM users WHERE user_id=?", (name,)).fetchone() is not None
-            if not known and c.execute("SELECT 1 FROM sessions WHERE user_id=?", (name,)).fetchone() is None:
-                raise UserError("unknown", f"unknown user {name!r}")
+            _require_known(c, name)
             sessions = "SELECT session_id FROM sessions WHERE user_id=?"
             turns = f"SELECT turn_id FROM turns WHERE session_id IN ({sessions})"
             tables = [str(r[0]) for r in c.execute(
@@ -203,3 +207,9 @@ class UserStore:
             deleted["users"] = c.execute("DELETE FROM users WHERE user_id=?", (name,)).rowcount
         truncated = self.store.vacuum()
         return ForgetReport(name, {k: v for k, v in deleted.items() if v}, truncated)
+
+
+def _require_known(c: Any, name: str) -> None:
+    known = c.execute("SELECT 1 FROM users WHERE user_id=?", (name,)).fetchone() is not None
+    if not known and c.execute("SELECT 1 FROM sessions WHERE user_id=?", (name,)).fetchone() is None:
+        raise UserError("unknown", f"unknown user {name!r}")

@@ -27,6 +27,12 @@ Invariants:
   version promotion serves or has on trial (`clawbridge.store.promotion`), however old. A checkpoint written
   for a version that never committed (`note_checkpoint`, then a kill or a failure) is prunable
   once the version is abandoned.
+- Lanes (per-user adapters, `clawbridge.trainer.lanes`): every version belongs to one lane, ''
+  for the shared policy or a user's name for that user's adapter. Numbers are shared by all lanes
+  (one sequence, never reused); "newest committed", listings, reservations abandoned at start and
+  retention are per lane (a `VersionStore` is bound to one); `get` finds a version of any lane and
+  says which (`VersionRow.lane`). Version 0 is the shared lane's base; a user lane's base
+  (its untrained adapter) is a version of kind `base` reserved like any other.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class VersionRow:
     committed_at: float | None
     pruned_at: float | None = None
     """When its checkpoint was deleted by retention (None: the checkpoint is kept)."""
+    lane: str = ""
+    """The trainer lane it belongs to: '' the shared policy, else the user whose adapter it is."""
 
     @property
     def restorable(self) -> bool:
@@ -66,10 +74,12 @@ class VersionRow:
 
 
 class VersionStore:
-    """Reserve, commit and look up policy versions on a `Store`."""
+    """Reserve, commit and look up policy versions of one lane on a `Store`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, lane: str = "") -> None:
         self.store = store
+        self.lane = lane
+        """The lane this view reserves in and lists ('' the shared policy; see the module invariants)."""
 
     def reserve(self, kind: VersionKind, step: int | None = None, source_version: int | None = None) -> int:
         """A new version number, greater than any this store has seen, committed as `reserved`."""
@@ -80,9 +90,9 @@ class VersionStore:
             ).fetchone()[0]
             version = int(seen) + 1 if seen is not None else 1
             c.execute(
-                "INSERT INTO policy_versions(version, status, kind, step, source_version, created_at) "
-                "VALUES(?, 'reserved', ?, ?, ?, ?)",
-                (version, kind, step, source_version, self.store.clock.now()),
+                "INSERT INTO policy_versions(version, status, kind, step, source_version, created_at, lane) "
+                "VALUES(?, 'reserved', ?, ?, ?, ?, ?)",
+                (version, kind, step, source_version, self.store.clock.now(), self.lane),
             )
         return version
 
@@ -92,7 +102,11 @@ class VersionStore:
             commit_in(c, version, checkpoint, identity, self.store.clock.now())
 
     def commit_base(self, checkpoint: str, identity: dict[str, Any] | None) -> None:
-        """Record version 0 (the base model) with the checkpoint of the untrained trainer state."""
+        """Record the lane's base with the checkpoint of the untrained trainer state: version 0 for
+        the shared lane, a newly reserved number for a user's lane."""
+        if self.lane:
+            self.commit(self.reserve("base"), checkpoint, identity)
+            return
         now = self.store.clock.now()
         with self.store.write() as c:
             c.execute(
@@ -106,7 +120,8 @@ class VersionStore:
     def abandon_reserved(self) -> int:
         """Mark reservations left by an earlier process abandoned; returns how many."""
         with self.store.write() as c:
-            return c.execute("UPDATE policy_versions SET status='abandoned' WHERE status='reserved'").rowcount
+            return c.execute("UPDATE policy_versions SET status='abandoned' WHERE status='reserved' AND lane=?",
+                             (self.lane,)).rowcount
 
     def abandon(self, version: int) -> None:
         with self.store.write() as c:
@@ -114,7 +129,7 @@ class VersionStore:
 
     def last_committed(self) -> VersionRow | None:
         """The newest committed version: the one a (re)started server serves."""
-        rows = self._select("WHERE status='committed' ORDER BY version DESC LIMIT 1", ())
+        rows = self._select("WHERE status='committed' AND lane=? ORDER BY version DESC LIMIT 1", (self.lane,))
         return rows[0] if rows else None
 
     def get(self, version: int) -> VersionRow | None:
@@ -122,9 +137,9 @@ class VersionStore:
         return rows[0] if rows else None
 
     def listing(self, limit: int = 50, committed_only: bool = True) -> list[VersionRow]:
-        """Newest first."""
-        where = "WHERE status='committed' " if committed_only else ""
-        return self._select(where + "ORDER BY version DESC LIMIT ?", (limit,))
+        """The lane's versions, newest first."""
+        where = "WHERE lane=? " + ("AND status='committed' " if committed_only else "")
+        return self._select(where + "ORDER BY version DESC LIMIT ?", (self.lane, limit))
 
     def note_checkpoint(self, version: int, checkpoint: str) -> None:
         """A reserved version's checkpoint is written (not yet committed): if the step never
@@ -137,12 +152,14 @@ class VersionStore:
         """Checkpoints that retention may delete, oldest first: named only by committed versions
         older than the `keep` newest committed ones (and not the serving or candidate one), or written for a version that was then
         abandoned (see the module invariants)."""
-        rows = [r for r in self._select("WHERE status='committed' ORDER BY version DESC", ()) if r.checkpoint]
+        rows = [r for r in self._select("WHERE status='committed' AND lane=? ORDER BY version DESC", (self.lane,))
+                if r.checkpoint]
         kept = {r.checkpoint for r in rows[: max(1, keep)]}
         kept |= {r.checkpoint for r in self._select(
             "WHERE version IN (SELECT serving_version FROM promotion_state "
             "UNION SELECT candidate_version FROM promotion_state)", ())}
-        old = rows[max(1, keep):] + self._select("WHERE status='abandoned' AND checkpoint IS NOT NULL", ())
+        old = rows[max(1, keep):] + self._select("WHERE status='abandoned' AND checkpoint IS NOT NULL AND lane=?",
+                                                 (self.lane,))
         out: list[str] = []
         for r in sorted(old, key=lambda r: r.version):
             if r.pruned_at is None and r.checkpoint not in kept and r.checkpoint not in out:
@@ -156,6 +173,19 @@ class VersionStore:
                 "UPDATE policy_versions SET pruned_at=? WHERE checkpoint=? AND pruned_at IS NULL",
                 (self.store.clock.now(), checkpoint),
             ).rowcount
+
+    def delete_lane(self) -> dict[str, int]:
+        """Delete a user lane's versions, training steps and the samples those steps consumed (the
+        user's own: a step never mixes users), forgetting the user; the rows deleted per table.
+        The shared lane cannot be deleted."""
+        if not self.lane:
+            raise StoreError("the shared lane's versions are never deleted")
+        with self.store.write() as c:  # the samples its steps consumed are the user's own (a step never mixes)
+            samples = c.execute("DELETE FROM samples WHERE consumed_step IN (SELECT step FROM steps WHERE lane=?)",
+                                (self.lane,)).rowcount
+            steps = c.execute("DELETE FROM steps WHERE lane=?", (self.lane,)).rowcount
+            versions = c.execute("DELETE FROM policy_versions WHERE lane=?", (self.lane,)).rowcount
+        return {"policy_versions": versions, "steps": steps, "samples": samples}
 
     def _select(self, tail: str, args: tuple[Any, ...]) -> list[VersionRow]:
         with self.store.read() as c:
@@ -172,6 +202,7 @@ class VersionStore:
                 created_at=float(r["created_at"]),
                 committed_at=r["committed_at"],
                 pruned_at=r["pruned_at"],
+                lane=str(r["lane"]),
             )
             for r in rows
         ]

@@ -24,6 +24,8 @@ Invariants (with `clawbridge.store.versions`, which keeps the numbering):
   this runs under the trainer loop's lock, and `prune` skips `restoring` anyway). A failed
   delete is logged and tried again after the next commit; a backend without `delete_checkpoint`
   keeps everything.
+- A keeper is bound to one lane (`clawbridge.store.versions`: '' the shared policy, or a user's
+  adapter): it reserves, restores, undoes and prunes only that lane's versions.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ class CheckpointKeeper:
     the trainer loop calls it under its own lock)."""
 
     def __init__(
-        self, store: Store, backend: TrainingBackend, identity: dict[str, Any] | None = None, keep: int = 3
+        self, store: Store, backend: TrainingBackend, identity: dict[str, Any] | None = None, keep: int = 3,
+        lane: str = "",
     ) -> None:
-        self.versions = VersionStore(store)
+        self.versions = VersionStore(store, lane)
         self.backend = backend
         self.identity = identity
         """What checkpoints written here belong to (None: not checked, e.g. fakes)."""
@@ -79,6 +82,9 @@ class CheckpointKeeper:
         """The trainer state may hold an uncommitted update: `undo` before the next step."""
         self.publish_attempted = False
         """Since the last commit, a publish was attempted (served weights may be uncommitted)."""
+        self.trained_version: int | None = None
+        """The lane's newest committed version that is not its base (None: only the base so far);
+        a user lane serves it to its user (`clawbridge.trainer.lanes`)."""
 
     # ------------------------------------------------------------------ start-up
     def check_identity(self) -> VersionRow | None:
@@ -91,7 +97,10 @@ class CheckpointKeeper:
         abandoned = await _to_thread(self.versions.abandon_reserved)
         if abandoned:
             log.warning("%d policy version(s) reserved by an earlier run never committed; not reused", abandoned)
-        last = await _to_thread(self.check_identity)
+        last = await _to_thread(self.check_identity) if not self.versions.lane else \
+            await _to_thread(self.versions.last_committed)
+        if last is not None and last.kind != "base":
+            self.trained_version = last.version
         serving = self.backend.sampler().policy_version
         if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
             return serving
@@ -121,8 +130,11 @@ class CheckpointKeeper:
         await _to_thread(self.versions.note_checkpoint, version, path)  # found by retention if never committed
         return path
 
-    def committed(self) -> None:
-        """The step committed: the trainer state and the served weights are the committed ones."""
+    def committed(self, version: int | None = None) -> None:
+        """The step (or the restore of `version`) committed: the trainer state and the served
+        weights are the committed ones."""
+        if version is not None:
+            self.trained_version = version
         self.dirty = False
         self.publish_attempted = False
 
@@ -139,9 +151,10 @@ class CheckpointKeeper:
             await self._restore(last.checkpoint, version)
             await _to_thread(self.versions.commit, version, last.checkpoint, last.identity)
             log.warning("served weights reset to the committed v%d's, now as v%d", last.version, version)
-        else:
-            await self._restore(last.checkpoint, self.backend.sampler().policy_version)
-            log.warning("trainer state reset to the committed v%d's checkpoint", last.version)
+            self.committed(version if last.kind != "base" else None)
+            return
+        await self._restore(last.checkpoint, self.backend.sampler().policy_version)
+        log.warning("trainer state reset to the committed v%d's checkpoint", last.version)
         self.committed()
 
     # ------------------------------------------------------------------ rollback
@@ -158,7 +171,7 @@ class CheckpointKeeper:
             self.dirty = self.publish_attempted = True
             raise
         await _to_thread(self.versions.commit, version, row.checkpoint, row.identity)
-        self.committed()
+        self.committed(version)
         await self.prune()
         return version
 

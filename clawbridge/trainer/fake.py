@@ -123,3 +123,48 @@ class FakeTrainingBackend(FakeServingBackend):
             self.published.append(serve)
         self.restores.append((path, serve))
         return serve
+
+
+class FakeLaneBackend(FakeTrainingBackend):
+    """One user's lane of `FakePerUserBackend` (`clawbridge.trainer.lanes.LaneBackend`)."""
+
+    name = "fake-lane"
+
+    def __init__(self, user: str, sampler: FakeSampler, info: ModelInfo, step_delay_s: float = 0.0) -> None:
+        super().__init__(sampler, info, step_delay_s)
+        self.user = user
+        self.forgotten = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def forget(self) -> int:
+        """Close and delete every checkpoint; how many there were."""
+        n = len(self.disk)
+        self.disk.clear()
+        self.closed = self.forgotten = True
+        return n
+
+
+class FakePerUserBackend(FakeTrainingBackend):
+    """A `FakeTrainingBackend` that trains a `FakeLaneBackend` per user
+    (`clawbridge.trainer.lanes.PerUserTraining`); `lanes` holds every lane it made, in order."""
+
+    name = "fake-per-user"
+
+    def __init__(self, sampler: FakeSampler, info: ModelInfo, step_delay_s: float = 0.0) -> None:
+        super().__init__(sampler, info, step_delay_s)
+        self.lanes: list[FakeLaneBackend] = []
+        self.unloaded: list[int] = []
+        """Versions `unload_versions` was told to stop serving."""
+
+    def user_lanes_unsupported(self) -> str | None:
+        return None
+
+    def user_lane(self, user: str) -> FakeLaneBackend:
+        lane = FakeLaneBackend(user, FakeSampler(list(self.fake_sampler.script)), self._info, self.step_delay_s)
+        self.lanes.append(lane)
+        return lane
+
+    def unload_versions(self, versions: list[int]) -> None:
+        self.unloaded.extend(versions)

@@ -55,6 +55,11 @@ Invariants:
   checkpoint (`rollback`, a new version carrying those weights), so a step never builds on a
   version that does not serve. Turns of held-out sessions (`gate.held_out`) are dropped as
   `held_out`: never trained, they score versions.
+- Per-user adapters (`clawbridge.trainer.lanes`): a loop bound to a lane (`lane` not None) trains
+  only that lane's samples into that lane's versions (`clawbridge.store.training`), so a step
+  never mixes users; the loops of all lanes share one `step_lock` (asyncio's lock wakes waiters
+  in arrival order), so the steps of busy and quiet lanes take turns and one user cannot starve
+  another.
 - Capacity mode only ever refuses NEW sessions (`backlog_exceeded` for `/rl/start_session`),
   never a model call.
 """
@@ -180,15 +185,21 @@ class TrainerLoop:
         config: TrainerConfig | None = None,
         keeper: CheckpointKeeper | None = None,
         privacy: PrivacyGuard | None = None,
+        lane: str | None = None,
+        step_lock: asyncio.Lock | None = None,
     ) -> None:
         self.store = store
+        self.lane = lane
+        """The lane this loop trains (module invariants); None: every sample (per-user adapters off)."""
+        self.step_lock = step_lock or asyncio.Lock()
+        """Held for each step's train / publish / checkpoint / commit; shared by all lanes' loops."""
         self.privacy = privacy if privacy is not None and privacy.train else None
         """Filters every batch before it is sent (module invariants); None: off."""
         self.backend = backend
         self.config = config or TrainerConfig()
-        self.keeper = keeper or CheckpointKeeper(store, backend)
+        self.keeper = keeper or CheckpointKeeper(store, backend, lane=lane or "")
         """Checkpoints and policy versions (`resume()` it at start-up, before serving)."""
-        self.tstore = TrainingStore(store, wait_for_judge=self.config.wait_for_judge)
+        self.tstore = TrainingStore(store, wait_for_judge=self.config.wait_for_judge, lane=lane)
         self.running_means = RunningMeans()
         """Running-mean baselines, advanced only when a step commits."""
         self.last_report: StepReport | None = None
@@ -212,10 +223,10 @@ class TrainerLoop:
     @classmethod
     def from_settings(
         cls, settings: Settings, store: Store, backend: TrainingBackend, keeper: CheckpointKeeper | None = None,
-        privacy: PrivacyGuard | None = None,
+        privacy: PrivacyGuard | None = None, lane: str | None = None, step_lock: asyncio.Lock | None = None,
     ) -> TrainerLoop:
-        keeper = keeper or CheckpointKeeper(store, backend, keep=settings.keep_checkpoints)
-        return cls(store, backend, TrainerConfig.from_settings(settings), keeper, privacy)
+        keeper = keeper or CheckpointKeeper(store, backend, keep=settings.keep_checkpoints, lane=lane or "")
+        return cls(store, backend, TrainerConfig.from_settings(settings), keeper, privacy, lane, step_lock)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -230,6 +241,11 @@ class TrainerLoop:
     def notify(self) -> None:
         """Look for a ready batch now instead of at the next poll (e.g. after a session ends)."""
         self.background.notify()
+
+    @property
+    def in_step(self) -> bool:
+        """A step is being trained, published, checkpointed or committed now."""
+        return self._in_step
 
     @property
     def running(self) -> bool:
@@ -276,7 +292,8 @@ class TrainerLoop:
                 log.info("skipped a batch of %d turn(s) without a learning signal (every advantage 0): "
                          "no optimizer step, no new version", n)
                 return None
-            return await self._step(batch, prepared)
+            async with self.step_lock:
+                return await self._step(batch, prepared)
 
     async def _settle(self, gate: VersionGate) -> bool:
         """Let the gate decide the pending version; False while it holds training (module invariants)."""
@@ -344,7 +361,7 @@ class TrainerLoop:
 
     def _saved_running_means(self) -> RunningMeans:
         """The running-mean baselines as the newest committed step left them (in its metrics)."""
-        for row in self.tstore.steps(200):
+        for row in self.tstore.lane_steps(200):
             saved = row.metrics.get(RUNNING_MEANS_KEY) if row.status == "ok" and row.metrics else None
             if isinstance(saved, dict):
                 return RunningMeans(dict(saved.get("sums", {})), dict(saved.get("counts", {})))
@@ -425,7 +442,7 @@ class TrainerLoop:
             await asyncio.to_thread(
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
             )
-            keeper.committed()
+            keeper.committed(version)
             if self.privacy is not None:
                 self.privacy.count_trained(prepared.masked)
         except asyncio.CancelledError:

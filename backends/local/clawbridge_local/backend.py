@@ -43,6 +43,7 @@ from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.trainer.client import Launcher
 from clawbridge_local.training import LocalTrainer, resolve_model_folder
+from clawbridge_local.user_lane import UserLaneBackend
 
 log = logging.getLogger("clawbridge.local")
 
@@ -112,7 +113,8 @@ class LocalBackend:
         self._server: SGLangServer | None = None
         self._engine: ServingEngine | None = None
         self._trainer: LocalTrainer | None = None
-        self._versions = LoadedVersions(self.options.max_loaded_versions, self._load_version, self._drop_version)
+        loaded = self.options.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
+        self._versions = LoadedVersions(loaded, self._load_version, self._drop_version)
         """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
 
     async def start(self) -> None:
@@ -234,6 +236,36 @@ class LocalBackend:
         if isinstance(engine, SGLangEngine) and engine.lora:
             await engine.unpin(version)
             await asyncio.to_thread(shutil.rmtree, self._version_dir(version), True)
+
+    @property
+    def loaded_versions(self) -> LoadedVersions:
+        """The committed versions served beside the published one (users' adapters among them)."""
+        return self._versions
+
+    # ---- per-user adapters (clawbridge.trainer.lanes, clawbridge_local.user_lane) ---------------
+    def user_lanes_unsupported(self) -> str | None:
+        """Why this backend cannot train an adapter per user, or None when it can."""
+        if self.settings.lora_rank <= 0:
+            return "per_user_adapters needs LoRA (lora_rank > 0): each user's weights are an adapter"
+        if self.engine_name != "torch":
+            return ("per_user_adapters runs on the torch engine for now; with SGLang each user's adapter "
+                    "would be a per-request lora_path, which clawbridge does not send yet")
+        if trainer_launcher(self.options) != "inprocess":
+            return "per_user_adapters trains each user in this process: train_world_size 1 on one node"
+        return None
+
+    def user_lane(self, user: str) -> UserLaneBackend:
+        """A training backend for `user`'s own adapter over the served base (`clawbridge_local.user_lane`)."""
+        engine = self._require()
+        if not isinstance(engine, TorchEngine):
+            raise RuntimeError(self.user_lanes_unsupported() or "per_user_adapters needs the torch engine")
+        trainer = LocalTrainer(self.settings, launcher="inprocess", cpu_threads=engine_threads(self.options.engine_threads),
+                               base_weights=engine.lend_base, lane=user)
+        return UserLaneBackend(self, user, trainer)
+
+    def unload_versions(self, versions: list[int]) -> None:
+        """Stop serving `versions` (a forgotten user's adapters); streams already running finish."""
+        self._versions.discard(versions)
 
     def _version_dir(self, version: int) -> Path:
         return self.settings.state_path / "trainer" / "local" / "versions" / f"v{version}"

@@ -25,6 +25,7 @@ from typing import Any
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
+from clawbridge.store.users import USER_NAME_RE
 from clawbridge_local.lora_serving import LoraAdapter
 from clawbridge_local.settings import local_settings
 from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher, Nodes
@@ -44,6 +45,16 @@ def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) ->
     return TrainerConfig(model_path=model_path, lora=lora, learning_rate=settings.effective_learning_rate,
                          max_grad_norm=options.max_grad_norm, micro_batch_size=options.micro_batch_size,
                          activation_checkpointing=options.activation_checkpointing, cpu_threads=cpu_threads)
+
+
+def lane_dir(root: Path, lane: str) -> Path:
+    """Where a lane's files go under `root`: `root` itself for the shared lane, else `root/users/<lane>`
+    (a user name is letters, digits, `.`, `_`, `-`, never `..`: `clawbridge.store.users`)."""
+    if not lane:
+        return root
+    if not USER_NAME_RE.match(lane):
+        raise ValueError(f"not a user name: {lane!r}")
+    return root / "users" / lane
 
 
 def resolve_model_folder(model: str) -> Path:
@@ -113,12 +124,13 @@ class LocalTrainer:
     async callers use `asyncio.to_thread`."""
 
     def __init__(self, settings: Settings, launcher: Launcher = "auto", cpu_threads: int = 0,
-                 base_weights: Callable[[], Any] | None = None) -> None:
-        """`base_weights`: the served base model, shared with an in-process LoRA trainer."""
+                 base_weights: Callable[[], Any] | None = None, lane: str = "") -> None:
+        """`base_weights`: the served base model, shared with an in-process LoRA trainer. `lane`: a
+        user's adapter (`clawbridge_local.user_lane`), whose files go under `users/<lane>/`."""
         self.settings = settings
         self.model_dir = resolve_model_folder(settings.model)
-        self.work_dir = settings.state_path / "trainer" / "local"
-        self.checkpoint_dir = settings.state_path / "checkpoints" / "local"
+        self.work_dir = lane_dir(settings.state_path / "trainer" / "local", lane)
+        self.checkpoint_dir = lane_dir(settings.state_path / "checkpoints" / "local", lane)
         options = local_settings(settings)
         self.world_size = options.train_world_size
         """Trainer processes (`[backends.local] train_world_size`), over all nodes."""

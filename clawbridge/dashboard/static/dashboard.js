@@ -149,16 +149,31 @@ function renderPromotion(p) {
         `${num(e.pass_rate)} (${num(e.ci_low)}–${num(e.ci_high)})`, num(e.score), num(e.mean_judge_score),
         num(e.mean_answer_tokens, 1), num(e.seconds, 2)])));
 }
-function renderUsers(users) {
+const SPARKS = "▁▂▃▄▅▆▇█";
+function sparkline(values) {
+  if (!values.length) return "";
+  const lo = Math.min(...values), span = Math.max(...values) - lo;
+  return values.map((v) => SPARKS[span === 0 ? 0 : Math.round((v - lo) / span * (SPARKS.length - 1))]).join("");
+}
+function adapterCells(lane) {
+  if (!lane) return ["shared policy", "–"];
+  const served = lane.serving_version === null ? "not trained yet" : `v${lane.serving_version}`;
+  const t = lane.reward_trend;
+  return [`${served}, ${lane.steps.ok} step(s)${lane.in_step ? ", training" : ""}`,
+          t.length ? `${num(t[0])} → ${num(t[t.length - 1])} ${sparkline(t)}` : "–"];
+}
+function renderUsers(users, lanes) {
+  const head = ["user", "status", "sessions", "turns", "pending turns", "mean reward (n)"];
   fill("users", users.length === 0 ? el("p", {class: "muted"}, "no sessions yet") :
-    table(["user", "status", "sessions", "turns", "pending turns", "mean reward (n)"],
+    table(lanes ? [...head, "own adapter", "step reward trend"] : head,
       users.map((u) => [u.user === null ? "(no user)" : u.user, u.status || "–", String(u.sessions), String(u.turns),
-        String(u.pending_turns), u.mean_reward === null ? "–" : `${num(u.mean_reward)} (${u.rewards})`])));
+        String(u.pending_turns), u.mean_reward === null ? "–" : `${num(u.mean_reward)} (${u.rewards})`,
+        ...(lanes ? (u.user === null ? ["shared policy", "–"] : adapterCells(lanes[u.user])) : [])])));
 }
 async function overviewPage() {
   poll(async () => {
     const [doc, sessions] = await Promise.all([getJSON("/dashboard/api/overview"), getJSON("/dashboard/api/sessions?limit=30")]);
-    renderRewards(doc.rewards); renderTraining(doc.training); renderSessions(sessions); renderHealth(doc); renderUsers(doc.users);
+    renderRewards(doc.rewards); renderTraining(doc.training); renderSessions(sessions); renderHealth(doc); renderUsers(doc.users, doc.lanes);
     document.body.dataset.loaded = "1";
   });
 }

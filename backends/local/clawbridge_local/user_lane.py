@@ -1,0 +1,117 @@
+"""A user's trainer lane on the local backend: their own LoRA adapter over the engine's base.
+
+`LocalBackend.user_lane(user)` makes one for `clawbridge.trainer.lanes`; it is a
+`clawbridge.backend.TrainingBackend` (and `CheckpointDeleter`) whose steps train that user's
+adapter only.
+
+Invariants:
+- A lane trains LoRA only, in this process, over the torch engine's served base tensors
+  (`TorchEngine.lend_base`, `clawbridge_local.trainer.model.over_base`): a user's lane adds their
+  adapter, its optimizer state and a step's activations, never a copy of the model.
+- `publish(v)` hands the engine the lane's adapter as version v (`TorchEngine.load_version`: beside
+  the shared base, no copy) and keeps it in the backend's cache of loaded versions (the least
+  recently used are unloaded past `max_loaded_versions`; the router reloads one from its checkpoint
+  when its user calls again). The engine's published weights, the shared policy, never change.
+- Its files live apart from every other lane's: checkpoints under
+  `<state dir>/checkpoints/local/users/<user>/`, the trainer's exports under
+  `<state dir>/trainer/local/users/<user>/`; `forget()` closes the trainer and deletes both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.sampler import Sampler
+from clawbridge_local.engine import TorchEngine
+from clawbridge_local.training import LocalTrainer
+
+if TYPE_CHECKING:
+    from clawbridge_local.backend import LocalBackend
+
+log = logging.getLogger("clawbridge.local")
+
+
+class UserLaneBackend:
+    """The training backend of one user's adapter (module invariants)."""
+
+    name = "local"
+
+    def __init__(self, parent: LocalBackend, user: str, trainer: LocalTrainer) -> None:
+        self.parent = parent
+        self.user = user
+        self.trainer = trainer
+        self._sampler: Sampler | None = None
+        self._version = 0
+        """The lane's newest published version (0: nothing published yet)."""
+
+    def _engine(self) -> TorchEngine:
+        engine = self.parent.sampler()
+        if not isinstance(engine, TorchEngine):
+            raise RuntimeError("per-user adapters need the torch engine")
+        return engine
+
+    async def start(self) -> None:
+        """Nothing to start: the trainer starts with the lane's first step (or restore)."""
+
+    def model_info(self) -> ModelInfo:
+        return self.parent.model_info()
+
+    def sampler(self) -> Sampler:
+        """The lane's newest published version, or, before its first, the shared one."""
+        return self._sampler if self._sampler is not None else self.parent.sampler()
+
+    async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
+        return await asyncio.to_thread(self.trainer.train_step, batch, loss)
+
+    async def publish(self, version: int | None = None) -> int:
+        """Serve the trained adapter as `version` beside every other (the shared weights stay)."""
+        target = self._version + 1 if version is None else version
+        await self._serve(target)
+        return target
+
+    async def _serve(self, version: int) -> None:
+        update = await asyncio.to_thread(self.trainer.weight_update)
+        sampler = await self._engine().load_version(update, version)
+        await self.parent.loaded_versions.put(version, sampler)
+        self._sampler, self._version = sampler, version
+        self.trainer.client.policy_version = version
+
+    async def save_checkpoint(self, name: str) -> str:
+        path = await asyncio.to_thread(self.trainer.save_checkpoint, name, self._version)
+        return str(path)
+
+    async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
+        """Load the lane's checkpoint into its trainer and serve it as `version` (default: its own)."""
+        recorded = await asyncio.to_thread(self.trainer.restore_checkpoint, Path(path))
+        target = recorded if version is None else version
+        if target != self._version:
+            await self._serve(target)
+        return target
+
+    async def delete_checkpoint(self, path: str) -> None:
+        """`CheckpointDeleter`: refuses anything outside this lane's checkpoint folder."""
+        root = self.trainer.checkpoint_dir.resolve()
+        target = Path(path).resolve()
+        if target.parent != root:
+            raise ValueError(f"{path} is not a checkpoint of {self.user}'s lane ({root})")
+        await asyncio.to_thread(shutil.rmtree, target, True)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.trainer.close)
+        self._sampler = None
+
+    async def forget(self) -> int:
+        """Close the trainer and delete the lane's checkpoints and exports; the checkpoints deleted."""
+        await self.close()
+        folders = [self.trainer.checkpoint_dir, self.trainer.work_dir]
+        n = sum(1 for p in folders[0].iterdir() if p.is_dir()) if folders[0].is_dir() else 0
+        for folder in folders:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+        log.info("deleted %s's adapter: %d checkpoint(s)", self.user, n)
+        return n

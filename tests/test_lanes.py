@@ -1,0 +1,217 @@
+"""Trainer lanes (per-user adapters) on a real SQLite store with the fake per-user backend: versions
+and steps per lane, steps that never mix users, lanes that take turns, routing, restart and forget.
+(Learning through `clawbridge up` with the real model code: tests/test_user_adapters.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from clawbridge.backend import ModelInfo
+from clawbridge.config import Settings
+from clawbridge.sampler import FakeSampler
+from clawbridge.store import Store, StoreError, TurnRecord
+from clawbridge.store.training import TrainingStore
+from clawbridge.store.versions import VersionStore
+from clawbridge.trainer import FakeTrainingBackend, TrainerLoop
+from clawbridge.trainer.checkpoints import CheckpointKeeper
+from clawbridge.trainer.fake import FakePerUserBackend
+from clawbridge.trainer.lanes import UserLanes, per_user_problem
+from clawbridge.versions import FakeVersionedBackend, VersionNotFound, VersionRouter
+
+INFO = ModelInfo(name="tiny", tokenizer_path="unused", context_window=4096, max_output_tokens=256)
+
+
+def settings(tmp_path: Path, **kw: object) -> Settings:
+    base: dict[str, object] = {"state_dir": str(tmp_path / "state"), "per_user_adapters": True, "batch_size": 2,
+                               "baseline": "none", "max_batch_tokens": 0, "trainer_poll_interval_s": 0.05,
+                               "promotion_mode": "off", "lora_rank": 8}
+    base.update(kw)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+def rewarded(store: Store, sid: str, user: str | None, reward: float = 1.0) -> str:
+    now = time.time()
+    turn = TurnRecord(session_id=sid, turn_type="main", status="ok", model="tiny", prompt_token_ids=[1, 2, 3],
+                      completion_token_ids=[4, 5], completion_logprobs=[-0.1, -0.2], policy_version=0,
+                      finish_reason="stop", request_json="{}", response_json=None, created_at=now, completed_at=now,
+                      user_id=user)
+    tid = store.record_turn(turn, "header")
+    store.add_reward(sid, reward, "api", tid)
+    store.end_session(sid, "end_session")
+    return tid
+
+
+def step_users(store: Store) -> list[tuple[int, str, set[str]]]:
+    """(step, lane, users of its samples) for every ok step, in order."""
+    with store.read() as c:
+        rows = c.execute("SELECT st.step, st.lane, COALESCE(s.user_id, '') FROM steps st JOIN samples sa "
+                         "ON sa.consumed_step = st.step JOIN sessions s ON s.session_id = sa.session_id "
+                         "WHERE st.status='ok' ORDER BY st.step").fetchall()
+    out: dict[int, tuple[str, set[str]]] = {}
+    for step, lane, user in rows:
+        out.setdefault(int(step), (str(lane), set()))[1].add(str(user))
+    return [(s, lane, users) for s, (lane, users) in sorted(out.items())]
+
+
+def test_versions_of_lanes_share_numbers_but_not_history(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    shared, alice, bob = VersionStore(store), VersionStore(store, "alice"), VersionStore(store, "bob")
+    shared.commit_base("ck/base", None)
+    alice.commit_base("ck/alice-base", None)
+    a_step = alice.reserve("step", step=1)
+    b_step = bob.reserve("step", step=2)
+    assert 0 < a_step < b_step  # one sequence for every lane
+    alice.commit(a_step, "ck/alice-1", None)
+    last_alice = alice.last_committed()
+    last_shared = shared.last_committed()
+    assert last_alice is not None and last_alice.version == a_step and last_alice.lane == "alice"
+    assert last_shared is not None and last_shared.version == 0 and bob.last_committed() is None
+    assert [r.version for r in alice.listing()] == [a_step, a_step - 1]
+    row = shared.get(a_step)  # any lane's version is found, and says whose it is
+    assert row is not None and row.lane == "alice"
+    assert bob.abandon_reserved() == 1 and alice.abandon_reserved() == 0  # a lane abandons only its own
+    assert alice.prunable(1) == ["ck/alice-base"] and shared.prunable(1) == []
+    with pytest.raises(StoreError):
+        shared.delete_lane()
+    assert alice.delete_lane() == {"policy_versions": 2, "steps": 0, "samples": 0}
+    assert shared.get(a_step) is None and shared.last_committed() is not None
+    store.close()
+
+
+def test_per_user_adapters_refuse_what_cannot_run(tmp_path: Path) -> None:
+    plain = FakeTrainingBackend(FakeSampler([7]), INFO)
+    assert "cannot train an adapter per user" in (per_user_problem(settings(tmp_path), plain) or "")
+    per_user = FakePerUserBackend(FakeSampler([7]), INFO)
+    assert per_user_problem(settings(tmp_path), per_user) is None
+    assert "promotion" in (per_user_problem(settings(tmp_path, promotion_mode="eval", eval_set="x.jsonl"),
+                                            per_user) or "")
+    assert per_user_problem(settings(tmp_path, per_user_adapters=False), plain) is None
+
+
+async def _train_all(tmp_path: Path, delay_s: float) -> tuple[Store, FakePerUserBackend, UserLanes, TrainerLoop]:
+    s = settings(tmp_path)
+    store = Store.open(s.state_path)
+    for i in range(6):  # alice is busy: three steps' worth
+        rewarded(store, f"a{i}", "alice")
+    for i in range(2):  # bob: one step
+        rewarded(store, f"b{i}", "bob")
+    rewarded(store, "s0", None)
+    rewarded(store, "s1", None)
+    backend = FakePerUserBackend(FakeSampler([7, 8]), INFO, step_delay_s=delay_s)
+    lock = asyncio.Lock()
+    shared = TrainerLoop.from_settings(s, store, backend, CheckpointKeeper(store, backend), lane="", step_lock=lock)
+    lanes = UserLanes(s, store, backend, lock)
+    await shared.start()
+    await lanes.start()
+
+    def done() -> bool:
+        with store.read() as c:
+            return c.execute("SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL").fetchone()[0] == 0 \
+                and c.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 10
+    for _ in range(400):
+        if done():
+            break
+        await asyncio.sleep(0.05)
+    assert done()
+    return store, backend, lanes, shared
+
+
+def test_lanes_train_each_user_apart_and_take_turns(tmp_path: Path) -> None:
+    async def main() -> None:
+        store, backend, lanes, shared = await _train_all(tmp_path, delay_s=0.05)
+        try:
+            steps = step_users(store)
+            assert all(users == {lane} for _, lane, users in steps), steps  # a step never mixes users
+            order = [lane for _, lane, _ in steps]
+            assert sorted(order) == ["", "alice", "alice", "alice", "bob"], order
+            # Taking turns: bob's one step never waits behind all of alice's.
+            assert order.index("bob") < max(i for i, lane in enumerate(order) if lane == "alice"), order
+            by_user = {lane.user: lane for lane in backend.lanes}
+            assert len(by_user["alice"].batches) == 3 and len(by_user["bob"].batches) == 1
+            assert len(backend.batches) == 1  # the shared policy trained the turns without a user
+            # Each user's calls get their lane's newest version; the shared key gets the shared one.
+            alice_v = VersionStore(store, "alice").last_committed()
+            assert alice_v is not None and lanes.version_for("alice") == alice_v.version
+            assert lanes.version_for(None) is None and lanes.version_for("carol") is None
+            st = lanes.status()
+            assert st["alice"]["steps"]["ok"] == 3 and st["bob"]["steps"]["ok"] == 1
+            assert st["alice"]["reward_trend"] == [1.0, 1.0, 1.0] and st["bob"]["pending_turns"] == 0
+        finally:
+            await lanes.stop()
+            await shared.stop()
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_a_user_version_answers_only_its_user(tmp_path: Path) -> None:
+    async def main() -> None:
+        store, _, lanes, shared = await _train_all(tmp_path, delay_s=0.0)
+        try:
+            served = FakeVersionedBackend(lambda v: [v], INFO, published=shared.backend.sampler().policy_version,
+                                          max_loaded=8)
+            router = VersionRouter(served, VersionStore(store), ("tiny", "default"), lanes=lanes)
+            bob_v = lanes.version_for("bob")
+            assert bob_v is not None
+            assert (await router.route("tiny", "s", "bob")).version == bob_v
+            assert (await router.route("tiny", "s", "bob")).reason == "user"
+            assert (await router.route(f"tiny@{bob_v}", "s", "bob")).version == bob_v
+            for caller in ("alice", None):
+                with pytest.raises(VersionNotFound, match="does not exist"):
+                    await router.route(f"tiny@{bob_v}", "s", caller)
+            assert (await router.route("tiny", "s", None)).reason == "serving"
+            assert (await router.sampler_for(bob_v)).policy_version == bob_v  # the admin's own tools still reach it
+        finally:
+            await lanes.stop()
+            await shared.stop()
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_lanes_resume_after_a_restart_and_forget_deletes_a_lane(tmp_path: Path) -> None:
+    async def main() -> None:
+        store, backend, lanes, shared = await _train_all(tmp_path, delay_s=0.0)
+        alice_v, bob_v = lanes.version_for("alice"), lanes.version_for("bob")
+        disks = {lane.user: lane.disk for lane in backend.lanes}
+        await lanes.stop()
+        await shared.stop()
+        assert all(lane.closed for lane in backend.lanes)
+        # A restart: new lanes resume each user's newest committed checkpoint.
+        s = settings(tmp_path)
+        again = FakePerUserBackend(FakeSampler([7, 8]), INFO)
+        orig = again.user_lane
+
+        def with_disk(user: str) -> object:
+            lane = orig(user)
+            lane.disk.update(disks.get(user, {}))
+            return lane
+        again.user_lane = with_disk  # type: ignore[method-assign, assignment]
+        lanes2 = UserLanes(s, store, again, asyncio.Lock())
+        await lanes2.start()
+        try:
+            assert lanes2.version_for("alice") == alice_v and lanes2.version_for("bob") == bob_v
+            resumed = {lane.user: lane for lane in again.lanes}
+            assert resumed["alice"].fake_sampler.version == alice_v  # serving its restored adapter
+            deleted = await lanes2.forget_user("bob")
+            assert deleted["adapter_versions"] == 2 and deleted["steps"] == 1 and deleted["samples"] == 2, deleted
+            assert deleted["adapter_checkpoints"] >= 1 and resumed["bob"].forgotten
+            assert bob_v in again.unloaded and lanes2.version_for("bob") is None
+            assert VersionStore(store, "bob").last_committed() is None
+            # Until the store's part of forgetting is over, bob's turns start no lane; after it, a
+            # bob who comes back gets a new one.
+            rewarded(store, "b-new", "bob")
+            TrainingStore(store).ingest_ended()
+            assert await lanes2.scan() == []
+            lanes2.forgotten("bob")
+            assert await lanes2.scan() == ["bob"]
+            assert lanes2.version_for("bob") is None and lanes2.version_for("alice") == alice_v
+        finally:
+            await lanes2.stop()
+            store.close()
+
+    asyncio.run(main())
