@@ -299,6 +299,10 @@ class LoadedVersions:
             if self._on_evict is not None:
                 await self._on_evict(dropped)
 
+    def peek(self, version: int) -> Sampler | None:
+        """`version`'s sampler if it is kept now (not counted as a use); None otherwise."""
+        return self._loaded.get(version)
+
     def discard(self, versions: Sequence[int]) -> None:
         """Stop serving `versions` from the cache (a forgotten user's); running streams finish."""
         for v in versions:

@@ -215,3 +215,16 @@ def test_lanes_resume_after_a_restart_and_forget_deletes_a_lane(tmp_path: Path) 
             store.close()
 
     asyncio.run(main())
+
+
+def test_the_local_backend_says_what_per_user_adapters_need(tmp_path: Path) -> None:
+    local = pytest.importorskip("clawbridge_local.backend")
+
+    def problem(**kw: object) -> str | None:
+        return per_user_problem(settings(tmp_path, model="unused", **kw), local.LocalBackend(settings(
+            tmp_path, model="unused", **kw)))
+
+    assert problem() is None
+    assert "LoRA" in (problem(lora_rank=0) or "")
+    assert "torch engine" in (problem(backends={"local": {"engine": "sglang"}}) or "")
+    assert "in this process" in (problem(backends={"local": {"train_world_size": 2}}) or "")

@@ -10,8 +10,10 @@ Invariants:
   adapter, its optimizer state and a step's activations, never a copy of the model.
 - `publish(v)` hands the engine the lane's adapter as version v (`TorchEngine.load_version`: beside
   the shared base, no copy) and keeps it in the backend's cache of loaded versions (the least
-  recently used are unloaded past `max_loaded_versions`; the router reloads one from its checkpoint
-  when its user calls again). The engine's published weights, the shared policy, never change.
+  recently used are unloaded past the cache's size; the router reloads one from its checkpoint
+  when its user calls again). The lane itself keeps only the number (`LaneVersion`), never the
+  sampler, so an unloaded adapter is freed once its last stream ends. The engine's published
+  weights, the shared policy, never change.
 - Its files live apart from every other lane's: checkpoints under
   `<state dir>/checkpoints/local/users/<user>/`, the trainer's exports under
   `<state dir>/trainer/local/users/<user>/`; `forget()` closes the trainer and deletes both.
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
-from clawbridge.sampler import Sampler
+from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.training import LocalTrainer
 
@@ -46,7 +48,6 @@ class UserLaneBackend:
         self.parent = parent
         self.user = user
         self.trainer = trainer
-        self._sampler: Sampler | None = None
         self._version = 0
         """The lane's newest published version (0: nothing published yet)."""
 
@@ -63,8 +64,8 @@ class UserLaneBackend:
         return self.parent.model_info()
 
     def sampler(self) -> Sampler:
-        """The lane's newest published version, or, before its first, the shared one."""
-        return self._sampler if self._sampler is not None else self.parent.sampler()
+        """The lane's newest published version (`LaneVersion`), or, before its first, the shared one."""
+        return LaneVersion(self.parent, self._version) if self._version else self.parent.sampler()
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         return await asyncio.to_thread(self.trainer.train_step, batch, loss)
@@ -79,7 +80,7 @@ class UserLaneBackend:
         update = await asyncio.to_thread(self.trainer.weight_update)
         sampler = await self._engine().load_version(update, version)
         await self.parent.loaded_versions.put(version, sampler)
-        self._sampler, self._version = sampler, version
+        self._version = version
         self.trainer.client.policy_version = version
 
     async def save_checkpoint(self, name: str) -> str:
@@ -90,7 +91,7 @@ class UserLaneBackend:
         """Load the lane's checkpoint into its trainer and serve it as `version` (default: its own)."""
         recorded = await asyncio.to_thread(self.trainer.restore_checkpoint, Path(path))
         target = recorded if version is None else version
-        if target != self._version:
+        if target != self.sampler().policy_version:  # the version served now: only the trainer state reloads
             await self._serve(target)
         return target
 
@@ -104,7 +105,6 @@ class UserLaneBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.trainer.close)
-        self._sampler = None
 
     async def forget(self) -> int:
         """Close the trainer and delete the lane's checkpoints and exports; the checkpoints deleted."""
@@ -115,3 +115,24 @@ class UserLaneBackend:
             await asyncio.to_thread(shutil.rmtree, folder, True)
         log.info("deleted %s's adapter: %d checkpoint(s)", self.user, n)
         return n
+
+
+class LaneVersion:
+    """A lane's newest published version as its trainer loop sees it (staleness, checkpoints): the
+    number, and sampling while the engine keeps that version loaded. Users' calls get their version
+    through the router (`clawbridge.versions`), which reloads it from its checkpoint if unloaded."""
+
+    def __init__(self, parent: LocalBackend, version: int) -> None:
+        self.parent = parent
+        self.version = version
+
+    @property
+    def policy_version(self) -> int:
+        return self.version
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
+        sampler = self.parent.loaded_versions.peek(self.version)
+        if sampler is None:
+            raise SamplerUnavailable(f"policy version {self.version} is not loaded now; call it through the proxy, "
+                                     "which loads it from its checkpoint")
+        return await sampler.sample(prompt_ids, params)

@@ -24,6 +24,12 @@ Invariants:
   is loaded and released when replaced (restore) and at `close` (see service.py).
 - `compute_logprobs` asks for the last n prompt logprobs only; a server that refuses that option
   gets full prompt logprobs instead from then on (logged once).
+- Per-user adapters (`clawbridge.trainer.lanes`): `user_lane(user)` is a `TinkerBackend` of its own
+  (its own training client, sampling client, manifest and client ledger under
+  `<state_dir>/users/<user>/tinker/`) over the parent's `ServiceClient`; it never closes the
+  parent's session. The parent serves any lane's committed version by name (`load_version` looks
+  the checkpoint up in every lane's manifest). `forget()` deletes the lane's checkpoints on the
+  service and its folder here.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -77,8 +84,13 @@ class TinkerBackend:
     capabilities = Capabilities(kl=False, full_finetune=False, hosted=True)
     """Tinker trains LoRA adapters with built-in losses that take no KL term."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, lane: str = "", parent: TinkerBackend | None = None) -> None:
+        """`lane`/`parent`: a user's own adapter over `parent`'s session (`user_lane`)."""
         self.settings = settings
+        self.lane = lane
+        self.parent = parent
+        self.root = settings.state_path / "users" / lane if lane else settings.state_path
+        """This backend's own files: the state dir, or a user lane's folder in it."""
         self.opts: TinkerSettings = tinker_settings(settings)
         """This backend's own options (`[backends.tinker]`, `CLAWBRIDGE_TINKER_*`)."""
         self.base_model = self.opts.base_model or settings.model
@@ -86,7 +98,7 @@ class TinkerBackend:
         """Training steps completed (restored from the manifest on resume)."""
         self.policy_version = 0
         self.last_metrics: dict[str, float] = {}
-        self.manifest_file = manifest_path(settings.state_path)
+        self.manifest_file = manifest_path(self.root)
         self._service: ServiceClient | None = None
         self._training: TrainingClient | None = None
         self._sampler: TinkerSampler | None = None
@@ -95,16 +107,20 @@ class TinkerBackend:
         self._context_window = DEFAULT_CONTEXT_WINDOW
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
-        self.clients = ClientLedger(settings.state_path)
+        self.clients = ClientLedger(self.root)
         self._base_scorer: Any = None
         self._suffix_logprobs = True
         """False once the server refused `prompt_logprobs_last_n` (full prompt logprobs from then on)."""
-        self._versions = LoadedVersions(self.opts.max_loaded_versions, self._load_version)
+        loaded = self.opts.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
+        self._versions = LoadedVersions(loaded, self._load_version)
         """Sampling clients of committed versions besides the published one (`load_version`)."""
 
     # ---- lifecycle
 
     async def start(self) -> None:
+        if self.parent is not None:
+            await self._start_lane(self.parent)
+            return
         s = self.settings
         if not self.base_model:
             raise ValueError("set [backends.tinker] base_model (or model) to the Tinker base model to train")
@@ -127,14 +143,62 @@ class TinkerBackend:
         )
         self._sampler = TinkerSampler(client, self.policy_version, self._limits())
 
+    async def _start_lane(self, parent: TinkerBackend) -> None:
+        """A user lane: the parent's session, training clients an earlier run of this lane left
+        loaded released, and a sampling client of the base until the lane publishes."""
+        if parent._service is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        self._service, self._context_window = parent._service, parent._context_window
+        await release_recorded(self.clients, self.opts.base_url or None, self.opts.api_key_value(),
+                               self.settings.probe_timeout_s)
+        service = self._service
+        client = await self._retry(
+            "create sampling client",
+            lambda: service.create_sampling_client(base_model=self.base_model,
+                                                   retry_config=self._retry_config()).result_async(),
+            self.opts.publish_timeout_s,
+        )
+        self._sampler = TinkerSampler(client, self.policy_version, self._limits())
+
+    # ---- per-user adapters (clawbridge.trainer.lanes.PerUserTraining)
+
+    def user_lanes_unsupported(self) -> str | None:
+        """Tinker trains LoRA only: every user can have their own training client."""
+        return None
+
+    def user_lane(self, user: str) -> TinkerBackend:
+        """`user`'s own adapter: a training and sampling client of its own over this session."""
+        return TinkerBackend(self.settings, lane=user, parent=self)
+
+    def unload_versions(self, versions: list[int]) -> None:
+        self._versions.discard(versions)
+
+    async def forget(self) -> int:
+        """A user lane: release its training client, delete its checkpoints on the service and
+        its folder here; how many checkpoints were deleted."""
+        if self.parent is None:
+            raise RuntimeError("only a user lane can be forgotten")
+        await self.close()
+        manifest = load_manifest(self.manifest_file)
+        deleted = 0
+        for entry in manifest.checkpoints if manifest is not None else []:
+            try:
+                await self.delete_checkpoint(entry.path)
+                deleted += 1
+            except Exception as e:  # the service may have lost it already; the folder goes anyway
+                log.warning("tinker: could not delete %s of user %s: %s", entry.path, self.lane, e)
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        return deleted
+
     async def close(self) -> None:
         """Finish the session; never raises (a server that is gone or does not know the session
-        is logged: nothing recorded depends on it). The training client is released first."""
+        is logged: nothing recorded depends on it). The training client is released first. A
+        user lane releases its training client only: the session is its parent's."""
         service, self._service = self._service, None
         training, self._training = self._training, None
         if training is not None:
             await self._release(training)
-        if service is not None:
+        if service is not None and self.parent is None:
             try:
                 await asyncio.wait_for(service.close("success"), 10.0)
             except Exception as e:  # closing is best effort
@@ -309,8 +373,7 @@ class TinkerBackend:
         service = self._service
         if service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
-        manifest = load_manifest(self.manifest_file)
-        entry = manifest.find(checkpoint) if manifest is not None else None
+        entry = self._find_any_lane(checkpoint)
         if entry is None or entry.sampler_path is None:
             raise VersionUnavailable(f"policy version {version} has no sampler weights saved in {self.manifest_file} "
                                      "(checkpoints saved before clawbridge kept them cannot be sampled by name)")
@@ -330,6 +393,15 @@ class TinkerBackend:
             raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
         log.info("tinker: serving policy version %d from %s beside the published one", version, path)
         return TinkerSampler(client, version, self._limits())
+
+    def _find_any_lane(self, checkpoint: str) -> CheckpointEntry | None:
+        """`checkpoint`'s manifest entry: this backend's, or a user lane's (`user_lane`)."""
+        for path in (self.manifest_file, *sorted((self.root / "users").glob("*/tinker/manifest.json"))):
+            manifest = load_manifest(path)
+            entry = manifest.find(checkpoint) if manifest is not None else None
+            if entry is not None:
+                return entry
+        return None
 
     # ---- helpers
 
