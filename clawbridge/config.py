@@ -251,7 +251,7 @@ class Settings(BaseSettings):
     per_user_adapters: bool = Field(
         False, description="Train an adapter per user: each user's rewarded turns train their own LoRA adapter "
         "(own optimizer, checkpoints and policy versions) and their calls are answered by it once it has trained; "
-        "calls without a user train and get the shared policy (LoRA; the local torch engine or Tinker; see docs/users.md).",
+        "calls without a user train and get the shared policy (LoRA; local backend or Tinker; see docs/users.md).",
     )
     max_user_adapters: int = Field(
         16, ge=1, description="per_user_adapters: users' adapters kept loaded in the engine at once, least recently "

@@ -80,8 +80,8 @@ def per_user_problem(settings: Settings, backend: object) -> str | None:
         return None
     if not isinstance(backend, PerUserTraining):
         name = getattr(backend, "name", "this backend")
-        return (f"per_user_adapters: backend {name} cannot train an adapter per user yet; use --backend tinker, "
-                "or --backend local (torch engine, LoRA)")
+        return (f"per_user_adapters: backend {name} cannot train an adapter per user yet; use --backend local or "
+                "tinker with LoRA")
     if settings.promotion_mode != "off":
         return ("per_user_adapters with promotion is not supported yet (each user would need their own evaluation); "
                 "set promotion_mode = \"off\"")

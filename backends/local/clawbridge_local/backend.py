@@ -27,6 +27,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -115,6 +116,8 @@ class LocalBackend:
         self._trainer: LocalTrainer | None = None
         loaded = self.options.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
         self._versions = LoadedVersions(loaded, self._load_version, self._drop_version)
+        self._lane_base: torch.nn.Module | None = None
+        """Beside SGLang: the base all users' lane trainers share (`_lanes_base`)."""
         """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
 
     async def start(self) -> None:
@@ -216,7 +219,7 @@ class LocalBackend:
     async def _load_checkpoint_version(self, version: int, checkpoint: str) -> Sampler:
         engine = self._require()
         if isinstance(engine, SGLangEngine) and engine.lora:
-            folder = self._version_dir(version)
+            folder = self.version_dir(version)
             if version > 0:
                 await asyncio.to_thread(self._training().checkpoint_adapter, Path(checkpoint), folder)
             sampler: Sampler = await engine.load_lora_version(folder if version > 0 else None, version)
@@ -235,7 +238,7 @@ class LocalBackend:
         engine = self._engine
         if isinstance(engine, SGLangEngine) and engine.lora:
             await engine.unpin(version)
-            await asyncio.to_thread(shutil.rmtree, self._version_dir(version), True)
+            await asyncio.to_thread(shutil.rmtree, self.version_dir(version), True)
 
     @property
     def loaded_versions(self) -> LoadedVersions:
@@ -247,27 +250,40 @@ class LocalBackend:
         """Why this backend cannot train an adapter per user, or None when it can."""
         if self.settings.lora_rank <= 0:
             return "per_user_adapters needs LoRA (lora_rank > 0): each user's weights are an adapter"
-        if self.engine_name != "torch":
-            return ("per_user_adapters runs on the torch engine for now; with SGLang each user's adapter "
-                    "would be a per-request lora_path, which clawbridge does not send yet")
         if trainer_launcher(self.options) != "inprocess":
             return "per_user_adapters trains each user in this process: train_world_size 1 on one node"
         return None
 
     def user_lane(self, user: str) -> UserLaneBackend:
-        """A training backend for `user`'s own adapter over the served base (`clawbridge_local.user_lane`)."""
+        """A training backend for `user`'s own adapter (`clawbridge_local.user_lane`): over the torch
+        engine's served base, or, beside SGLang, over one base copy all users' trainers share."""
         engine = self._require()
-        if not isinstance(engine, TorchEngine):
-            raise RuntimeError(self.user_lanes_unsupported() or "per_user_adapters needs the torch engine")
+        base = engine.lend_base if isinstance(engine, TorchEngine) else self._lanes_base
         trainer = LocalTrainer(self.settings, launcher="inprocess", cpu_threads=engine_threads(self.options.engine_threads),
-                               base_weights=engine.lend_base, lane=user)
+                               base_weights=base, lane=user)
         return UserLaneBackend(self, user, trainer)
+
+    def _lanes_base(self) -> torch.nn.Module:
+        """The frozen base the users' trainers share when serving is another process (SGLang):
+        loaded once, fp32, on the trainer's device (`clawbridge_local.trainer.model.over_base`)."""
+        if self._lane_base is None:
+            from transformers import AutoModelForCausalLM
+
+            from clawbridge_local.trainer.step import resolve_device
+            from clawbridge_local.training import trainer_config
+
+            cfg = trainer_config(self.settings, str(resolve_model_folder(self.settings.model)))
+            model: Any = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32, local_files_only=True)
+            model.requires_grad_(False)
+            self._lane_base = model.to(resolve_device(cfg, 0))
+        return self._lane_base
 
     def unload_versions(self, versions: list[int]) -> None:
         """Stop serving `versions` (a forgotten user's adapters); streams already running finish."""
         self._versions.discard(versions)
 
-    def _version_dir(self, version: int) -> Path:
+    def version_dir(self, version: int) -> Path:
+        """Where a LoRA version's adapter folder is written for SGLang to load."""
         return self.settings.state_path / "trainer" / "local" / "versions" / f"v{version}"
 
     # ---- training ----------------------------------------------------------------------

@@ -6,10 +6,13 @@ adapter only.
 
 Invariants:
 - A lane trains LoRA only, in this process, over the torch engine's served base tensors
-  (`TorchEngine.lend_base`, `clawbridge_local.trainer.model.over_base`): a user's lane adds their
-  adapter, its optimizer state and a step's activations, never a copy of the model.
-- `publish(v)` hands the engine the lane's adapter as version v (`TorchEngine.load_version`: beside
-  the shared base, no copy) and keeps it in the backend's cache of loaded versions (the least
+  (`TorchEngine.lend_base`, `clawbridge_local.trainer.model.over_base`), or beside SGLang over one
+  base copy every lane shares (`LocalBackend._lanes_base`): a user's lane adds their adapter, its
+  optimizer state and a step's activations, never a copy of the model.
+- `publish(v)` hands the engine the lane's adapter as version v (torch: `TorchEngine.load_version`,
+  beside the shared base, no copy; SGLang: the exported adapter folder copied to the version's
+  folder and loaded as `v{v}`, which calls name as their `lora_path`), and keeps it in the
+  backend's cache of loaded versions (the least
   recently used are unloaded past the cache's size; the router reloads one from its checkpoint
   when its user calls again). The lane itself keeps only the number (`LaneVersion`), never the
   sampler, so an unloaded adapter is freed once its last stream ends. The engine's published
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
 from clawbridge_local.engine import TorchEngine
+from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.training import LocalTrainer
 
 if TYPE_CHECKING:
@@ -50,12 +54,6 @@ class UserLaneBackend:
         self.trainer = trainer
         self._version = 0
         """The lane's newest published version (0: nothing published yet)."""
-
-    def _engine(self) -> TorchEngine:
-        engine = self.parent.sampler()
-        if not isinstance(engine, TorchEngine):
-            raise RuntimeError("per-user adapters need the torch engine")
-        return engine
 
     async def start(self) -> None:
         """Nothing to start: the trainer starts with the lane's first step (or restore)."""
@@ -77,8 +75,17 @@ class UserLaneBackend:
         return target
 
     async def _serve(self, version: int) -> None:
-        update = await asyncio.to_thread(self.trainer.weight_update)
-        sampler = await self._engine().load_version(update, version)
+        engine = self.parent.sampler()
+        sampler: Sampler
+        if isinstance(engine, TorchEngine):
+            update = await asyncio.to_thread(self.trainer.weight_update)
+            sampler = await engine.load_version(update, version)
+        elif isinstance(engine, SGLangEngine) and engine.lora:
+            folder = self.parent.version_dir(version)
+            await asyncio.to_thread(_copy_export, self.trainer.export(), folder)
+            sampler = await engine.load_lora_version(folder, version)
+        else:
+            raise RuntimeError("per-user adapters need LoRA on the torch engine or on SGLang")
         await self.parent.loaded_versions.put(version, sampler)
         self._version = version
         self.trainer.client.policy_version = version
@@ -136,3 +143,9 @@ class LaneVersion:
             raise SamplerUnavailable(f"policy version {self.version} is not loaded now; call it through the proxy, "
                                      "which loads it from its checkpoint")
         return await sampler.sample(prompt_ids, params)
+
+
+def _copy_export(export: Path, folder: Path) -> None:
+    """The trainer's newest export (replaced at its next export) copied to a version's own folder."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(export, folder)
