@@ -30,7 +30,7 @@ pytest.importorskip("clawbridge_local")
 from clawbridge.devtools.demo import PROMPTS, run_episodes, token_reward
 from clawbridge.devtools.tinymodel import build_tiny_model
 from clawbridge.store import DB_FILENAME
-from tests.kill_support import wait_until
+from tests.kill_support import fault_env, kill_at_marker, wait_until
 from tests.support import ProxyProcess
 
 pytestmark = pytest.mark.slow
@@ -310,5 +310,50 @@ def test_eight_users_with_four_agents_each_at_once(tiny_model_dir: Path, tmp_pat
                             "s ON s.session_id = sa.session_id GROUP BY st.step HAVING COUNT(DISTINCT s.user_id) > 1 "
                             "OR MIN(s.user_id) != st.lane")
         assert not mixed
+    finally:
+        proxy.stop()
+
+
+def test_a_lane_killed_mid_step_recovers_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`kill -9` after bob's lane published a step it had not committed: at the restart that step
+    is failed and its version abandoned in bob's lane only, bob's turns train again onto weights
+    that never saw them, and alice's committed adapter serves as before."""
+    state = tmp_path / "state"
+    start_env = {**env(), "CLAWBRIDGE_BASELINE": "none"}
+    proxy = ProxyProcess(tiny_model_dir, state, env={**start_env, **fault_env(state, "step.published", 2)},
+                         extra_args=("--served-model-name", "tiny")).start(300)
+    try:
+        keys = {u: call(proxy, "POST", "/rl/users", proxy.admin_key, {"user": u}).json()["api_key"]
+                for u in ("alice", "bob")}
+        for user in ("alice", "bob"):  # 8 sessions each: one step per lane, alice's first
+            for i in range(8):
+                episode(proxy, user, keys[user], i, 0)
+            if user == "alice":
+                wait_until(lambda: (status(proxy)["lanes"] or {}).get("alice", {}).get("serving_version") is not None,
+                           "alice's first step", 300, proxy=proxy)
+                alice_version = status(proxy)["lanes"]["alice"]["serving_version"]
+        kill_at_marker(proxy, "step.published")
+    finally:
+        proxy.stop()
+    killed = [dict(r) for r in rows(state, "SELECT step, lane, status FROM steps")]
+    assert killed == [{"step": 1, "lane": "alice", "status": "ok"}, {"step": 2, "lane": "bob", "status": "running"}]
+    reserved = [int(r[0]) for r in rows(state, "SELECT version FROM policy_versions WHERE lane='bob' AND status='reserved'")]
+    assert len(reserved) == 1
+    proxy = ProxyProcess(tiny_model_dir, state, env=start_env, extra_args=("--served-model-name", "tiny")).start(300)
+    try:
+        final = wait_trained(proxy)
+        lanes = final["lanes"]
+        assert lanes["alice"]["serving_version"] == alice_version and lanes["alice"]["steps"]["ok"] == 1
+        assert lanes["bob"]["steps"] == {"ok": 1, "failed": 1} and lanes["bob"]["serving_version"] not in (None, *reserved)
+        steps = [dict(r) for r in rows(state, "SELECT step, lane, status, error FROM steps ORDER BY step")]
+        assert steps[1]["status"] == "failed" and "interrupted" in steps[1]["error"] and steps[2]["lane"] == "bob", steps
+        assert rows(state, "SELECT status FROM policy_versions WHERE version=?", (reserved[0],))[0][0] == "abandoned"
+        consumed = rows(state, "SELECT s.user_id, sa.consumed_step FROM samples sa JOIN sessions s "
+                               "ON s.session_id = sa.session_id")
+        assert sorted((r[0], r[1]) for r in consumed) == [("alice", 1)] * 8 + [("bob", steps[2]["step"])] * 8
+        bob = openai.OpenAI(base_url=proxy.base + "/v1", api_key=keys["bob"], max_retries=0)
+        answer = bob.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                             max_tokens=2)
+        assert answer.system_fingerprint == f"policy-v{lanes['bob']['serving_version']}"
     finally:
         proxy.stop()
