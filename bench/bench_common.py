@@ -36,3 +36,27 @@ def model_specs() -> dict[str, TinyModelSpec]:
             intermediate_size=768,
         ),
     }
+
+
+def rss_mib() -> float:
+    """This process's resident set size now, in MiB (/proc/self/status VmRSS)."""
+    from pathlib import Path
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def model_folder(name: str, tmp: str) -> str:
+    """A model folder: `tiny` (built into `tmp`) or `smollm2` (SmolLM2-135M-Instruct, converted once
+    into the model cache by `clawbridge.models`)."""
+    from pathlib import Path
+
+    if name == "tiny":
+        from clawbridge.devtools.tinymodel import build_tiny_model
+
+        return str(build_tiny_model(Path(tmp) / "tiny"))
+    from clawbridge.models import cached_model
+
+    return str(cached_model("smollm2-135m-instruct"))

@@ -34,20 +34,15 @@ from typing import Any
 os.environ["OMP_NUM_THREADS"] = "1"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from bench_common import model_folder, rss_mib  # noqa: E402
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
 
 from clawbridge.config import LORA_TARGET_MODULES  # noqa: E402
 from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def random_adapter(model: torch.nn.Module, seed: int, rank: int, targets: list[str]) -> LoraAdapter:
@@ -126,14 +121,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "tiny":
-            from clawbridge.devtools.tinymodel import build_tiny_model
-
-            model_dir = str(build_tiny_model(Path(tmp) / "tiny"))
-        else:
-            from clawbridge.models import cached_model
-
-            model_dir = str(cached_model("smollm2-135m-instruct"))
+        model_dir = model_folder(args.model, tmp)
         rows = asyncio.run(run(model_dir, args))
     print(f"\nmodel {args.model}, torch {torch.__version__}, OMP_NUM_THREADS=1, {args.rounds} round(s)")
     width = max(len(r[0]) for r in rows)

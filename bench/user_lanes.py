@@ -32,20 +32,15 @@ from pathlib import Path
 os.environ["OMP_NUM_THREADS"] = "1"
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from bench_common import model_folder, rss_mib  # noqa: E402
 from clawbridge_local.backend import LocalBackend  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
 from clawbridge.sampler import SamplingParams  # noqa: E402
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def batch(seed: int, n: int, vocab: int) -> list[Datum]:
@@ -116,14 +111,7 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model == "tiny":
-            from clawbridge.devtools.tinymodel import build_tiny_model
-
-            model_dir = str(build_tiny_model(Path(tmp) / "tiny"))
-        else:
-            from clawbridge.models import cached_model
-
-            model_dir = str(cached_model("smollm2-135m-instruct"))
+        model_dir = model_folder(args.model, tmp)
         rows = asyncio.run(run(model_dir, Path(tmp) / "state", args))
     print(f"\nmodel {args.model}, LoRA rank {args.rank}, torch {torch.__version__}, OMP_NUM_THREADS=1")
     width = max(len(r[0]) for r in rows)

@@ -228,3 +228,14 @@ def test_the_local_backend_says_what_per_user_adapters_need(tmp_path: Path) -> N
     assert "LoRA" in (problem(lora_rank=0) or "")
     assert problem(backends={"local": {"engine": "sglang"}}) is None  # adapters as per-request lora_path
     assert "in this process" in (problem(backends={"local": {"train_world_size": 2}}) or "")
+
+
+def test_status_line_of_a_users_adapter() -> None:
+    from clawbridge.cli.status import lane_text, sparkline
+
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█" and sparkline([0.3, 0.3]) == "▁▁" and sparkline([]) == ""
+    lane = {"serving_version": 12, "in_step": True, "steps": {"ok": 3, "failed": 0}, "pending_turns": 2,
+            "reward_trend": [0.25, 0.5, 1.0], "last_error": None}
+    assert lane_text(lane) == "; own adapter v12, 3 step(s), training now, step reward 0.25 -> 1.00 ▁▃█"
+    assert "not trained yet" in lane_text({**lane, "serving_version": None, "reward_trend": []})
+    assert "nothing to train yet" in lane_text(None)

@@ -266,8 +266,10 @@ def test_forgetting_a_user_deletes_their_adapter(runs: list[Run]) -> None:
 
 def test_eight_users_with_four_agents_each_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
     """32 agents (8 users x 4) at once, 3 two-turn sessions each: every call answered (no 5xx, no
-    retry), every user's turns trained in their own lane, no step mixing users."""
-    proxy = ProxyProcess(tiny_model_dir, tmp_path / "state", env={**env(), "CLAWBRIDGE_BASELINE": "none"},
+    retry), every user's turns trained in their own lane, no step mixing users; with only 2 users'
+    adapters kept loaded, each user's call still gets their own version (reloaded from its checkpoint)."""
+    proxy = ProxyProcess(tiny_model_dir, tmp_path / "state",
+                         env={**env(), "CLAWBRIDGE_BASELINE": "none", "CLAWBRIDGE_MAX_USER_ADAPTERS": "2"},
                          extra_args=("--served-model-name", "tiny")).start(300)
     try:
         users = [f"user{i}" for i in range(8)]
@@ -310,6 +312,10 @@ def test_eight_users_with_four_agents_each_at_once(tiny_model_dir: Path, tmp_pat
                             "s ON s.session_id = sa.session_id GROUP BY st.step HAVING COUNT(DISTINCT s.user_id) > 1 "
                             "OR MIN(s.user_id) != st.lane")
         assert not mixed
+        for user in users:
+            client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=keys[user], max_retries=0, timeout=120)
+            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            assert r.system_fingerprint == f"policy-v{lanes[user]['serving_version']}", (user, r.system_fingerprint)
     finally:
         proxy.stop()
 
