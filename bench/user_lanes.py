@@ -94,6 +94,7 @@ async def run(model_dir: str, state: Path, args: argparse.Namespace) -> list[tup
             (f"each user lane's first step + publish ({args.users} users): median", f"{statistics.median(growth):.0f} MiB",
              f"{statistics.median(seconds):.1f} s; {statistics.median(growth) / shared:.2f}x the baseline"),
             ("  max", f"{max(growth):.0f} MiB", "each, in order: " + " ".join(f"{g:.0f}" for g in growth)),
+            (f"all {args.users} users together", f"{sum(growth):.0f} MiB", f"{sum(growth) / args.users:.0f} MiB per user"),
             (f"RSS with the shared policy and {args.users} users trained and served", f"{rss_mib():.0f} MiB",
              f"every user answered by their own version: {served == list(range(2, 2 + args.users))}"),
         ]

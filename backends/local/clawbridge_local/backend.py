@@ -43,7 +43,7 @@ from clawbridge_local.settings import LocalSettings, local_settings
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.trainer.client import Launcher
-from clawbridge_local.training import LocalTrainer, resolve_model_folder
+from clawbridge_local.training import LocalTrainer, on_training_thread, resolve_model_folder
 from clawbridge_local.user_lane import UserLaneBackend
 
 log = logging.getLogger("clawbridge.local")
@@ -297,7 +297,7 @@ class LocalBackend:
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
         """One FSDP (or in-process) optimizer step; serving goes on meanwhile."""
-        return await asyncio.to_thread(self._training().train_step, batch, loss)
+        return await on_training_thread(self._training().train_step, batch, loss)
 
     async def publish(self, version: int | None = None) -> int:
         """Swap the trained weights into the engine as `version` (default: the served one + 1)."""
@@ -312,7 +312,7 @@ class LocalBackend:
     async def save_checkpoint(self, name: str) -> str:
         """Weights (or adapter) + optimizer state to `<state_dir>/checkpoints/local/<name>`."""
         trainer = self._training()
-        path = await asyncio.to_thread(trainer.save_checkpoint, name, self._require().policy_version)
+        path = await on_training_thread(trainer.save_checkpoint, name, self._require().policy_version)
         return str(path)
 
     async def delete_checkpoint(self, path: str) -> None:
@@ -328,7 +328,7 @@ class LocalBackend:
         """Load a checkpoint into the trainer and serve its weights as `version` (default: its own);
         when `version` is the one served, only the trainer state is loaded."""
         trainer = self._training()
-        recorded = await asyncio.to_thread(trainer.restore_checkpoint, Path(path))
+        recorded = await on_training_thread(trainer.restore_checkpoint, Path(path))
         engine = self._require()
         target = recorded if version is None else version
         if target != engine.policy_version:

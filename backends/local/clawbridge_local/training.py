@@ -13,15 +13,22 @@ Invariants:
   leaves a hidden `.tmp-*` folder there; the next trainer removes them when it starts (one
   server per state dir, so nobody else is writing).
 - Only the newest export is kept on disk.
+- Every in-process trainer's steps, exports and checkpoint reads/writes run on one thread
+  (`on_training_thread`), whatever backend or user lane calls them: glibc gives each thread that
+  allocates its own malloc arena, and steps spread over the default executor's threads each grew
+  a heap of their own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
@@ -33,6 +40,14 @@ from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
 
 CHECKPOINT_STATE = "trainer_state.json"
 """The file every complete checkpoint folder holds (written last, atomically)."""
+
+T = TypeVar("T")
+_TRAINING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawbridge-train")
+
+
+async def on_training_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the one training thread (module invariants), awaited from the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(_TRAINING_THREAD, functools.partial(fn, *args))
 
 
 def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) -> TrainerConfig:

@@ -35,7 +35,7 @@ from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.sglang_engine import SGLangEngine
-from clawbridge_local.training import LocalTrainer
+from clawbridge_local.training import LocalTrainer, on_training_thread
 
 if TYPE_CHECKING:
     from clawbridge_local.backend import LocalBackend
@@ -66,7 +66,7 @@ class UserLaneBackend:
         return LaneVersion(self.parent, self._version) if self._version else self.parent.sampler()
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
-        return await asyncio.to_thread(self.trainer.train_step, batch, loss)
+        return await on_training_thread(self.trainer.train_step, batch, loss)
 
     async def publish(self, version: int | None = None) -> int:
         """Serve the trained adapter as `version` beside every other (the shared weights stay)."""
@@ -78,11 +78,11 @@ class UserLaneBackend:
         engine = self.parent.sampler()
         sampler: Sampler
         if isinstance(engine, TorchEngine):
-            update = await asyncio.to_thread(self.trainer.weight_update)
+            update = await on_training_thread(self.trainer.weight_update)
             sampler = await engine.load_version(update, version)
         elif isinstance(engine, SGLangEngine) and engine.lora:
             folder = self.parent.version_dir(version)
-            await asyncio.to_thread(_copy_export, self.trainer.export(), folder)
+            await on_training_thread(lambda: _copy_export(self.trainer.export(), folder))
             sampler = await engine.load_lora_version(folder, version)
         else:
             raise RuntimeError("per-user adapters need LoRA on the torch engine or on SGLang")
@@ -91,12 +91,12 @@ class UserLaneBackend:
         self.trainer.client.policy_version = version
 
     async def save_checkpoint(self, name: str) -> str:
-        path = await asyncio.to_thread(self.trainer.save_checkpoint, name, self._version)
+        path = await on_training_thread(self.trainer.save_checkpoint, name, self._version)
         return str(path)
 
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
         """Load the lane's checkpoint into its trainer and serve it as `version` (default: its own)."""
-        recorded = await asyncio.to_thread(self.trainer.restore_checkpoint, Path(path))
+        recorded = await on_training_thread(self.trainer.restore_checkpoint, Path(path))
         target = recorded if version is None else version
         if target != self.sampler().policy_version:  # the version served now: only the trainer state reloads
             await self._serve(target)
