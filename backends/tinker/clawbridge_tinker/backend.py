@@ -52,11 +52,11 @@ from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
 from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
 from .manifest import CheckpointEntry, Manifest, load_manifest, manifest_path, write_manifest
 from .sampler import SamplerLimits, TinkerSampler
+from .scoring import BaseScorer
 from .sdk import (
     TELEMETRY_ENV,
     AdamParams,
     APIStatusError,
-    ModelInput,
     RequestFailedError,
     RestClient,
     RetryConfig,
@@ -108,9 +108,8 @@ class TinkerBackend:
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
         self.clients = ClientLedger(self.root)
-        self._base_scorer: Any = None
-        self._suffix_logprobs = True
-        """False once the server refused `prompt_logprobs_last_n` (full prompt logprobs from then on)."""
+        self._scorer = BaseScorer(self._retry, self.opts.sample_timeout_s)
+        """The base model as OPD teacher (`compute_logprobs`)."""
         loaded = self.opts.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
         self._versions = LoadedVersions(loaded, self._load_version)
         """Sampling clients of committed versions besides the published one (`load_version`)."""
@@ -465,57 +464,21 @@ class TinkerBackend:
     async def compute_logprobs(
         self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int]
     ) -> list[list[float]]:
-        """Logprobs of the tokens after each prompt under the BASE model: prompt logprobs
-        (`SamplingClient.compute_logprobs`, last n only, or all of them where the server refuses
-        the suffix option) from a sampling client created on `base_model` with no trained weights,
-        kept apart from the serving sampler."""
-        if self._service is None:
+        """Logprobs of the tokens after each prompt under the BASE model (`clawbridge_tinker.scoring`)."""
+        service = self._service
+        if service is None:
             raise RuntimeError("TinkerBackend.start() has not run")
-        service, timeout = self._service, self.opts.sample_timeout_s
-        client = self._base_scorer
-        if client is None:
-            client = await self._retry(
+
+        async def base_client() -> Any:
+            return await self._retry(
                 "create base sampling client",
                 lambda: service.create_sampling_client(
                     base_model=self.base_model, retry_config=self._retry_config()
                 ).result_async(),
                 self.opts.publish_timeout_s,
             )
-            self._base_scorer = client
-        out: list[list[float]] = []
-        for seq, p in zip(sequences, prompt_lens, strict=True):
-            n = len(seq) - p
-            if n <= 0:
-                out.append([])
-                continue
-            tokens = [int(t) for t in seq]
-            lps = await self._prompt_logprobs(client, tokens, n, timeout)
-            if len(lps) != n or any(v is None for v in lps):
-                raise TinkerRequestFailed(f"compute_logprobs returned {lps!r} for the last {n} tokens")
-            out.append([float(v) for v in lps])
-        return out
 
-    async def _prompt_logprobs(self, client: Any, tokens: list[int], n: int, timeout: float) -> list[Any]:
-        """The last `n` prompt logprobs of `tokens`; falls back to all of them (sliced) for good
-        when the server refuses `prompt_logprobs_last_n`."""
-        if self._suffix_logprobs:
-
-            async def suffix() -> Any:
-                return await client.compute_logprobs(ModelInput.from_ints(tokens), prompt_logprobs_last_n=n)
-
-            try:
-                return list(await self._retry("compute_logprobs", suffix, timeout))[-n:]
-            except (TinkerRequestFailed, APIStatusError) as e:
-                if isinstance(e, APIStatusError) and not 400 <= e.status_code < 500:
-                    raise
-                self._suffix_logprobs = False
-                log.warning("tinker: the server refused prompt_logprobs_last_n (%s); scoring with full prompt "
-                            "logprobs from now on", e)
-
-        async def full() -> Any:
-            return await client.compute_logprobs(ModelInput.from_ints(tokens))
-
-        return list(await self._retry("compute_logprobs", full, timeout))[-n:]
+        return await self._scorer.score(base_client, sequences, prompt_lens)
 
 
 def create(settings: Settings) -> TinkerBackend:
