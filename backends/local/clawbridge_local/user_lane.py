@@ -29,18 +29,29 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
+from clawbridge.versions import LoadedVersions
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.training import LocalTrainer, on_training_thread
 
-if TYPE_CHECKING:
-    from clawbridge_local.backend import LocalBackend
-
 log = logging.getLogger("clawbridge.local")
+
+
+class LaneHost(Protocol):
+    """What a lane needs of the backend that serves it (`clawbridge_local.backend.LocalBackend`)."""
+
+    @property
+    def loaded_versions(self) -> LoadedVersions: ...
+
+    def sampler(self) -> Sampler: ...
+
+    def model_info(self) -> ModelInfo: ...
+
+    def version_dir(self, version: int) -> Path: ...
 
 
 class UserLaneBackend:
@@ -48,7 +59,7 @@ class UserLaneBackend:
 
     name = "local"
 
-    def __init__(self, parent: LocalBackend, user: str, trainer: LocalTrainer) -> None:
+    def __init__(self, parent: LaneHost, user: str, trainer: LocalTrainer) -> None:
         self.parent = parent
         self.user = user
         self.trainer = trainer
@@ -129,7 +140,7 @@ class LaneVersion:
     number, and sampling while the engine keeps that version loaded. Users' calls get their version
     through the router (`clawbridge.versions`), which reloads it from its checkpoint if unloaded."""
 
-    def __init__(self, parent: LocalBackend, version: int) -> None:
+    def __init__(self, parent: LaneHost, version: int) -> None:
         self.parent = parent
         self.version = version
 
