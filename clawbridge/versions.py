@@ -73,7 +73,9 @@ class VersionLookup(Protocol):
 class LaneRoutes(Protocol):
     """Which version a user's plain calls get (`clawbridge.trainer.lanes.UserLanes`)."""
 
-    def version_for(self, user: str | None) -> int | None: ...
+    def own_version(self, user: str | None) -> tuple[int, str] | None:
+        """(version, checkpoint) of the caller's own committed adapter, or None."""
+        ...
 
 
 class VersionNotFound(LookupError):
@@ -193,9 +195,9 @@ class VersionRouter:
         pinned = parse_versioned(model, self.model_names)
         if pinned is not None:
             return Route(await self.sampler_for(pinned, caller=user), pinned, "pinned")
-        own = self.lanes.version_for(user) if self.lanes is not None else None
+        own = self.lanes.own_version(user) if self.lanes is not None else None
         if own is not None:
-            return Route(await self.sampler_for(own, caller=user), own, "user")
+            return Route(await self._own_sampler(*own), own[0], "user")
         if session_id is not None and self.is_canary(session_id):
             assert self._candidate is not None
             return Route(await self.sampler_for(self._candidate), self._candidate, "canary")
@@ -225,6 +227,16 @@ class VersionRouter:
         except VersionUnavailable as exc:
             kept = [current.policy_version] if exc.only_published else await self.kept_versions()
             raise VersionNotFound(str(exc), [v for v in kept if v != version]) from None
+
+    async def _own_sampler(self, version: int, checkpoint: str) -> Sampler:
+        """The caller's own committed version, known with its checkpoint: loaded (or taken from
+        the backend's cache) without reading the store on the call's path."""
+        if not isinstance(self.backend, VersionedServing):
+            return await self.sampler_for(version)
+        try:
+            return await self.backend.load_version(version, checkpoint)
+        except VersionUnavailable as exc:
+            raise VersionNotFound(str(exc), [self.published_version]) from None
 
     async def kept_versions(self) -> list[int]:
         """The versions `NAME@N` can name now, oldest first."""

@@ -82,9 +82,9 @@ class CheckpointKeeper:
         """The trainer state may hold an uncommitted update: `undo` before the next step."""
         self.publish_attempted = False
         """Since the last commit, a publish was attempted (served weights may be uncommitted)."""
-        self.trained_version: int | None = None
-        """The lane's newest committed version that is not its base (None: only the base so far);
-        a user lane serves it to its user (`clawbridge.trainer.lanes`)."""
+        self.trained: tuple[int, str] | None = None
+        """The lane's newest committed version that is not its base, with its checkpoint (None:
+        only the base so far); a user lane serves it to its user (`clawbridge.trainer.lanes`)."""
 
     # ------------------------------------------------------------------ start-up
     def check_identity(self) -> VersionRow | None:
@@ -99,8 +99,8 @@ class CheckpointKeeper:
             log.warning("%d policy version(s) reserved by an earlier run never committed; not reused", abandoned)
         last = await _to_thread(self.check_identity) if not self.versions.lane else \
             await _to_thread(self.versions.last_committed)
-        if last is not None and last.kind != "base":
-            self.trained_version = last.version
+        if last is not None and last.kind != "base" and last.checkpoint is not None:
+            self.trained = (last.version, last.checkpoint)
         serving = self.backend.sampler().policy_version
         if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
             return serving
@@ -130,11 +130,15 @@ class CheckpointKeeper:
         await _to_thread(self.versions.note_checkpoint, version, path)  # found by retention if never committed
         return path
 
-    def committed(self, version: int | None = None) -> None:
-        """The step (or the restore of `version`) committed: the trainer state and the served
-        weights are the committed ones."""
-        if version is not None:
-            self.trained_version = version
+    @property
+    def trained_version(self) -> int | None:
+        return self.trained[0] if self.trained is not None else None
+
+    def committed(self, version: int | None = None, checkpoint: str | None = None) -> None:
+        """The step (or the restore of `version` from `checkpoint`) committed: the trainer state
+        and the served weights are the committed ones."""
+        if version is not None and checkpoint is not None:
+            self.trained = (version, checkpoint)
         self.dirty = False
         self.publish_attempted = False
 
@@ -151,7 +155,7 @@ class CheckpointKeeper:
             await self._restore(last.checkpoint, version)
             await _to_thread(self.versions.commit, version, last.checkpoint, last.identity)
             log.warning("served weights reset to the committed v%d's, now as v%d", last.version, version)
-            self.committed(version if last.kind != "base" else None)
+            self.committed(version if last.kind != "base" else None, last.checkpoint)
             return
         await self._restore(last.checkpoint, self.backend.sampler().policy_version)
         log.warning("trainer state reset to the committed v%d's checkpoint", last.version)
@@ -171,7 +175,7 @@ class CheckpointKeeper:
             self.dirty = self.publish_attempted = True
             raise
         await _to_thread(self.versions.commit, version, row.checkpoint, row.identity)
-        self.committed(version)
+        self.committed(version, row.checkpoint)
         await self.prune()
         return version
 

@@ -181,13 +181,17 @@ class UserLanes:
                  f"serving their v{trained}" if trained is not None else "no trained version yet")
 
     # ------------------------------------------------------------------ routing
+    def own_version(self, user: str | None) -> tuple[int, str] | None:
+        """The version `user`'s plain calls get, with its checkpoint: their lane's newest committed
+        trained version, or None (the shared serving version answers). From memory: no store read
+        on a model call's path."""
+        loop = self.lanes.get(user) if user is not None else None
+        return None if loop is None else loop.keeper.trained
+
     def version_for(self, user: str | None) -> int | None:
-        """The version `user`'s plain calls get: their lane's newest committed trained version, or
-        None (the shared serving version answers)."""
-        if user is None:
-            return None
-        loop = self.lanes.get(user)
-        return None if loop is None else loop.keeper.trained_version
+        """`own_version`'s number."""
+        own = self.own_version(user)
+        return None if own is None else own[0]
 
     # ------------------------------------------------------------------ forgetting
     async def forget_user(self, user: str) -> dict[str, int]:

@@ -442,7 +442,7 @@ class TrainerLoop:
             await asyncio.to_thread(
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
             )
-            keeper.committed(version)
+            keeper.committed(version, checkpoint)
             if self.privacy is not None:
                 self.privacy.count_trained(prepared.masked)
         except asyncio.CancelledError:
