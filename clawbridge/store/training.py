@@ -361,6 +361,15 @@ class TrainingStore:
         """Newest first, with how many samples each consumed."""
         return self._select_steps("ORDER BY st.step DESC LIMIT ?", (limit,))
 
+    def step_counts_by_lane(self) -> dict[str, dict[str, int]]:
+        """Steps per lane and status (`{lane: {"ok": n, "failed": n, ...}}`), every lane in one read."""
+        with self.store.read() as c:
+            rows = c.execute("SELECT lane, status, COUNT(*) FROM steps GROUP BY lane, status").fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for lane, status, n in rows:
+            out.setdefault(str(lane), {})[str(status)] = int(n)
+        return out
+
     def lane_steps(self, limit: int = 20) -> list[StepRow]:
         """This view's lane's steps, newest first (all steps when unbound)."""
         if self.lane is None:

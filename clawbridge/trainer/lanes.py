@@ -221,19 +221,27 @@ class UserLanes:
     def status(self) -> dict[str, Any]:
         """Per user: the version their calls get, steps, pending turns and reward trend (reads the store)."""
         out: dict[str, Any] = {}
-        for user, loop in sorted(self.lanes.items()):
-            steps = loop.tstore.lane_steps(200)
-            ok = [s for s in steps if s.status == "ok"]
+        lanes = sorted(self.lanes.items())
+        if not lanes:
+            return out
+        every = lanes[0][1].tstore
+        counts = every.step_counts_by_lane()
+        ready: dict[str, int] = {}
+        for s in every.ready_samples(every_lane=True):
+            ready[s.user_id or ""] = ready.get(s.user_id or "", 0) + 1
+        for user, loop in lanes:
+            recent = loop.tstore.lane_steps(4 * TREND_STEPS)
+            ok = [s for s in recent if s.status == "ok"]
             trend = [float(s.metrics["reward_mean"]) for s in reversed(ok[:TREND_STEPS])
                      if isinstance(s.metrics.get("reward_mean"), int | float)]
-            failed = [s for s in steps if s.status == "failed"]
+            last = recent[0] if recent else None
             out[user] = {
                 "serving_version": loop.keeper.trained_version,
                 "in_step": loop.in_step,
-                "steps": {"ok": len(ok), "failed": len(failed)},
-                "pending_turns": len(loop.tstore.ready_samples()),
+                "steps": {"ok": counts.get(user, {}).get("ok", 0), "failed": counts.get(user, {}).get("failed", 0)},
+                "pending_turns": ready.get(user, 0),
                 "reward_trend": trend,
-                "last_error": failed[0].error if failed and (not ok or failed[0].step > ok[0].step) else None,
+                "last_error": last.error if last is not None and last.status == "failed" else None,
             }
         return out
 
