@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawbridge.chat_template import ChatTemplate
 from clawbridge.chatformat import (
     Capabilities,
     Prompt,
@@ -104,6 +105,8 @@ class Renderer:
         self.cache: SegmentCache = cache if cache is not None else SegmentCache()
         """Segment text -> ids; shared by every render of this renderer."""
         self._backend: Any = tokenizer.backend_tokenizer
+        self.template: ChatTemplate = ChatTemplate(tokenizer)
+        """The chat template, rendered as `apply_chat_template` renders it (`clawbridge.chat_template`)."""
         template = str(tokenizer.chat_template)
         self.developer_role_supported: bool = "developer" in template
         """Whether the template renders `developer` messages itself (else they become `system`)."""
@@ -174,9 +177,7 @@ class Renderer:
         selection = select_tools(tools, tool_choice)
         shown_messages, template_tools = self.tool_style.prepare(norm, selection.shown)
         try:
-            text = self.tokenizer.apply_chat_template(
-                shown_messages, tools=template_tools, tokenize=False, add_generation_prompt=True
-            )
+            text = self.template.render(shown_messages, template_tools)
         except RenderError:
             raise
         except Exception as e:  # jinja2.TemplateError, raise_exception(), bad types inside the template

@@ -250,3 +250,34 @@ def test_forget_while_the_trainer_loop_steps(tmp_path: Path) -> None:
     assert b.applied == turns["bob"]
     store.close()
     assert b"alice 0" not in raw_bytes(tmp_path)
+
+
+def test_session_owners_are_remembered_only_once_committed_and_forgotten_with_the_user(tmp_path: Path) -> None:
+    """`Store.owners` (the model call's ownership check without a store read): a session is
+    remembered with its owner once the transaction creating it committed, a turn rolled back adds
+    nothing, and forgetting the owner clears it, so a reused id is answered from the store again."""
+    store = Store.open(tmp_path)
+    users = UserStore(store)
+    users.add("alice")
+    assert store.owners.get("alice:s") == (False, None)
+    store.record_turn(_turn("alice:s", "alice", "a"))
+    assert store.owners.get("alice:s") == (True, "alice")
+    assert users.session_owner("alice:s") == (True, "alice")
+    # A group where one turn is refused (a duplicate turn id): only the committed session is remembered.
+    dup = _turn("other", None, "x")
+    dup = TurnRecord(**{**dup.__dict__, "turn_id": store.last_turn_id("alice:s")})
+    errors = store.record_turns([(_turn("fresh", None, "f"), "header", None), (dup, "header", None)])
+    assert errors[0] is None and errors[1] is not None
+    assert store.owners.get("fresh") == (True, None) and store.owners.get("other") == (False, None)
+    assert users.session_owner("other") == (False, None)  # never created: read, and not remembered
+    assert store.owners.get("other") == (False, None)
+    users.forget("alice")
+    assert store.owners.get("alice:s") == (False, None) and users.session_owner("alice:s") == (False, None)
+    store.record_turn(_turn("alice:s", "bob", "b"))  # the id reused by someone else after the forget
+    assert users.session_owner("alice:s") == (True, "bob")
+    # Read from the store (not remembered yet) after a restart: same answer, then remembered.
+    store.close()
+    store = Store.open(tmp_path)
+    assert store.owners.get("alice:s") == (False, None)
+    assert UserStore(store).session_owner("alice:s") == (True, "bob") and store.owners.get("alice:s") == (True, "bob")
+    store.close()

@@ -17,9 +17,18 @@ def unknown_session(session_id: str) -> ApiError:
     return ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
 
 
+async def session_owner(state: ProxyState, session_id: str) -> tuple[bool, str | None]:
+    """(whether the session exists, its user): from memory when the store knows it (no thread hop,
+    no wait for the writer's lock), else read on a worker thread."""
+    known, owner = state.store.owners.get(session_id)
+    if known:
+        return True, owner
+    return await state.read(UserStore(state.store).session_owner, session_id)
+
+
 async def visible(state: ProxyState, principal: Principal, session_id: str) -> bool:
     """Whether the session exists and the caller sees it."""
-    exists, owner = await state.read(UserStore(state.store).session_owner, session_id)
+    exists, owner = await session_owner(state, session_id)
     return exists and principal.sees(session_id, owner)
 
 
@@ -38,6 +47,6 @@ async def find_session(state: ProxyState, principal: Principal, asked: str) -> s
 async def check_recordable(state: ProxyState, principal: Principal, session_id: str) -> None:
     """404 when a model call names an existing session the caller does not see (a new id is
     created as the caller's)."""
-    exists, owner = await state.read(UserStore(state.store).session_owner, session_id)
+    exists, owner = await session_owner(state, session_id)
     if exists and not principal.sees(session_id, owner):
         raise unknown_session(session_id)

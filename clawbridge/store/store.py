@@ -36,6 +36,7 @@ from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.store.codec import encode_floats, encode_ids
 from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
+from clawbridge.store.owners import SessionOwners
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
 from clawbridge.store.turns import decode_turn
 
@@ -117,6 +118,8 @@ class Store:
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30.0)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.RLock()
+        self.owners = SessionOwners()
+        """Committed sessions' owners, kept in memory (`clawbridge.store.owners`)."""
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA foreign_keys=ON")
@@ -291,7 +294,9 @@ class Store:
         """Insert one turn in one committed transaction: create (or reopen) its session first, and
         end the session afterwards when `end_reason` is given."""
         with self.write() as c:
-            self._insert_turn(c, turn, session_source, end_reason)
+            created = self._insert_turn(c, turn, session_source, end_reason)
+        if created:
+            self.owners.put(turn.session_id, turn.user_id)
         return turn.turn_id
 
     def record_turns(self, turns: Sequence[tuple[TurnRecord, str, str | None]]) -> list[Exception | None]:
@@ -302,11 +307,12 @@ class Store:
         alone and its error returned in its slot (None: written). A failure of the transaction
         itself (disk full, I/O error, the commit) raises, and then none of them is written."""
         results: list[Exception | None] = []
+        created: list[tuple[str, str | None]] = []
         with self.write() as c:
             for turn, source, end_reason in turns:
                 c.execute("SAVEPOINT turn")
                 try:
-                    self._insert_turn(c, turn, source, end_reason)
+                    new = self._insert_turn(c, turn, source, end_reason)
                 except Exception as exc:
                     if not c.in_transaction:  # SQLite rolled the whole transaction back (SQLITE_FULL, IOERR)
                         raise
@@ -316,13 +322,18 @@ class Store:
                     continue
                 c.execute("RELEASE turn")
                 results.append(None)
+                if new:
+                    created.append((turn.session_id, turn.user_id))
+        for session_id, owner in created:  # committed: the sessions exist with these owners
+            self.owners.put(session_id, owner)
         return results
 
     @staticmethod
-    def _insert_turn(c: sqlite3.Connection, turn: TurnRecord, session_source: str, end_reason: str | None) -> None:
-        """The statements of `record_turn`, inside the caller's transaction."""
+    def _insert_turn(c: sqlite3.Connection, turn: TurnRecord, session_source: str, end_reason: str | None) -> bool:
+        """The statements of `record_turn`, inside the caller's transaction; whether it created the session."""
         row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
-        if row is None:
+        created = row is None
+        if created:
             c.execute(
                 "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at, user_id) "
                 "VALUES(?,?,?,?,?,?,?)",
@@ -369,6 +380,7 @@ class Store:
                 "UPDATE sessions SET status='ended', end_reason=?, ended_at=?, key_hash=NULL WHERE session_id=?",
                 (end_reason, turn.completed_at, turn.session_id),
             )
+        return created
 
     def last_turn_id(self, session_id: str) -> str | None:
         with self.read() as c:

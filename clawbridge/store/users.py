@@ -128,10 +128,16 @@ class UserStore:
         return row is not None and not row.active
 
     def session_owner(self, session_id: str) -> tuple[bool, str | None]:
-        """(whether the session exists, its user)."""
+        """(whether the session exists, its user): from memory when known (`Store.owners`)."""
+        known, owner = self.store.owners.get(session_id)
+        if known:
+            return True, owner
         with self.store.read() as c:
             r = c.execute("SELECT user_id FROM sessions WHERE session_id=?", (session_id,)).fetchone()
-        return (False, None) if r is None else (True, r[0])
+        if r is None:
+            return False, None
+        self.store.owners.put(session_id, r[0])
+        return True, r[0]
 
     # ------------------------------------------------------------------ counts
     def stats(self) -> list[dict[str, Any]]:
@@ -205,6 +211,7 @@ class UserStore:
             deleted["turns"] = c.execute(f"DELETE FROM turns WHERE session_id IN ({sessions})", (name,)).rowcount
             deleted["sessions"] = c.execute("DELETE FROM sessions WHERE user_id=?", (name,)).rowcount
             deleted["users"] = c.execute("DELETE FROM users WHERE user_id=?", (name,)).rowcount
+        self.store.owners.clear()  # committed: none of the user's sessions exists any more
         truncated = self.store.vacuum()
         return ForgetReport(name, {k: v for k, v in deleted.items() if v}, truncated)
 
