@@ -4,10 +4,13 @@ Measures, for a 40 KB OpenClaw-sized request (12 tools, a growing session) and a
 1. in-process: render (prompt ids) + record (SQLite commit) + serialize (response JSON), p50/p99;
    baseline in the same run: the same render with the segment cache disabled (full re-tokenization).
 2. over HTTP at 1 and 16 concurrent clients: the proxy's latency minus a bare uvicorn endpoint's
-   latency for the same body (the HTTP floor), p50/p99.
+   latency for the same body (the HTTP floor), p50/p99. The proxy runs as `clawbridge serve` runs
+   it (`uvicorn_config`, `ProxyServer`'s collector tuning) over a scripted sampler that keeps no
+   copy of the prompts it is given.
 
 Run: python bench/proxy_overhead.py [--calls 200] [--rounds 5] [--baseline-src DIR]
-(--baseline-src: another checkout's proxy measured in the same rounds, alternating, for before/after.)
+(--baseline-src: another checkout's proxy, served by this script with the same settings, measured
+in the same rounds, alternating, for before/after.)
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+CODE_ROOT = Path(sys.argv[sys.argv.index("--code-root") + 1]) if "--code-root" in sys.argv else ROOT
+"""Whose clawbridge a `--serve` child runs: this tree's, or `--baseline-src`'s under this harness."""
+sys.path.insert(0, str(CODE_ROOT))
 
 WORDS = ["agent", "tool", "memory", "file", "session", "workspace", "user", "assistant", "call", "result", "error", "retry", "heartbeat", "cron", "channel", "message", "reply", "model", "token", "context", "policy", "skill", "browser", "shell", "search", "read", "write", "edit", "command", "output", "status", "config", "plugin", "provider", "gateway", "node", "process", "permission", "sandbox"]
 
@@ -143,6 +148,11 @@ def in_process(model_dir: Path, calls: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- over HTTP
 
 
+class _Discard(list[list[int]]):
+    def append(self, item: list[int]) -> None:
+        pass
+
+
 def serve(mode: str, port: int, model_dir: str, state_dir: str) -> None:
     """Subprocess entry: the real proxy over an instant sampler, or a bare uvicorn floor."""
     import uvicorn
@@ -174,17 +184,26 @@ def serve(mode: str, port: int, model_dir: str, state_dir: str) -> None:
     from clawbridge.proxy.app import build_app
     from clawbridge.render import Renderer
     from clawbridge.sampler import FakeSampler
-    from clawbridge.server import build_state
+    from clawbridge.server import ProxyServer, build_state, uvicorn_config
 
     async def main() -> None:
         r = Renderer.from_pretrained(model_dir)
         script = [*list(r.tokenizer.encode("ok " * 8, add_special_tokens=False)), r.stop_token_ids[0]]
-        backend = FakeServingBackend(FakeSampler(script=script),
-                                     ModelInfo("tiny", model_dir, context_window=32768, max_output_tokens=256))
+        sampler = FakeSampler(script=script)
+        if hasattr(sampler, "keep_prompts"):  # the model's stand-in keeps no copy of every prompt
+            sampler.keep_prompts = False
+        else:  # an older checkout's fake: same, by discarding what it appends
+            sampler.prompts = _Discard()
+        backend = FakeServingBackend(sampler, ModelInfo("tiny", model_dir, context_window=32768, max_output_tokens=256))
         settings = Settings(port=port, state_dir=Path(state_dir), model=model_dir, served_model_name="tiny",
                             log_level="warning")
         state = await build_state(settings, backend)
-        server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
+        # As `clawbridge serve` runs it: its uvicorn settings (protocol, limits), its collector tuning.
+        config = uvicorn_config(build_app(state), settings)
+        try:
+            server = ProxyServer(config, Path(state_dir), tune_gc=True)
+        except TypeError:  # a checkout from before the collector tuning
+            server = ProxyServer(config, Path(state_dir))
         await server.serve()
 
     asyncio.run(main())
@@ -216,21 +235,21 @@ def start_servers(model_dir: Path, tmp: str, baseline_src: Path | None) -> dict[
     """The bare floor, this tree's proxy, and (with `baseline_src`) the same proxy from another checkout."""
     from tests.support import free_port, wait_healthy
 
-    servers = {"floor": __file__, "proxy": __file__}
+    roots = {"floor": ROOT, "proxy": ROOT}
     if baseline_src is not None:
-        servers["before"] = str(baseline_src / "bench" / "proxy_overhead.py")
+        roots["before"] = baseline_src
     procs: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
-    for label, script in servers.items():
+    for label, code_root in roots.items():
         port = free_port()
         state = Path(tmp) / label
         state.mkdir()
         env = dict(os.environ)
-        if label == "before":  # the other checkout's code wins (its script puts its own root first too)
-            assert baseline_src is not None
-            env["PYTHONPATH"] = os.pathsep.join(str(baseline_src / d) for d in ("", "backends/local"))
-        procs[label] = (subprocess.Popen([sys.executable, script, "--serve", "floor" if label == "floor" else "proxy",
-                                          "--port", str(port), "--model-dir", str(model_dir),
-                                          "--state-dir", str(state)], env=env), port, state)
+        if label == "before":  # the other checkout's code, served by this harness (same settings)
+            env["PYTHONPATH"] = os.pathsep.join(str(code_root / d) for d in ("", "backends/local"))
+        procs[label] = (subprocess.Popen([sys.executable, __file__, "--serve", "floor" if label == "floor" else "proxy",
+                                          "--code-root", str(code_root), "--port", str(port),
+                                          "--model-dir", str(model_dir), "--state-dir", str(state)], env=env),
+                        port, state)
     for proc, port, _ in procs.values():
         wait_healthy(f"http://127.0.0.1:{port}", 120, proc)
     return procs
@@ -307,13 +326,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--state-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--code-root", help=argparse.SUPPRESS)
     ap.add_argument("--skip-http", action="store_true", help="only the in-process breakdown")
     ap.add_argument("--skip-in-process", action="store_true", help="only the HTTP measurement")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat the HTTP measurement; each figure is then the median [min-max] over rounds")
     ap.add_argument("--baseline-src", type=Path,
                     help="a checkout of another revision (e.g. `git worktree add /tmp/base main`): its proxy is "
-                         "measured too, alternating with this tree's in every round")
+                         "measured too, served by this script with the same settings, alternating with this "
+                         "tree's in every round")
     args = ap.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.model_dir, args.state_dir)

@@ -206,7 +206,9 @@ class FinishedStream:
 class FakeSampler:
     """Replays `script` (token ids) for every prompt, instantly or with `delay_s` per token.
 
-    Records every prompt it was given in `prompts`, so tests can assert on what was fed.
+    Records every prompt it was given in `prompts`, so tests can assert on what was fed (unless
+    `keep_prompts` is False: a benchmark's stand-in for a model, whose copies would be counted
+    as the proxy's time and grow without bound).
     """
 
     script: list[int]
@@ -214,13 +216,15 @@ class FakeSampler:
     delay_s: float = 0.0
     version: int = 0
     prompts: list[list[int]] = field(default_factory=list)
+    keep_prompts: bool = True
 
     @property
     def policy_version(self) -> int:
         return self.version
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
-        self.prompts.append(list(prompt_ids))
+        if self.keep_prompts:
+            self.prompts.append(list(prompt_ids))
         toks: list[SampledToken] = []
         reason: FinishReason = "length"
         for t in self.script[: params.max_tokens]:

@@ -169,3 +169,49 @@ def test_the_writer_groups_waiting_turns_and_answers_each_after_its_commit(tmp_p
         holder.join(30)
         writer.close()
     assert groups == [1, 4]
+
+
+def test_wal_checkpoints_run_in_the_background(tmp_path: Path) -> None:
+    """`checkpoint_in_background` (what the proxy's store writer turns on): commits no longer
+    checkpoint (the connection's wal_autocheckpoint is 0), yet the committed pages reach the
+    database file, copied by the checkpointer's thread; every turn stays readable, also by another
+    connection; `checkpoint_on_commit` restores SQLite's default after a last checkpoint."""
+    from tests.support import wait_for
+
+    store = Store.open(tmp_path)
+    db = store.path
+
+    def autocheckpoint() -> int:
+        with store.read() as c:
+            return int(c.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    assert autocheckpoint() == 1000
+    store.checkpoint_in_background()
+    assert autocheckpoint() == 0
+    checkpointer = store._checkpointer
+    assert checkpointer is not None
+    size_before = db.stat().st_size
+    big = '{"messages": [{"role": "user", "content": "' + "x" * 100_000 + '"}]}'
+    for i in range(100):  # ~10 MB through the WAL
+        store.record_turn(turn(f"s{i % 4}", [-0.5], request_json=big))
+    wait_for(lambda: checkpointer.checkpoints > 0, 30, "a background checkpoint")
+    wait_for(lambda: db.stat().st_size - size_before > 5_000_000, 30, "the committed pages in the database file")
+    other = Store.open(tmp_path)
+    assert sum(len(other.session_turns(f"s{i}")) for i in range(4)) == 100
+    other.close()
+    store.checkpoint_on_commit()
+    assert autocheckpoint() == 1000 and store._checkpointer is None
+    assert not checkpointer._thread.is_alive()
+    store.close()
+
+
+def test_without_background_checkpoints_a_commit_still_checkpoints(tmp_path: Path) -> None:
+    """The control for the test above: with the default, the same writes reach the database file
+    through SQLite's own checkpoints on commit (so the background thread is what replaced them)."""
+    store = Store.open(tmp_path)
+    size_before = store.path.stat().st_size
+    big = '{"messages": [{"role": "user", "content": "' + "x" * 100_000 + '"}]}'
+    for i in range(100):
+        store.record_turn(turn(f"s{i % 4}", [-0.5], request_json=big))
+    assert store.path.stat().st_size - size_before > 5_000_000
+    store.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -60,11 +59,6 @@ def build_app(state: ProxyState) -> FastAPI:
             await state.judge.start()
         if state.reporter is not None:
             await state.reporter.start()
-        # What start-up made (modules, the tokenizer, the model) lives as long as the server: out
-        # of the collector's generations, a full collection while serving scans only what serving
-        # allocated (it scanned all of it, pausing the event loop for a p99 call).
-        gc.collect()
-        gc.freeze()
         try:
             yield
         finally:

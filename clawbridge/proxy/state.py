@@ -87,6 +87,7 @@ class StoreWriter:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        store.checkpoint_in_background()  # a group commit never waits for a WAL checkpoint
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawbridge-store")
         self._queue: deque[_Job] = deque()
         self._lock = threading.Lock()
@@ -178,6 +179,7 @@ class StoreWriter:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.store.checkpoint_on_commit()
 
 
 @dataclass

@@ -3,7 +3,9 @@
 Invariants:
 - Every method that writes commits before it returns; the proxy awaits `record_turn` before it
   sends the last byte of a response, so an answered turn survives `kill -9` (WAL with
-  synchronous=NORMAL is durable against process crashes).
+  synchronous=NORMAL is durable against process crashes). WAL checkpoints run inside a commit
+  (SQLite's default) or, once `checkpoint_in_background` is called (the proxy's store writer),
+  on a thread of their own (`clawbridge.store.walcheckpoint`), never inside a commit.
 - One `Store` object is safe to share between threads (a lock serialises use of its connection);
   the repositories beside it (`training`, `rewards`, `versions`, `observe`) reach the connection
   only through `write()` (one committed transaction) and `read()`, never its private fields.
@@ -25,10 +27,9 @@ import hashlib
 import json
 import sqlite3
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
 from clawbridge.store.owners import SessionOwners
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
-from clawbridge.store.turns import decode_turn
+from clawbridge.store.turns import TurnRecord, decode_turn, new_id
+from clawbridge.store.walcheckpoint import DEFAULT_AUTOCHECKPOINT_PAGES, WalCheckpointer
 
 
 class StoreError(Exception):
@@ -47,10 +49,6 @@ class StoreError(Exception):
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)
@@ -68,32 +66,6 @@ class SessionRow:
     turn_count: int = 0
     user_id: str | None = None
     """The user whose key made the session (None: the shared client key or the admin key)."""
-
-
-@dataclass(frozen=True)
-class TurnRecord:
-    """Everything recorded about one model call."""
-
-    session_id: str
-    turn_type: str
-    status: str
-    model: str
-    prompt_token_ids: Sequence[int]
-    completion_token_ids: Sequence[int]
-    completion_logprobs: Sequence[float]
-    policy_version: int
-    finish_reason: str | None
-    request_json: str
-    """The request body as the client sent it, less unknown top-level fields
-    (`clawbridge.proxy.request.stored_request`)."""
-    response_json: str | None
-    created_at: float
-    completed_at: float
-    first_token_at: float | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    turn_id: str = field(default_factory=lambda: new_id("turn"))
-    user_id: str | None = None
-    """The caller's user: recorded on the session when this turn creates it."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +92,7 @@ class Store:
         self._lock = threading.RLock()
         self.owners = SessionOwners()
         """Committed sessions' owners, kept in memory (`clawbridge.store.owners`)."""
+        self._checkpointer: WalCheckpointer | None = None
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA foreign_keys=ON")
@@ -132,8 +105,27 @@ class Store:
         return cls(state_dir / DB_FILENAME, clock)
 
     def close(self) -> None:
+        self.checkpoint_on_commit()
         with self._lock:
             self._conn.close()
+
+    def checkpoint_in_background(self) -> None:
+        """WAL checkpoints on a thread of their own from now on (`clawbridge.store.walcheckpoint`):
+        for a process that commits often and cannot wait (the proxy's store writer)."""
+        with self._lock:
+            if self._checkpointer is None:
+                self._conn.execute("PRAGMA wal_autocheckpoint=0")
+                self._checkpointer = WalCheckpointer(self.path)
+
+    def checkpoint_on_commit(self) -> None:
+        """Back to SQLite's default (the committing connection checkpoints), after a last
+        background checkpoint."""
+        with self._lock:
+            checkpointer, self._checkpointer = self._checkpointer, None
+            if checkpointer is not None:
+                self._conn.execute(f"PRAGMA wal_autocheckpoint={DEFAULT_AUTOCHECKPOINT_PAGES}")
+        if checkpointer is not None:
+            checkpointer.stop()
 
     # ------------------------------------------------------------------ the seam for repositories
     @contextmanager
@@ -151,6 +143,8 @@ class Store:
                     self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
 
     def vacuum(self) -> bool:
         """Rebuild the file without free pages and truncate the WAL, so deleted rows leave no bytes

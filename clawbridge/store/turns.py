@@ -1,4 +1,4 @@
-"""Reading a recorded turn back: the one decoder of a `turns` row.
+"""A recorded turn: what the proxy writes (`TurnRecord`) and the one decoder of a `turns` row.
 
 Invariants:
 - Token ids and logprobs come back exactly as recorded (`clawbridge.store.codec`), bit for bit.
@@ -12,10 +12,42 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawbridge.store.codec import decode_floats, decode_ids
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """Everything recorded about one model call."""
+
+    session_id: str
+    turn_type: str
+    status: str
+    model: str
+    prompt_token_ids: Sequence[int]
+    completion_token_ids: Sequence[int]
+    completion_logprobs: Sequence[float]
+    policy_version: int
+    finish_reason: str | None
+    request_json: str
+    """The request body as the client sent it, less unknown top-level fields
+    (`clawbridge.proxy.request.stored_request`)."""
+    response_json: str | None
+    created_at: float
+    completed_at: float
+    first_token_at: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    turn_id: str = field(default_factory=lambda: new_id("turn"))
+    user_id: str | None = None
+    """The caller's user: recorded on the session when this turn creates it."""
 
 
 @dataclass(frozen=True)
