@@ -30,6 +30,7 @@ Run (about 8-10 minutes on 2 shared cores):
     . .venv/bin/activate && python bench/engine_memory.py
     python bench/engine_memory.py --quick      # smaller sizes, to check that it runs
     python bench/engine_memory.py --only-serve --repeat 5   # only the serve+train peak
+    python bench/engine_memory.py --only-speed --speed-repeat 5   # only decode speed, 5 runs each
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -335,6 +337,25 @@ def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
     ]
 
 
+def speed_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """Decode tokens/s at 1, 8 and 32 streams, old and new engine, `--speed-repeat` runs each,
+    alternating which engine goes first."""
+    rows: list[tuple[str, str, str, str]] = []
+    n = args.speed_repeat
+    for c in (1, 8, 32):
+        runs: dict[str, list[float]] = {"old": [], "new": []}
+        for r in range(n):
+            for w in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                runs[w].append(run_child(f"speed{c}:{w}", model_dir, args)["tok_s"])
+
+        def fmt(xs: list[float]) -> str:
+            return f"{xs[0]:.1f}" if len(xs) == 1 else f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+
+        label = f"SmolLM2 decode tokens/s, {c} stream(s) x 32" + (f", median [min-max] of {n}" if n > 1 else "")
+        rows.append((label, fmt(runs["old"]), fmt(runs["new"]), ">= old"))
+    return rows
+
+
 def other_rows(model_dir: Path, tiny: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     """Growth (tiny model), decode speed and exactness (SmolLM2), old and new engine."""
     rows: list[tuple[str, str, str, str]] = []
@@ -346,10 +367,7 @@ def other_rows(model_dir: Path, tiny: Path, args: argparse.Namespace) -> list[tu
                  f"{g['old']['rss100_kb'] / mib:.0f} -> {g['old']['rss_n_kb'] / mib:.0f} MiB ({g['old']['pct']:+.1f}%)",
                  f"{g['new']['rss100_kb'] / mib:.0f} -> {g['new']['rss_n_kb'] / mib:.0f} MiB ({g['new']['pct']:+.1f}%)",
                  "within 10%"))
-    for c in (1, 8, 32):
-        sp = {w: run_child(f"speed{c}:{w}", model_dir, args) for w in ("old", "new")}
-        rows.append((f"SmolLM2 decode tokens/s, {c} stream(s) x 32", f"{sp['old']['tok_s']:.1f}",
-                     f"{sp['new']['tok_s']:.1f}", ">= old"))
+    rows += speed_rows(model_dir, args)
     for c in (1, 8, 32):
         ls = {w: run_child(f"lspeed{c}:{w}", model_dir, args) for w in ("merged", "adapter")}
         rows.append((f"  {c} stream(s), a LoRA r8 version: merged (left) / adapter (right)", f"{ls['merged']['tok_s']:.1f}",
@@ -370,6 +388,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3, help="serve+train runs per engine (peak: min/median/max)")
     ap.add_argument("--only-serve", action="store_true", help="only the serve+train peak rows")
+    ap.add_argument("--only-speed", action="store_true", help="only the decode speed rows")
+    ap.add_argument("--speed-repeat", type=int, default=1,
+                    help="runs per engine of each decode speed row (median [min-max]; engines alternate first)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -393,9 +414,12 @@ def main() -> None:
         os.symlink(smol, work / "model")
         write_batch(work / "batch.json", make_batch(work / "model", 4, 64, 32))
         tiny = build_tiny_model(Path(tmp) / "tiny" / "model")
-        rows += serve_rows(work / "model", args)
-        if not args.only_serve:
-            rows += other_rows(work / "model", tiny, args)
+        if args.only_speed:
+            rows += speed_rows(work / "model", args)
+        else:
+            rows += serve_rows(work / "model", args)
+            if not args.only_serve:
+                rows += other_rows(work / "model", tiny, args)
     widths = [max(len(r[i]) for r in [*rows, ("measurement", "old engine", "KV-pool engine", "target")])
               for i in range(4)]
     print(f"OMP_NUM_THREADS=1, one process per measurement; {time.perf_counter() - t0:.0f} s in all")

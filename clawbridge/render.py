@@ -8,7 +8,8 @@ assistant message by the one grammar of `clawbridge.parse`, with this vocabulary
 
 Invariants:
 - Token exact: `render` returns exactly `tokenizer(text, add_special_tokens=False).input_ids` for
-  the prompt text (`render_text`: the template's text, then any forced call's prefill). The speed-up (per-segment caching) never changes the ids:
+  the prompt text (`render_text`: the template's text, exactly what `apply_chat_template` gives
+  (`clawbridge.chat_template`), then any forced call's prefill). The speed-up (per-segment caching) never changes the ids:
   text is split only at added tokens the tokenizer itself splits at first (no lstrip/rstrip/
   single_word, not normalized), so each segment tokenizes independently of its neighbours.
 - Bounded memory: the segment cache holds at most `max_entries` segments and `max_chars` text.

@@ -215,3 +215,19 @@ def test_without_background_checkpoints_a_commit_still_checkpoints(tmp_path: Pat
         store.record_turn(turn(f"s{i % 4}", [-0.5], request_json=big))
     assert store.path.stat().st_size - size_before > 5_000_000
     store.close()
+
+
+def test_vacuum_truncates_the_wal_while_checkpoints_run_in_the_background(tmp_path: Path) -> None:
+    """`vacuum` (what forgetting a user ends with) holds the background checkpointer off, so its
+    TRUNCATE checkpoint is never made busy by one running: the WAL is truncated every time."""
+    store = Store.open(tmp_path)
+    store.checkpoint_in_background()
+    assert store._checkpointer is not None
+    store._checkpointer.min_interval_s = 0.0  # a checkpoint after every commit: one runs when vacuum starts
+    big = '{"messages": [{"role": "user", "content": "' + "x" * 50_000 + '"}]}'
+    for i in range(40):
+        for j in range(5):
+            store.record_turn(turn(f"s{i}-{j}", [-0.5], request_json=big))
+        assert store.vacuum(), f"round {i}: the WAL was not truncated"
+        assert Path(f"{store.path}-wal").stat().st_size == 0
+    store.close()

@@ -23,12 +23,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,7 @@ class Store:
             checkpointer.stop()
 
     # ------------------------------------------------------------------ the seam for repositories
-    @contextmanager
+    @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT) on the connection, under the lock.
 
@@ -150,13 +150,14 @@ class Store:
         """Rebuild the file without free pages and truncate the WAL, so deleted rows leave no bytes
         in either. Holds the lock (writes wait) for as long as the rebuild takes. Returns whether
         the WAL was truncated (False when another connection's open read kept it)."""
-        with self._lock:
+        checkpointer = self._checkpointer
+        with self._lock, checkpointer.lock if checkpointer is not None else contextlib.nullcontext():
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.execute("VACUUM")
             busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         return int(busy) == 0
 
-    @contextmanager
+    @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """The connection for reads (rows are `sqlite3.Row`), under the lock. Do not write in it:
         a write outside `write()` would commit statement by statement."""

@@ -14,6 +14,9 @@ Invariants:
   commits share one checkpoint, and an idle store runs none.
 - Durability is unchanged: a commit is in the WAL before it returns, checkpoint or not.
 - A failed checkpoint is logged and retried at the next wake; it never fails a commit.
+- `lock` is held for each checkpoint: whoever holds it (`Store.vacuum`, whose TRUNCATE checkpoint
+  a running one would make busy) knows none runs. The PRAGMA's statement is stepped to its end, so
+  the checkpointer's connection holds no read snapshot between checkpoints.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class WalCheckpointer:
         self.min_interval_s = min_interval_s
         self.checkpoints = 0
         """Checkpoints run so far (for tests and the log)."""
+        self.lock = threading.Lock()
+        """Held while a checkpoint runs."""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawbridge-wal-checkpoint", daemon=True)
@@ -69,7 +74,8 @@ class WalCheckpointer:
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            with self.lock:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             self.checkpoints += 1
         except sqlite3.Error as exc:
             log.warning("background WAL checkpoint failed (retried after the next commit): %s", exc)
