@@ -107,41 +107,6 @@ def test_prefix_reuse_gives_the_cold_logprobs(make_engine: Any) -> None:
     assert cold.engine_status()["prefix_hits"] == 0
 
 
-def count_forwards(eng: TorchEngine) -> list[list[int]]:
-    """From now on, the token count of each row of every forward `eng`'s pool runs, in order."""
-    forwards: list[list[int]] = []
-    real = eng.pool.forward
-
-    def counting(model: Any, tokens: list[list[int]], rows: Any) -> Any:
-        forwards.append([len(t) for t in tokens])
-        return real(model, tokens, rows)
-
-    eng.pool.forward = counting  # type: ignore[method-assign]
-    return forwards
-
-
-def test_a_prompt_sent_again_is_answered_from_its_cached_prefill(make_engine: Any) -> None:
-    """The same prompt again (a retry) takes the first request's cached keys/values and its last
-    position's logits: no prefill forward, only decode steps, and the same tokens and logprobs bit
-    for bit, which are also what a cold engine gives (one prefill forward over the prompt)."""
-    eng: TorchEngine = make_engine(max_running=2)
-    params = SamplingParams(max_tokens=6, temperature=0.9, seed=5, top_logprobs=2)
-    first, _ = run(collect(eng, PROMPT, params))
-    forwards = count_forwards(eng)
-    again, _ = run(collect(eng, PROMPT, params))
-    assert [(t.token_id, t.logprob, t.top_logprobs) for t in again] == [
-        (t.token_id, t.logprob, t.top_logprobs) for t in first]
-    assert forwards == [[1]] * (len(first) - 1), "decode steps only: the prompt was not run again"
-    status = eng.engine_status()
-    assert (status["prefix_hits"], status["prefix_tokens_reused"]) == (1, len(PROMPT))
-    assert_logprobs_exact(eng, PROMPT, again, params.temperature)
-    cold: TorchEngine = make_engine(max_running=2)
-    cold_forwards = count_forwards(cold)
-    cold_toks, _ = run(collect(cold, PROMPT, params))
-    assert [(t.token_id, t.logprob) for t in cold_toks] == [(t.token_id, t.logprob) for t in first]
-    assert cold_forwards == [[len(PROMPT)]] + [[1]] * (len(first) - 1), "one prefill forward, then decode"
-
-
 def test_cancel_mid_stream_frees_its_region(make_engine: Any) -> None:
     """With a budget one request fills, a second one runs only once the first is cancelled."""
     eng: TorchEngine = make_engine(max_running=4, kv_budget_tokens=64)

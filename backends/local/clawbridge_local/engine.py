@@ -20,12 +20,11 @@ Threading:
   off they are the same whether or not other requests run beside it.
 - A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
   later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
-- Repeatable: a prefill runs the prompt's uncached tokens in one forward. A prompt sent again (a
-  retry, a probe) while its first request's prefix is cached takes that request's keys/values
-  and the logits of its last position, and runs no forward before its first token, so it gets
-  bit-identical logprobs (and with the prefix evicted, it runs the same forward a cold prefill
-  runs); a prompt that extends an earlier answer reuses keys computed token by token, equal to a
-  cold prefill's to float summation order (<= 1e-4).
+- Repeatable: a prefill runs the prompt but its last token in one forward, then the last token
+  alone, whether or not a prefix was reused. A prompt sent again (a retry, a probe) reuses exactly
+  the keys/values a cold prefill computes, so it gets bit-identical logprobs; a prompt that
+  extends an earlier answer reuses keys computed token by token, equal to a cold prefill's to
+  float summation order (<= 1e-4).
 
 Invariants:
 - The slot count (`in flight`) is requests accepted and not yet released; a request is released
@@ -138,9 +137,6 @@ class _Request:
     generator: torch.Generator | None = None
     last_token: int = -1
     generated: int = 0
-    prompt_logits: torch.Tensor | None = None
-    """The logits of the prompt's last position: from a cached prefix that answers the prompt
-    (`KVPool.reuse`), or from the prefill; kept with the prefix when the request ends."""
 
 
 @dataclass(eq=False)
@@ -472,14 +468,13 @@ class TorchEngine:
         entry = pool.take_prefix(req.weights, req.prompt)
         start = pool.allocate(need)
         if start is None and entry is not None:  # the entry itself may be what is in the way
-            pool.keep_prefix(req.weights, entry.tokens, entry.start, len(entry.tokens), entry.prompt_len,
-                             entry.prompt_logits)
+            pool.keep_prefix(req.weights, entry.tokens, entry.start, len(entry.tokens))
             entry, start = None, pool.allocate(need)
         if start is None:
             return False
         req.start, req.reserved, req.tokens = start, need, list(req.prompt)
         if entry is not None:
-            req.cached, req.prompt_logits = pool.reuse(entry, req.prompt, start)
+            req.cached = pool.reuse(entry, req.prompt, start)
         return True
 
     def _free_region(self, req: _Request, keep: bool = False) -> None:
@@ -487,8 +482,7 @@ class TorchEngine:
         if req.start < 0:
             return
         if keep:
-            self.pool.keep_prefix(req.weights, req.tokens[:req.cached], req.start, req.reserved,
-                                  len(req.prompt), req.prompt_logits)
+            self.pool.keep_prefix(req.weights, req.tokens[:req.cached], req.start, req.reserved)
         else:
             self.pool.free(req.start, req.reserved)
         req.start = -1
@@ -510,23 +504,23 @@ class TorchEngine:
         """One forward: the prefill of one request (its first step), or one decode token for each
         of `reqs` (same base model; each row adds its own version's adapter); hand the tokens over."""
         try:
-            if reqs[0].generated == 0:  # prefill: the prompt's uncached tokens, in one forward
+            if reqs[0].generated == 0:  # prefill: the prompt but its last token, then that token
                 req = reqs[0]
                 req.generator = make_generator(req.params.seed, self.device)
-                if req.prompt_logits is None:
-                    self._hooks.set_rows([req.weights.adapter], self.device)
-                    row = Row(req.start, req.cached, len(req.prompt) - req.cached)
-                    out = self.pool.forward(req.weights.model, [req.prompt[req.cached:]], [row])
-                    req.cached += row.new
-                    req.prompt_logits = out[0].float().clone()  # kept with the prefix (an exact retry)
-                logits = req.prompt_logits[None]
+                head = len(req.prompt) - 1 - req.cached
+                self._hooks.set_rows([req.weights.adapter], self.device)
+                if head > 0:
+                    self.pool.forward(req.weights.model, [req.prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
+                    req.cached += head
+                rows = [Row(req.start, req.cached, 1)]
+                tokens = [req.prompt[-1:]]
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
                 tokens = [[r.last_token] for r in reqs]
-                self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
-                logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
-                for r, row in zip(reqs, rows, strict=True):
-                    r.cached += row.new
+            self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
+            logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
+            for r, row in zip(reqs, rows, strict=True):
+                r.cached += row.new
             choices = [choose(logits[b], r.params, r.generator) for b, r in enumerate(reqs)]
             if len(reqs) > 1:
                 self.batched_steps += 1

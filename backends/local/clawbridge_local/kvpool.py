@@ -18,9 +18,7 @@ caches, and the allocator churn kept the process at 8-9 GB for a 0.54 GB model. 
   caller of a model sharing the config, e.g. a trainer) it is exactly transformers' SDPA.
 - Prefix reuse: a request that ends normally keeps its region (shrunk to its cached tokens) as a
   prefix entry keyed by its weights and tokens; a later request on the same weights whose prompt
-  starts with those tokens copies them once into its own region and prefills only the rest. The
-  entry also keeps the logits its prompt's last position gave: a later prompt equal to that
-  prompt takes all of its tokens and those logits, and runs no forward before its first token.
+  starts with those tokens copies them once into its own region and prefills only the rest.
   Entries are evicted least-recently-used when an allocation needs room, and all entries of a set
   of weights are dropped when those weights change in place.
 
@@ -76,16 +74,6 @@ class PrefixEntry:
     owner: weakref.ref[Any]
     tokens: tuple[int, ...]
     start: int
-    prompt_len: int = 0
-    """How many of `tokens` were the request's prompt."""
-    prompt_logits: torch.Tensor | None = None
-    """The logits the prompt's last position gave (float32 [vocab]), when kept."""
-
-    def answers(self, prompt: Sequence[int]) -> bool:
-        """Whether this entry holds `prompt` itself, with the logits of its last position."""
-        n = len(prompt)
-        return (self.prompt_logits is not None and self.prompt_len == n and len(self.tokens) >= n
-                and self.tokens[:n] == tuple(prompt))
 
 
 @dataclass(frozen=True)
@@ -191,11 +179,9 @@ class KVPool:
 
     # ------------------------------------------------------------------ prefix entries
 
-    def keep_prefix(self, owner: object, tokens: Sequence[int], start: int, reserved: int,
-                    prompt_len: int = 0, prompt_logits: torch.Tensor | None = None) -> None:
+    def keep_prefix(self, owner: object, tokens: Sequence[int], start: int, reserved: int) -> None:
         """Turn a finished request's region (`reserved` tokens at `start`, the first
-        len(tokens) of them cached) into a prefix entry; the rest goes back to the free list.
-        `prompt_logits`: what the last of the first `prompt_len` tokens gave, kept with them."""
+        len(tokens) of them cached) into a prefix entry; the rest goes back to the free list."""
         n = len(tokens)
         self.used_tokens -= reserved
         if n == 0:
@@ -203,24 +189,21 @@ class KVPool:
             return
         if reserved > n:
             self._give_back(start + n, reserved - n)
-        keep_logits = prompt_logits is not None and 0 < prompt_len <= n
-        entry = PrefixEntry(weakref.ref(owner), tuple(tokens), start, prompt_len if keep_logits else 0,
-                            prompt_logits if keep_logits else None)
+        entry = PrefixEntry(weakref.ref(owner), tuple(tokens), start)
         self._entries[id(entry)] = entry
         self.cached_tokens += n
 
     def take_prefix(self, owner: object, prompt: Sequence[int]) -> PrefixEntry | None:
         """The entry on `owner`'s weights sharing the longest prefix with `prompt` (at least one
-        token; the whole prompt only from an entry that `answers` it, else always leaving one
-        prompt token to prefill), removed from the LRU order for the caller to `reuse`; None if
-        none matches."""
+        token, and always leaving one prompt token to prefill), removed from the LRU order for the
+        caller to `reuse`; None if none matches."""
         best: PrefixEntry | None = None
         best_n = 0
         limit = len(prompt) - 1
         for entry in self._entries.values():
             if entry.owner() is not owner:
                 continue
-            n = len(prompt) if entry.answers(prompt) else _common_prefix(entry.tokens, prompt, limit)
+            n = _common_prefix(entry.tokens, prompt, limit)
             if n > best_n:
                 best, best_n = entry, n
         if best is None:
@@ -230,19 +213,17 @@ class KVPool:
         self.used_tokens += len(best.tokens)  # held by the caller until `reuse` frees it
         return best
 
-    def reuse(self, entry: PrefixEntry, prompt: Sequence[int], dst: int) -> tuple[int, torch.Tensor | None]:
+    def reuse(self, entry: PrefixEntry, prompt: Sequence[int], dst: int) -> int:
         """Copy the cached prefix that `entry` shares with `prompt` into the region at `dst`, free
-        the entry's region, and return how many tokens were copied, with the prompt's last logits
-        when the entry `answers` the prompt (then all of it was copied)."""
-        answered = entry.answers(prompt)
-        n = len(prompt) if answered else _common_prefix(entry.tokens, prompt, len(prompt) - 1)
+        the entry's region, and return how many tokens were copied."""
+        n = _common_prefix(entry.tokens, prompt, len(prompt) - 1)
         if dst != entry.start:
             for pool in (*self.keys, *self.values):
                 pool[:, dst:dst + n].copy_(pool[:, entry.start:entry.start + n])
         self.free(entry.start, len(entry.tokens))
         self.prefix_hits += 1
         self.prefix_tokens_reused += n
-        return n, entry.prompt_logits if answered else None
+        return n
 
     def drop_prefixes(self, owner: object | None = None) -> None:
         """Evict every entry of `owner` (all entries when None), e.g. when its weights change."""
