@@ -107,6 +107,92 @@ def test_prefix_reuse_gives_the_cold_logprobs(make_engine: Any) -> None:
     assert cold.engine_status()["prefix_hits"] == 0
 
 
+def count_forwards(eng: TorchEngine) -> list[int]:
+    """Record the new tokens of every forward `eng` runs from now on (one entry per forward)."""
+    seen: list[int] = []
+    real = eng.pool.forward
+
+    def counting(model: Any, tokens: list[list[int]], rows: Any) -> Any:
+        seen.append(len(tokens[0]))
+        return real(model, tokens, rows)
+
+    eng.pool.forward = counting  # type: ignore[method-assign]
+    return seen
+
+
+def exact(toks: list[Any]) -> list[tuple[int, float, Any]]:
+    return [(t.token_id, t.logprob, t.top_logprobs) for t in toks]
+
+
+def test_a_prompt_sent_again_runs_no_prefill_and_gets_bit_identical_logprobs(make_engine: Any) -> None:
+    """A cold prefill is one forward over the prompt. The same prompt again (a retry) takes the
+    cached keys/values and the prompt's end: decode steps only, the same tokens and logprobs bit
+    for bit, which a cold engine also gives."""
+    eng: TorchEngine = make_engine(max_running=2)
+    assert eng.one_forward_prefill, "the tiny Qwen3's logits are its output layer's alone"
+    params = SamplingParams(max_tokens=6, temperature=0.9, seed=5, top_logprobs=2)
+    forwards = count_forwards(eng)
+    first, _ = run(collect(eng, PROMPT, params))
+    assert forwards == [len(PROMPT)] + [1] * (len(first) - 1), "one prefill forward, then decode"
+    forwards.clear()
+    again, _ = run(collect(eng, PROMPT, params))
+    assert exact(again) == exact(first)
+    assert forwards == [1] * (len(first) - 1), "decode steps only: the prompt was not run again"
+    status = eng.engine_status()
+    assert (status["prefix_hits"], status["prefix_tokens_reused"]) == (1, len(PROMPT))
+    assert_logprobs_exact(eng, PROMPT, again, params.temperature)
+    cold_toks, _ = run(collect(make_engine(max_running=2), PROMPT, params))
+    assert exact(cold_toks) == exact(first)
+
+
+def test_prompt_ends_survive_the_prompts_that_extend_them(make_engine: Any) -> None:
+    """Teacher-forced probes (the prompt plus the first i answer tokens) each take the entry the
+    one before left, and carry its prompt ends on: after them the prompt alone is still answered
+    bit for bit from the cache with no prefill forward, and every probe sent again gets its first
+    logprobs bit for bit."""
+    eng: TorchEngine = make_engine(max_running=2)
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, top_logprobs=1)
+    answer, _ = run(collect(eng, PROMPT, greedy))
+    probes = [PROMPT + [t.token_id for t in answer[:i]] for i in range(1, 4)]
+    one = SamplingParams(max_tokens=1, temperature=0.0, top_logprobs=1)
+    firsts = [exact(run(collect(eng, p, one))[0]) for p in probes]
+    forwards = count_forwards(eng)
+    assert exact(run(collect(eng, PROMPT, greedy))[0]) == exact(answer)
+    assert forwards == [1] * (len(answer) - 1), "decode steps only: the prompt's end was kept"
+    assert [exact(run(collect(eng, p, one))[0]) for p in probes] == firsts
+    for p, f in zip(probes, firsts, strict=True):  # and each is its unbatched, uncached value
+        ref = full_forward_logprobs(eng, [*p, f[0][0]], 1.0)[-2, f[0][0]].item()
+        assert f[0][1] == pytest.approx(ref, abs=1e-4)
+    eng.pool.check()
+
+
+def test_a_model_whose_logits_are_not_its_output_layers_prefills_in_two_forwards(make_engine: Any) -> None:
+    """Where the output layer alone does not give the logits (here it is patched to be scaled
+    after it, as soft-capping models do), `ends_are_exact` says so and the engine keeps the split
+    prefill: the prompt but its last token, then that token; a retry runs that token again and
+    still gets bit-identical logprobs."""
+    eng: TorchEngine = make_engine(max_running=2)
+    model = eng._current.model
+    real_forward = model.forward
+
+    def scaled(*args: Any, **kw: Any) -> Any:
+        out = real_forward(*args, **kw)
+        out.logits = out.logits * 0.5
+        return out
+
+    model.forward = scaled
+    assert not KVPool.ends_are_exact(model)
+    eng.one_forward_prefill = False
+    params = SamplingParams(max_tokens=4, temperature=0.9, seed=3)
+    forwards = count_forwards(eng)
+    first, _ = run(collect(eng, PROMPT, params))
+    assert forwards == [len(PROMPT) - 1, 1] + [1] * (len(first) - 1)
+    forwards.clear()
+    again, _ = run(collect(eng, PROMPT, params))
+    assert exact(again) == exact(first)
+    assert forwards == [1] + [1] * (len(first) - 1), "the prompt's last token again, then decode"
+
+
 def test_cancel_mid_stream_frees_its_region(make_engine: Any) -> None:
     """With a budget one request fills, a second one runs only once the first is cancelled."""
     eng: TorchEngine = make_engine(max_running=4, kv_budget_tokens=64)

@@ -20,11 +20,15 @@ Threading:
   off they are the same whether or not other requests run beside it.
 - A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
   later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
-- Repeatable: a prefill runs the prompt but its last token in one forward, then the last token
-  alone, whether or not a prefix was reused. A prompt sent again (a retry, a probe) reuses exactly
-  the keys/values a cold prefill computes, so it gets bit-identical logprobs; a prompt that
-  extends an earlier answer reuses keys computed token by token, equal to a cold prefill's to
-  float summation order (<= 1e-4).
+- Repeatable: a prefill runs the prompt's uncached tokens in one forward and keeps the prompt's
+  end (`KVPool.prefill`) with its cached prefix. A prompt sent again (a retry, a probe) while that
+  prefix is cached takes all its keys/values and its end, and runs no forward before its first
+  token, so it gets bit-identical logprobs; with the prefix evicted it runs the forward a cold
+  prefill runs. A prompt that extends an earlier answer reuses keys computed token by token, equal
+  to a cold prefill's to float summation order (<= 1e-4). For a model whose logits are not the
+  output layer's alone (`KVPool.ends_are_exact` false, e.g. soft-capped logits) a prefill runs the
+  prompt but its last token, then that token alone, and keeps no ends: the same guarantees, one
+  more forward per request.
 
 Invariants:
 - The slot count (`in flight`) is requests accepted and not yet released; a request is released
@@ -137,6 +141,8 @@ class _Request:
     generator: torch.Generator | None = None
     last_token: int = -1
     generated: int = 0
+    ends: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Prompt ends within the cached tokens (`KVPool.prefill`), kept with the prefix at the end."""
 
 
 @dataclass(eq=False)
@@ -245,6 +251,8 @@ class TorchEngine:
         self.waited = 0
         """Requests that found the KV budget full and waited for room (so far)."""
         model.eval()
+        self.one_forward_prefill: bool = KVPool.ends_are_exact(model)
+        """A prefill is one forward and keeps its prompt's end (see "Repeatable" above)."""
         self._lock = threading.Lock()
         self._current = _Weights(model, policy_version)
         self._hooks = AdapterHooks()
@@ -468,13 +476,13 @@ class TorchEngine:
         entry = pool.take_prefix(req.weights, req.prompt)
         start = pool.allocate(need)
         if start is None and entry is not None:  # the entry itself may be what is in the way
-            pool.keep_prefix(req.weights, entry.tokens, entry.start, len(entry.tokens))
+            pool.keep_prefix(req.weights, entry.tokens, entry.start, len(entry.tokens), entry.ends)
             entry, start = None, pool.allocate(need)
         if start is None:
             return False
         req.start, req.reserved, req.tokens = start, need, list(req.prompt)
         if entry is not None:
-            req.cached = pool.reuse(entry, req.prompt, start)
+            req.cached, req.ends = pool.reuse(entry, req.prompt, start)
         return True
 
     def _free_region(self, req: _Request, keep: bool = False) -> None:
@@ -482,7 +490,7 @@ class TorchEngine:
         if req.start < 0:
             return
         if keep:
-            self.pool.keep_prefix(req.weights, req.tokens[:req.cached], req.start, req.reserved)
+            self.pool.keep_prefix(req.weights, req.tokens[:req.cached], req.start, req.reserved, req.ends)
         else:
             self.pool.free(req.start, req.reserved)
         req.start = -1
@@ -504,23 +512,17 @@ class TorchEngine:
         """One forward: the prefill of one request (its first step), or one decode token for each
         of `reqs` (same base model; each row adds its own version's adapter); hand the tokens over."""
         try:
-            if reqs[0].generated == 0:  # prefill: the prompt but its last token, then that token
+            if reqs[0].generated == 0:
                 req = reqs[0]
                 req.generator = make_generator(req.params.seed, self.device)
-                head = len(req.prompt) - 1 - req.cached
                 self._hooks.set_rows([req.weights.adapter], self.device)
-                if head > 0:
-                    self.pool.forward(req.weights.model, [req.prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
-                    req.cached += head
-                rows = [Row(req.start, req.cached, 1)]
-                tokens = [req.prompt[-1:]]
+                logits = self._prefill(req)
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
-                tokens = [[r.last_token] for r in reqs]
-            self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
-            logits = self.pool.forward(reqs[0].weights.model, tokens, rows)
-            for r, row in zip(reqs, rows, strict=True):
-                r.cached += row.new
+                self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
+                logits = self.pool.forward(reqs[0].weights.model, [[r.last_token] for r in reqs], rows)
+                for r in reqs:
+                    r.cached += 1
             choices = [choose(logits[b], r.params, r.generator) for b, r in enumerate(reqs)]
             if len(reqs) > 1:
                 self.batched_steps += 1
@@ -531,6 +533,25 @@ class TorchEngine:
             return
         for r, choice in zip(reqs, choices, strict=True):
             self._accept(r, choice)
+
+    def _prefill(self, req: _Request) -> torch.Tensor:
+        """The logits [1, vocab] of `req`'s prompt's last position, its keys/values cached (see
+        "Repeatable" in the module docstring)."""
+        model, prompt = req.weights.model, req.prompt
+        n = len(prompt)
+        end = req.ends.get(n)
+        if end is not None and req.cached == n:  # the same prompt again: its kept end
+            return self.pool.logits_at(model, end)
+        if not self.one_forward_prefill:
+            head = n - 1 - req.cached
+            if head > 0:
+                self.pool.forward(model, [prompt[req.cached:-1]], [Row(req.start, req.cached, head)])
+                req.cached += head
+            logits = self.pool.forward(model, [prompt[-1:]], [Row(req.start, req.cached, 1)])
+        else:
+            logits, req.ends[n] = self.pool.prefill(model, prompt[req.cached:], Row(req.start, req.cached, n - req.cached))
+        req.cached = n
+        return logits
 
     def _accept(self, req: _Request, choice: Choice) -> None:
         """Hand `choice` to the request's stream and end the request if it stops here."""

@@ -19,6 +19,12 @@ caches, and the allocator churn kept the process at 8-9 GB for a 0.54 GB model. 
 - Prefix reuse: a request that ends normally keeps its region (shrunk to its cached tokens) as a
   prefix entry keyed by its weights and tokens; a later request on the same weights whose prompt
   starts with those tokens copies them once into its own region and prefills only the rest.
+  An entry also keeps its *prompt ends*: for each prompt its tokens began with (its own request's,
+  and those it inherited from the entry that request reused), the output layer's input at that
+  prompt's last position (`prefill`). The same prompt sent again then takes all its tokens and
+  that end, and its first logits are the output layer's on it (`logits_at`): no forward, and
+  bit-identical to the first time, where `ends_are_exact` holds for the model. Ends cost
+  hidden_size values per prompt, at most one per cached token (~5% of the keys/values).
   Entries are evicted least-recently-used when an allocation needs room, and all entries of a set
   of weights are dropped when those weights change in place.
 
@@ -33,12 +39,13 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +81,15 @@ class PrefixEntry:
     owner: weakref.ref[Any]
     tokens: tuple[int, ...]
     start: int
+    ends: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Prompt ends: for the prompt `tokens[:k]`, the output layer's input at its last position."""
+
+    def usable(self, prompt: Sequence[int]) -> int:
+        """How many of `prompt`'s tokens this entry can give: all of them when it holds the prompt
+        and its end, else the common prefix but the prompt's last token."""
+        n = len(prompt)
+        common = _common_prefix(self.tokens, prompt, n)
+        return n if common == n and n in self.ends else min(common, n - 1)
 
 
 @dataclass(frozen=True)
@@ -179,9 +195,11 @@ class KVPool:
 
     # ------------------------------------------------------------------ prefix entries
 
-    def keep_prefix(self, owner: object, tokens: Sequence[int], start: int, reserved: int) -> None:
+    def keep_prefix(self, owner: object, tokens: Sequence[int], start: int, reserved: int,
+                    ends: dict[int, torch.Tensor] | None = None) -> None:
         """Turn a finished request's region (`reserved` tokens at `start`, the first
-        len(tokens) of them cached) into a prefix entry; the rest goes back to the free list."""
+        len(tokens) of them cached) into a prefix entry with the prompt `ends` that lie within
+        `tokens`; the rest goes back to the free list."""
         n = len(tokens)
         self.used_tokens -= reserved
         if n == 0:
@@ -189,21 +207,21 @@ class KVPool:
             return
         if reserved > n:
             self._give_back(start + n, reserved - n)
-        entry = PrefixEntry(weakref.ref(owner), tuple(tokens), start)
+        entry = PrefixEntry(weakref.ref(owner), tuple(tokens), start,
+                            {k: h for k, h in (ends or {}).items() if k <= n})
         self._entries[id(entry)] = entry
         self.cached_tokens += n
 
     def take_prefix(self, owner: object, prompt: Sequence[int]) -> PrefixEntry | None:
-        """The entry on `owner`'s weights sharing the longest prefix with `prompt` (at least one
-        token, and always leaving one prompt token to prefill), removed from the LRU order for the
-        caller to `reuse`; None if none matches."""
+        """The entry on `owner`'s weights that can give the most of `prompt` (`PrefixEntry.usable`,
+        at least one token), removed from the LRU order for the caller to `reuse`; None if none
+        matches."""
         best: PrefixEntry | None = None
         best_n = 0
-        limit = len(prompt) - 1
         for entry in self._entries.values():
             if entry.owner() is not owner:
                 continue
-            n = _common_prefix(entry.tokens, prompt, limit)
+            n = entry.usable(prompt)
             if n > best_n:
                 best, best_n = entry, n
         if best is None:
@@ -213,17 +231,18 @@ class KVPool:
         self.used_tokens += len(best.tokens)  # held by the caller until `reuse` frees it
         return best
 
-    def reuse(self, entry: PrefixEntry, prompt: Sequence[int], dst: int) -> int:
-        """Copy the cached prefix that `entry` shares with `prompt` into the region at `dst`, free
-        the entry's region, and return how many tokens were copied."""
-        n = _common_prefix(entry.tokens, prompt, len(prompt) - 1)
+    def reuse(self, entry: PrefixEntry, prompt: Sequence[int], dst: int) -> tuple[int, dict[int, torch.Tensor]]:
+        """Copy what `entry` can give of `prompt` (`PrefixEntry.usable`) into the region at `dst`,
+        free the entry's region, and return how many tokens were copied with the prompt ends that
+        lie within them."""
+        n = entry.usable(prompt)
         if dst != entry.start:
             for pool in (*self.keys, *self.values):
                 pool[:, dst:dst + n].copy_(pool[:, entry.start:entry.start + n])
         self.free(entry.start, len(entry.tokens))
         self.prefix_hits += 1
         self.prefix_tokens_reused += n
-        return n
+        return n, {k: h for k, h in entry.ends.items() if k <= n}
 
     def drop_prefixes(self, owner: object | None = None) -> None:
         """Evict every entry of `owner` (all entries when None), e.g. when its weights change."""
@@ -256,6 +275,54 @@ class KVPool:
         finally:
             _active.plan = None
         return out.logits[:, -1]
+
+    def prefill(self, model: torch.nn.Module, tokens: list[int], row: Row) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` of one row, returning its last position's logits [1, vocab] with its prompt
+        end: the output layer's input there [1, 1, hidden], a tensor of its own (`logits_at`)."""
+        captured: list[torch.Tensor] = []
+        handle = _output_layer(model).register_forward_pre_hook(functools.partial(_own_input, captured))
+        try:
+            logits = self.forward(model, [tokens], [row])
+        finally:
+            handle.remove()
+        return logits, captured[0]
+
+    @staticmethod
+    def logits_at(model: torch.nn.Module, end: torch.Tensor) -> torch.Tensor:
+        """The logits [1, vocab] a prompt `end` gives (the output layer, its hooks included)."""
+        return _output_layer(model)(end)[:, -1]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def ends_are_exact(model: torch.nn.Module) -> bool:
+        """Whether `logits_at` of a prefill's end is bit-identical to the logits of that prefill
+        (nothing after the output layer changes them, e.g. no logit soft-capping)."""
+        captured: list[torch.Tensor] = []
+        head = _output_layer(model)
+        if head is None:
+            return False
+        vocab = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
+        ids = torch.tensor([[i % vocab for i in (1, 7, 3, 5)]], device=next(model.parameters()).device)
+        handle = head.register_forward_pre_hook(functools.partial(_own_input, captured))
+        try:
+            with torch.inference_mode():
+                out = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1]
+        finally:
+            handle.remove()
+        with torch.inference_mode():
+            return bool(torch.equal(out, head(captured[0])[:, -1]))
+
+
+def _output_layer(model: torch.nn.Module) -> Any:
+    """The model's output layer (transformers' `get_output_embeddings`), None if it has none."""
+    return cast(Any, model).get_output_embeddings()
+
+
+def _own_input(into: list[torch.Tensor], _: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A forward pre-hook on the output layer: it runs on a contiguous copy of its input, kept in
+    `into`, so that `KVPool.logits_at` later runs the same layer on the same memory layout."""
+    own = args[0].contiguous().clone()
+    into.append(own)
+    return (own, *args[1:])
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
