@@ -364,7 +364,8 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
             mask = kpos <= qpos
             if sliding_window is not None:
                 mask &= qpos - kpos < sliding_window
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+        # 4-D, so that CPU runs its fused (flash) kernel, not the unfused math one
+        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling)[0]
         outs.append(o.reshape(kv_heads * group, q_n, -1).transpose(0, 1))  # [q_n, heads, D]
     return torch.stack(outs), None
 
