@@ -193,6 +193,42 @@ def test_a_model_whose_logits_are_not_its_output_layers_prefills_in_two_forwards
     assert forwards == [1] + [1] * (len(first) - 1), "the prompt's last token again, then decode"
 
 
+def test_a_sliding_window_layer_attends_within_its_window(model_dir: Path, tmp_path: Path) -> None:
+    """Layer 1 of the tiny model made a sliding-window layer (window 6): batched decode over the pool
+    gives the logprobs of transformers' own full forward, whose mask carries the window, for
+    prompts and answers well past the window; and those differ from the same model without it."""
+    import json
+    import shutil
+
+    windowed = tmp_path / "windowed"
+    shutil.copytree(model_dir, windowed)
+    cfg = json.loads((windowed / "config.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    (windowed / "config.json").write_text(json.dumps(cfg))
+    eng = TorchEngine.load(str(windowed), device="cpu", progress=False, max_running=2)
+    plain = TorchEngine.load(str(model_dir), device="cpu", progress=False, max_running=2)
+    try:
+        assert eng._current.model.config.layer_types == ["full_attention", "sliding_attention"]
+        params = SamplingParams(max_tokens=12, temperature=0.8, seed=9)
+        prompts = [PROMPT, [7, *PROMPT, 11, 13]]
+
+        async def both() -> list[Any]:
+            return list(await asyncio.gather(*(collect(eng, p, params) for p in prompts)))
+
+        results = run(both())
+        assert eng.batched_steps > 0
+        far = 0.0
+        for prompt, (toks, _) in zip(prompts, results, strict=True):
+            assert len(prompt) > 6
+            assert_logprobs_exact(eng, prompt, toks, params.temperature)
+            ref = full_forward_logprobs(plain, prompt + [t.token_id for t in toks], params.temperature)
+            far = max(far, *(abs(t.logprob - ref[len(prompt) - 1 + i, t.token_id].item()) for i, t in enumerate(toks)))
+        assert far > 1e-3, "the window changed nothing: the test would not see a wrong mask"
+    finally:
+        eng.shutdown()
+        plain.shutdown()
+
+
 def test_cancel_mid_stream_frees_its_region(make_engine: Any) -> None:
     """With a budget one request fills, a second one runs only once the first is cancelled."""
     eng: TorchEngine = make_engine(max_running=4, kv_budget_tokens=64)

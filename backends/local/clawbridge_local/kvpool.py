@@ -346,17 +346,18 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                                       dropout=dropout, sliding_window=sliding_window, **kwargs)
     li = int(module.layer_idx)  # type: ignore[arg-type]
     pk, pv = plan.pool.keys[li], plan.pool.values[li]
+    batch, heads, q_n, dim = query.shape  # every row has the same number of new tokens
     kv_heads = key.shape[1]
-    group = query.shape[1] // kv_heads
+    group = heads // kv_heads
     outs = []
     for b, r in enumerate(plan.rows):
-        q_n = r.new
-        end = r.start + r.cached + q_n
-        pk[:, r.start + r.cached:end].copy_(key[b, :, -q_n:])
-        pv[:, r.start + r.cached:end].copy_(value[b, :, -q_n:])
-        k, v = pk[:, r.start:end], pv[:, r.start:end]  # views [kv_heads, L, D]
-        # GQA without repeat_kv: the query heads of one key/value head attend as one block
-        q = query[b, :, -q_n:].reshape(kv_heads, group * q_n, -1)
+        at = r.start + r.cached
+        end = at + q_n
+        pk[:, at:end].copy_(key[b])
+        pv[:, at:end].copy_(value[b])
+        # GQA without repeat_kv: the query heads of one key/value head attend as one block. 4-D,
+        # so that CPU runs its fused (flash) kernel, not the unfused math one.
+        q = query[b].reshape(1, kv_heads, group * q_n, dim)
         mask = None
         if q_n > 1 or (sliding_window is not None and r.cached + 1 > sliding_window):
             qpos = torch.arange(r.cached, r.cached + q_n, device=q.device).repeat(group)[:, None]
@@ -364,10 +365,10 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
             mask = kpos <= qpos
             if sliding_window is not None:
                 mask &= qpos - kpos < sliding_window
-        # 4-D, so that CPU runs its fused (flash) kernel, not the unfused math one
-        o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scaling)[0]
-        outs.append(o.reshape(kv_heads * group, q_n, -1).transpose(0, 1))  # [q_n, heads, D]
-    return torch.stack(outs), None
+        outs.append(F.scaled_dot_product_attention(q, pk[None, :, r.start:end], pv[None, :, r.start:end],
+                                                   attn_mask=mask, scale=scaling))
+    out = outs[0] if batch == 1 else torch.cat(outs)  # [B, kv_heads, group * q_n, D]
+    return out.reshape(batch, heads, q_n, dim).transpose(1, 2), None  # [B, q_n, heads, D]
 
 
 def install(model: torch.nn.Module) -> None:
