@@ -21,7 +21,10 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
 - speed: SmolLM2 decode tokens/s at 1, 8 and 32 concurrent streams (32 tokens each, sampled,
   seeded), wall time from the first request to the last token; and, on the new engine, the same
   with a LoRA version (rank 8 on every linear layer and lm_head, random) published merged against
-  published as an adapter (what unmerged serving costs per token).
+  published as an adapter (what unmerged serving costs per token). A further row: 1 stream after
+  a 2,048-token prompt (what an agent resending its history sends), 48 tokens, decode tokens/s
+  from the first token to the last (the prefill timed apart): the old engine's cache grows by
+  concatenation, a copy of the whole cache per layer per token, the pool writes one position.
 - exactness: SmolLM2, 8 streams of 32 tokens, batched against `batch_decode=False` (one request
   per forward): max |logprob difference| over the tokens both sampled before their first
   difference; and the pool engine's batched logprobs against a plain transformers full forward.
@@ -52,6 +55,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ["OMP_NUM_THREADS"] = "1"
+LONG_PROMPT = 2048
+"""Prompt tokens of the long-prompt decode row (an agent's resent history)."""
+LONG_TOKENS = 48
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -221,6 +227,25 @@ def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: boo
     return {"tok_s": concurrency * tokens / wall, "lps": out, "ref_diff": ref_diff}
 
 
+def long_prompt_speed(which: str, model_dir: Path, prompt_len: int, tokens: int) -> dict[str, Any]:
+    """One stream after a long prompt (an agent resending its history): decode tokens/s from the
+    first token to the last, so the prefill is left out; and the prefill's seconds."""
+    from clawbridge.sampler import SamplingParams
+
+    engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=1,
+                                      progress=False)
+    prompt = [10 + (i * 7919) % 40000 for i in range(prompt_len)]
+
+    async def go() -> list[float]:
+        t0 = time.perf_counter()
+        stream = await engine.sample(prompt, SamplingParams(max_tokens=tokens, seed=0))
+        return [t0] + [time.perf_counter() async for _ in stream]
+
+    times = asyncio.run(go())
+    engine.shutdown()
+    return {"tok_s": (len(times) - 2) / (times[-1] - times[1]), "prefill_s": times[1] - times[0]}
+
+
 def lora_speed(model_dir: Path, concurrency: int, tokens: int, adapter: bool) -> dict[str, Any]:
     """Decode tokens/s of the new engine serving a LoRA version (rank 8, every linear layer and
     lm_head, random): as an adapter, or merged into the weights."""
@@ -274,6 +299,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return asyncio.run(growth(which, model_dir, args.requests))
     if kind.startswith("lspeed"):
         return lora_speed(model_dir, int(kind.removeprefix("lspeed")), 32, adapter=which == "adapter")
+    if kind.startswith("long"):
+        return long_prompt_speed(which, model_dir, int(kind.removeprefix("long")), LONG_TOKENS)
     if kind.startswith("speed"):
         c = int(kind.removeprefix("speed"))
         return speed(which, model_dir, c, 32)
@@ -353,6 +380,14 @@ def speed_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
 
         label = f"SmolLM2 decode tokens/s, {c} stream(s) x 32" + (f", median [min-max] of {n}" if n > 1 else "")
         rows.append((label, fmt(runs["old"]), fmt(runs["new"]), ">= old"))
+    long: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    for r in range(n):
+        for w in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            long[w].append(run_child(f"long{LONG_PROMPT}:{w}", model_dir, args))
+    rows.append((f"  1 stream, a {LONG_PROMPT:,}-token prompt: decode tokens/s after the first token",
+                 fmt([x["tok_s"] for x in long["old"]]), fmt([x["tok_s"] for x in long["new"]]), ">= old"))
+    rows.append(("  (same runs: the prompt's prefill, seconds)", fmt([x["prefill_s"] for x in long["old"]]),
+                 fmt([x["prefill_s"] for x in long["new"]]), ""))
     return rows
 
 
