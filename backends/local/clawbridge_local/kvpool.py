@@ -355,20 +355,23 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         end = at + q_n
         pk[:, at:end].copy_(key[b])
         pv[:, at:end].copy_(value[b])
-        # GQA without repeat_kv: the query heads of one key/value head attend as one block. 4-D,
-        # so that CPU runs its fused (flash) kernel, not the unfused math one.
-        q = query[b].reshape(1, kv_heads, group * q_n, dim)
-        mask = None
-        if q_n > 1 or (sliding_window is not None and r.cached + 1 > sliding_window):
-            qpos = torch.arange(r.cached, r.cached + q_n, device=q.device).repeat(group)[:, None]
-            kpos = torch.arange(0, r.cached + q_n, device=q.device)[None, :]
+        k, v = pk[None, :, r.start:end], pv[None, :, r.start:end]  # views [1, kv_heads, L, D]
+        # Always 4-D: CPU runs its fused (flash) kernel only for 4-D inputs.
+        windowed = sliding_window is not None and r.cached + q_n > sliding_window
+        if q_n == 1 and not windowed:  # decode: a key/value head's query heads attend as one block
+            o = F.scaled_dot_product_attention(query[b].reshape(1, kv_heads, group, dim), k, v, scale=scaling)
+        elif r.cached == 0 and not windowed:  # a cold prefill: causal, fully masked blocks skipped
+            o = F.scaled_dot_product_attention(query[b:b + 1], k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        else:  # causal from position `cached` on (and the window)
+            qpos = torch.arange(r.cached, r.cached + q_n, device=query.device)[:, None]
+            kpos = torch.arange(0, r.cached + q_n, device=query.device)[None, :]
             mask = kpos <= qpos
             if sliding_window is not None:
                 mask &= qpos - kpos < sliding_window
-        outs.append(F.scaled_dot_product_attention(q, pk[None, :, r.start:end], pv[None, :, r.start:end],
-                                                   attn_mask=mask, scale=scaling))
-    out = outs[0] if batch == 1 else torch.cat(outs)  # [B, kv_heads, group * q_n, D]
-    return out.reshape(batch, heads, q_n, dim).transpose(1, 2), None  # [B, q_n, heads, D]
+            o = F.scaled_dot_product_attention(query[b:b + 1], k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+        outs.append(o.reshape(1, heads, q_n, dim))
+    out = outs[0] if batch == 1 else torch.cat(outs)
+    return out.transpose(1, 2), None  # [B, q_n, heads, D]
 
 
 def install(model: torch.nn.Module) -> None:
