@@ -29,7 +29,7 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
   per forward): max |logprob difference| over the tokens both sampled before their first
   difference; and the pool engine's batched logprobs against a plain transformers full forward.
 
-Run (about 8-10 minutes on 2 shared cores):
+Run (about 10-12 minutes on 2 shared cores):
     . .venv/bin/activate && python bench/engine_memory.py
     python bench/engine_memory.py --quick      # smaller sizes, to check that it runs
     python bench/engine_memory.py --only-serve --repeat 5   # only the serve+train peak
