@@ -364,6 +364,11 @@ def serve_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
     ]
 
 
+def fmt(xs: list[float]) -> str:
+    """One figure, or the median [min-max] of several."""
+    return f"{xs[0]:.1f}" if len(xs) == 1 else f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+
+
 def speed_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
     """Decode tokens/s at 1, 8 and 32 streams, old and new engine, `--speed-repeat` runs each,
     alternating which engine goes first."""
@@ -374,9 +379,6 @@ def speed_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str
         for r in range(n):
             for w in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 runs[w].append(run_child(f"speed{c}:{w}", model_dir, args)["tok_s"])
-
-        def fmt(xs: list[float]) -> str:
-            return f"{xs[0]:.1f}" if len(xs) == 1 else f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
 
         label = f"SmolLM2 decode tokens/s, {c} stream(s) x 32" + (f", median [min-max] of {n}" if n > 1 else "")
         rows.append((label, fmt(runs["old"]), fmt(runs["new"]), ">= old"))

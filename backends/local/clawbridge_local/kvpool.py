@@ -320,7 +320,7 @@ def _output_layer(model: torch.nn.Module) -> Any:
 def _own_input(into: list[torch.Tensor], _: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """A forward pre-hook on the output layer: it runs on a contiguous copy of its input, kept in
     `into`, so that `KVPool.logits_at` later runs the same layer on the same memory layout."""
-    own = args[0].contiguous().clone()
+    own = args[0].clone(memory_format=torch.contiguous_format)
     into.append(own)
     return (own, *args[1:])
 
