@@ -137,3 +137,36 @@ def test_a_plugin_openclaw_installed_itself_is_left_alone(tmp_path: Path) -> Non
     assert cli.calls == [] and managed.is_dir()
     assert json5edit.loads(cfg.read_text()) == {"plugins": {"entries": {"clawbridge": {"enabled": True}}}}
     assert any("openclaw plugins uninstall clawbridge" in item for item in undone.leftover)
+
+
+def test_which_openclaw_cli_is_used(tmp_path: Path) -> None:
+    from clawbridge.openclaw.openclaw_cli import OpenClawCliError, SubprocessOpenClawCli, find_openclaw_cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    assert find_openclaw_cli("auto", path=str(bin_dir)) is None  # none on PATH: edit by hand
+    exe = bin_dir / "openclaw"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    found = find_openclaw_cli("auto", path=str(bin_dir))
+    assert isinstance(found, SubprocessOpenClawCli) and found.executable == exe
+    assert find_openclaw_cli("none", path=str(bin_dir)) is None
+    assert find_openclaw_cli(str(exe)) == SubprocessOpenClawCli(exe)
+    with pytest.raises(OpenClawCliError, match="no such file"):
+        find_openclaw_cli(str(tmp_path / "missing"))
+
+
+def test_a_failing_openclaw_executable_is_reported_with_its_output(tmp_path: Path) -> None:
+    from clawbridge.openclaw.openclaw_cli import SubprocessOpenClawCli
+
+    exe = tmp_path / "openclaw"
+    exe.write_text('#!/bin/sh\necho "config is $OPENCLAW_CONFIG_PATH" >&2\necho "Install cancelled" >&2\nexit 3\n')
+    exe.chmod(0o755)
+    state, cfg = tmp_path / "state", tmp_path / "oc" / "openclaw.json"
+    cfg.parent.mkdir()
+    cfg.write_text(COMMENTED)
+    with pytest.raises(installer.InstallError) as raised:
+        installer.install(state, _opts(cfg), SubprocessOpenClawCli(exe, timeout_s=60))
+    message = str(raised.value)
+    assert "exited 3" in message and "Install cancelled" in message and f"config is {cfg}" in message
+    assert cfg.read_text() == COMMENTED
