@@ -22,7 +22,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 EXTENSION_SOURCE = ROOT / "extensions" / "openclaw"
 EXTENSION_FILES = ("package.json", "openclaw.plugin.json", "index.js")
-"""The same list as `clawbridge.openclaw.installer.EXTENSION_FILES` (tests/test_packaging.py checks)."""
+"""The same list as `clawbridge.openclaw.installer.EXTENSION_FILES` (tests/test_wheels.py checks)."""
 PACKAGED_AT = ("clawbridge", "openclaw", "extension")
 
 
