@@ -1,6 +1,6 @@
 """A local stand-in for Fireworks: control plane, trainer gateway, hot load and inference.
 
-It speaks the wire protocol of the `fireworks-ai==1.2.28` training SDK (learned from the SDK's
+It speaks the wire protocol of the `fireworks-ai==1.2.30` training SDK (learned from the SDK's
 source, written here from scratch) so tests run the real, unmodified SDK against 127.0.0.1:
 
 - Control plane (`X-Api-Key`): `GET /v1/accounts`; base models `GET /v1/accounts/{a}/models/{m}`

@@ -63,6 +63,8 @@ class ProxyProcess:
     log_path: Path | None = None
     backend_args: tuple[str, ...] | None = None
     """Replaces `--backend local --model MODEL_DIR` (e.g. a hosted backend and its model name)."""
+    command: tuple[str, ...] | None = None
+    """Replaces `python -m clawbridge.cli.main` (e.g. the `clawbridge` of another venv)."""
 
     @property
     def base(self) -> str:
@@ -76,7 +78,7 @@ class ProxyProcess:
         self.log_path = self.state_dir / f"proxy-{self.port}.log"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         backend = self.backend_args or ("--backend", "local", "--model", str(self.model_dir))
-        cmd = [sys.executable, "-m", "clawbridge.cli.main", "up", *backend,
+        cmd = [*(self.command or (sys.executable, "-m", "clawbridge.cli.main")), "up", *backend,
                "--port", str(self.port), "--state-dir", str(self.state_dir), *self.extra_args]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -14,11 +14,8 @@ gateway 60-70 s to start, so the whole test takes a few minutes.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,76 +27,23 @@ import pytest
 from clawbridge.openclaw import installer, json5edit
 from clawbridge.openclaw.toolchain import find_node, find_openclaw, missing_reason
 from clawbridge.parse import parse_completion
+from tests.openclaw_support import (
+    TURN_TIMEOUT_S,
+    clawbridge_cmd,
+    openclaw_env,
+    printed_text,
+    run_openclaw,
+    show_session,
+)
+from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SESSION = "e2e-s1"
 SESSION_KEY = f"agent:main:explicit:{SESSION}"
 HEARTBEAT_SESSION_KEY = "agent:main:main"
-TURN_TIMEOUT_S = 240
 GATEWAY_READY_TIMEOUT_S = 240
 MAX_TOKENS = 48
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _clawbridge() -> list[str]:
-    exe = Path(sys.executable).parent / "clawbridge"
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "clawbridge.cli.main"]
-
-
-def _openclaw_env(home: Path, gateway_port: int | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENCLAW_", "CLAWBRIDGE_"))}
-    env.update(
-        HOME=str(home), CI="1", OPENCLAW_NO_AUTO_UPDATE="1", DO_NOT_TRACK="1", OPENCLAW_DISABLE_BONJOUR="1"
-    )
-    if gateway_port is not None:
-        env.update(OPENCLAW_GATEWAY_PORT=str(gateway_port), OPENCLAW_GATEWAY_TOKEN="e2e-token")
-    return env
-
-
-def _openclaw(
-    home: Path, *args: str, timeout: float = TURN_TIMEOUT_S, gateway_port: int | None = None
-) -> str:
-    node, entry = find_node(), find_openclaw()
-    assert node is not None and entry is not None
-    proc = subprocess.run(
-        [str(node), str(entry), *args],
-        env=_openclaw_env(home, gateway_port),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=home,
-    )
-    assert proc.returncode == 0, f"openclaw {args[:3]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-    return proc.stdout
-
-
-def _show(state: Path, session_id: str) -> dict[str, Any] | None:
-    proc = subprocess.run(
-        [*_clawbridge(), "sessions", "show", session_id, "--json", "--state-dir", str(state)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode != 0:
-        return None
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
-
-
-def _printed_text(stdout: str) -> str:
-    """The assistant text `openclaw agent --json` printed (local and gateway output shapes)."""
-    doc = json.loads(stdout)
-    result = doc.get("result", doc)
-    meta = result.get("meta") or {}
-    if isinstance(meta.get("finalAssistantRawText"), str):
-        return str(meta["finalAssistantRawText"])
-    return "".join(p.get("text") or "" for p in result.get("payloads") or [])
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +57,12 @@ def toolchain() -> None:
 def clawbridge_server(toolchain: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("e2e")
     model_dir, state = root / "tiny", root / "state"
-    subprocess.run([*_clawbridge(), "model", "tiny", str(model_dir)], check=True, timeout=300)
-    port = _free_port()
+    subprocess.run([*clawbridge_cmd(), "model", "tiny", str(model_dir)], check=True, timeout=300)
+    port = free_port()
     log = (root / "clawbridge.log").open("w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWBRIDGE_")}
     proc = subprocess.Popen(
-        [*_clawbridge(), "up", "--backend", "local", "--model", str(model_dir), "--port", str(port),
+        [*clawbridge_cmd(), "up", "--backend", "local", "--model", str(model_dir), "--port", str(port),
          "--state-dir", str(state)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
@@ -210,14 +154,14 @@ def test_two_user_turns_are_one_session_of_main_turns(
     started = time.monotonic()
     printed = []
     for message in ("Hello there, first message.", "And a second message."):
-        out = _openclaw(
+        out = run_openclaw(
             openclaw_home, "agent", "--local", "--session-id", SESSION, "--message", message, "--json"
         )
-        printed.append(_printed_text(out))
+        printed.append(printed_text(out))
     turn_seconds = (time.monotonic() - started) / 2
     print(f"openclaw local turn: {turn_seconds:.1f} s each")
 
-    doc = _show(clawbridge_server["state"], SESSION_KEY)
+    doc = show_session(clawbridge_server["state"], SESSION_KEY)
     assert doc is not None, f"no session {SESSION_KEY}; log:\n{clawbridge_server['log'].read_text()[-3000:]}"
     assert doc["session_id"] == SESSION_KEY
     main = [t for t in doc["turns"] if t["turn_type"] == "main"]
@@ -245,13 +189,13 @@ def test_heartbeat_through_gateway_is_a_side_turn(
 ) -> None:
     node, entry = find_node(), find_openclaw()
     assert node is not None and entry is not None
-    port = _free_port()
+    port = free_port()
     log_path = clawbridge_server["root"] / "gateway.log"
     with log_path.open("w") as log:
         gateway = subprocess.Popen(
             [str(node), str(entry), "gateway", "run", "--port", str(port), "--bind", "loopback", "--auth", "token",
              "--token", "e2e-token", "--allow-unconfigured"],
-            env=_openclaw_env(openclaw_home, port), stdout=log, stderr=subprocess.STDOUT, cwd=openclaw_home,
+            env=openclaw_env(openclaw_home, port), stdout=log, stderr=subprocess.STDOUT, cwd=openclaw_home,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + GATEWAY_READY_TIMEOUT_S
@@ -261,12 +205,12 @@ def test_heartbeat_through_gateway_is_a_side_turn(
                 assert gateway.poll() is None, f"gateway exited:\n{log_path.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"gateway not ready:\n{log_path.read_text()[-3000:]}"
                 time.sleep(2)
-            _openclaw(openclaw_home, "system", "event", "--text", "Check for urgent follow-ups", "--mode", "now",
+            run_openclaw(openclaw_home, "system", "event", "--text", "Check for urgent follow-ups", "--mode", "now",
                       gateway_port=port, timeout=120)  # fmt: skip
             deadline = time.monotonic() + TURN_TIMEOUT_S
             side: list[dict[str, Any]] = []
             while not side:
-                doc = _show(clawbridge_server["state"], HEARTBEAT_SESSION_KEY)
+                doc = show_session(clawbridge_server["state"], HEARTBEAT_SESSION_KEY)
                 side = [
                     t
                     for t in (doc or {}).get("turns", [])
@@ -298,10 +242,10 @@ def test_openai_responses_provider_is_recorded_as_responses_turns(
     text = json5edit.replace_source(text, ["models", "providers", "clawbridge", "api"], '"openai-responses"')
     config.write_text(text)
     session = "e2e-responses"
-    out = _openclaw(home, "agent", "--local", "--session-id", session, "--message", "Hello, responses.", "--json")
-    printed = _printed_text(out)
+    out = run_openclaw(home, "agent", "--local", "--session-id", session, "--message", "Hello, responses.", "--json")
+    printed = printed_text(out)
 
-    doc = _show(clawbridge_server["state"], f"agent:main:explicit:{session}")
+    doc = show_session(clawbridge_server["state"], f"agent:main:explicit:{session}")
     assert doc is not None, f"no session; log:\n{clawbridge_server['log'].read_text()[-3000:]}"
     main = [t for t in doc["turns"] if t["turn_type"] == "main"]
     assert len(main) == 1 and main[0]["meta"]["api"] == "responses", [t.get("meta") for t in doc["turns"]]

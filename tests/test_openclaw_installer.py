@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clawbridge.address import base_url_for
-from clawbridge.openclaw import installer, json5edit
+from clawbridge.openclaw import install_status, installer, json5edit
 from clawbridge.openclaw.runtime_line import parse_runtime_session, validate_session_headers
 
 USER_CONFIG = """// my OpenClaw config
@@ -170,8 +170,20 @@ def test_install_into_missing_config_creates_it_private(tmp_path: Path) -> None:
     assert "allow" not in data["plugins"]  # no allowlist: none created
     assert data["plugins"]["entries"]["clawbridge"]["config"] == {"providerId": "cb2"}
     assert data["agents"]["defaults"]["model"]["primary"] == "cb2/tiny"
-    installer.uninstall(state, cfg)
-    assert json5edit.loads(cfg.read_text()) == {}
+    result = installer.uninstall(state, cfg)
+    # What install created (the file and the folders above it) is gone again, nothing else.
+    assert result.deleted_config and not cfg.exists() and not (tmp_path / "home").exists()
+    assert tmp_path.is_dir() and state.is_dir()
+
+
+def test_uninstall_keeps_a_created_config_the_user_has_added_to(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cfg = tmp_path / "home" / ".openclaw" / "openclaw.json"
+    installer.install(state, _opts(cfg))
+    cfg.write_text(json5edit.set_value(cfg.read_text(), ["gateway", "port"], 18789))
+    (cfg.parent / "notes.txt").write_text("mine")
+    result = installer.uninstall(state, cfg)
+    assert not result.deleted_config and json5edit.loads(cfg.read_text()) == {"gateway": {"port": 18789}}
 
 
 def test_install_agent_as_user_sets_the_extension_option(tmp_path: Path) -> None:
@@ -179,8 +191,7 @@ def test_install_agent_as_user_sets_the_extension_option(tmp_path: Path) -> None
     cfg = tmp_path / "openclaw.json"
     installer.install(state, _opts(cfg, agent_as_user=True))
     assert json5edit.loads(cfg.read_text())["plugins"]["entries"]["clawbridge"]["config"] == {"agentAsUser": True}
-    installer.uninstall(state, cfg)
-    assert "clawbridge" not in json5edit.loads(cfg.read_text()).get("plugins", {}).get("entries", {})
+    assert installer.uninstall(state, cfg).deleted_config and not cfg.exists()
 
 
 def test_user_additions_under_created_objects_survive_uninstall(tmp_path: Path) -> None:
@@ -228,9 +239,9 @@ def test_base_url_and_client_key(tmp_path: Path) -> None:
 
 def test_status_reports_install_and_recent_headers(cfg: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    assert installer.status(state, cfg)["installed"] is False
+    assert install_status.status(state, cfg)["installed"] is False
     installer.install(state, _opts(cfg))
-    report = installer.status(state, cfg)
+    report = install_status.status(state, cfg)
     assert report["installed"] and report["extension_current"] and report["allowlist"] is True
     assert report["provider"]["baseUrl"] == "http://127.0.0.1:9999/v1"
     assert report["recent_calls"] is None  # no store yet
@@ -257,7 +268,7 @@ def test_status_reports_install_and_recent_headers(cfg: Path, tmp_path: Path) ->
         )
     db.commit()
     db.close()
-    calls = installer.status(state, cfg)["recent_calls"]
+    calls = install_status.status(state, cfg)["recent_calls"]
     assert calls["turns"] == 3 and calls["with_turn_headers"] == 2 and calls["in_header_sessions"] == 2
     assert calls["triggers"] == {"user": 1, "heartbeat": 1}
     assert calls["main"] == 2 and calls["side"] == 1

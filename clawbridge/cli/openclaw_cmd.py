@@ -5,6 +5,9 @@ Invariants:
 - install asks the running server (`GET <base_url>/models`) for the served model's id,
   `context_window` and `max_output_tokens`; when the server is not reachable it says so and uses
   the defaults (re-run install after `clawbridge up` to pick up the real values).
+- install and uninstall say what they did and where: which OpenClaw command ran (or that none was
+  found and the file was edited by hand), every file written or created (openclaw.json, its
+  backup, the extension copy, the install record), and how to undo it.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from rich.markup import escape
 
 from clawbridge.address import base_url_for
 from clawbridge.config import load_settings
-from clawbridge.openclaw import installer
+from clawbridge.openclaw import install_status, installer
+from clawbridge.openclaw.openclaw_cli import OpenClawCli, OpenClawCliError, find_openclaw_cli
 
 app = typer.Typer(
     help="Connect OpenClaw to clawbridge (provider + session-header extension).", no_args_is_help=True
 )
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # paths are printed whole, to be copied
+err = Console(stderr=True, soft_wrap=True)
 
 OpenClawConfigOpt = Annotated[
     Path | None,
@@ -35,6 +39,22 @@ StateOpt = Annotated[
     Path | None, typer.Option("--state-dir", help="clawbridge state dir (default ~/.clawbridge).")
 ]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="clawbridge TOML config file.")]
+OpenClawCliOpt = Annotated[
+    str,
+    typer.Option(
+        "--openclaw-cli",
+        help="OpenClaw's CLI for the plugin part: auto (`openclaw` on PATH, if any), none (edit "
+        "openclaw.json by hand), or the path of an `openclaw` executable.",
+    ),
+]
+
+
+def _openclaw_cli(choice: str) -> OpenClawCli | None:
+    try:
+        return find_openclaw_cli(choice)
+    except OpenClawCliError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(2) from None
 
 
 def _settings_state_and_url(config: Path | None, state_dir: Path | None) -> tuple[Path, str]:
@@ -82,11 +102,13 @@ def install(
     agent_as_user: Annotated[bool, typer.Option(
         "--agent-as-user", help="The extension sends each agent's id as X-User-Id, so clawbridge records every "
         "agent as its own user (start the server with trust_user_header = true; see docs/users.md).")] = False,
+    openclaw_cli: OpenClawCliOpt = "auto",
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Add the clawbridge provider and extension to openclaw.json (idempotent, backed up first)."""
     state, settings_url = _settings_state_and_url(config, state_dir)
+    cli = _openclaw_cli(openclaw_cli)
     url = (base_url or settings_url).rstrip("/")
     try:
         key = installer.resolve_client_key(state)
@@ -111,45 +133,89 @@ def install(
         set_default=set_default,
         agent_as_user=agent_as_user,
     )
+    if cli is not None:
+        console.print(f"OpenClaw's CLI: {cli.describe()} (installs the plugin; this can take a minute)")
     try:
-        result = installer.install(state, opts)
+        result = installer.install(state, opts, cli)
     except installer.InstallError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(1) from None
+    _report_install(result, opts, openclaw_cli, set_default)
+
+
+def _report_install(
+    result: installer.InstallResult, opts: installer.InstallOptions, cli_choice: str, set_default: bool
+) -> None:
+    """Say what install did, where, and how to undo it (never the key itself)."""
+    path = result.config_path
+    if result.plugin_managed_by_openclaw:
+        console.print(f"plugin: installed by OpenClaw itself at {result.extension_dir} (left as it is)")
+    elif result.openclaw_command:
+        console.print(f"plugin: ran `{' '.join(result.openclaw_command)}`")
+        console.print("  (OpenClaw rewrites openclaw.json as plain JSON: comments are dropped; the backup keeps them)")
+    else:
+        if cli_choice == "auto":
+            err.print(
+                "[yellow]OpenClaw's CLI (`openclaw`) is not on PATH: openclaw.json was edited by hand "
+                "(plugins.load.paths names the extension copy).[/yellow]"
+            )
+        console.print(f"plugin: extension files copied to {result.extension_dir}")
+    if result.created_config:
+        console.print(
+            f"created {path} (mode 0600: it holds the clawbridge client key, as "
+            f"models.providers.{opts.provider_id}.apiKey)"
+        )
     if result.changed:
-        console.print(f"updated {result.config_path}: " + ", ".join(result.changed))
-        if result.backup_path:
-            console.print(f"backup: {result.backup_path}")
+        console.print(f"wrote in {path}: " + ", ".join(result.changed))
+        for backup in result.backups:
+            console.print(f"backup of the file as it was: {backup}")
     else:
         console.print(
-            f"{result.config_path} already has clawbridge ({opts.provider_id}/{opts.model_id}); nothing to do"
+            f"{path} already has clawbridge ({opts.provider_id}/{opts.model_id}); nothing to do"
         )
-    console.print(f"extension: {result.extension_dir}")
     console.print(
         f"model: {opts.provider_id}/{opts.model_id} at {opts.base_url}"
         + ("" if set_default else f"  (use --set-default or `--model {opts.provider_id}/{opts.model_id}`)")
     )
+    if result.record_path is not None:
+        undo = "clawbridge openclaw uninstall" + (
+            "" if path == installer.resolve_config_path() else f" --openclaw-config {path}"
+        )
+        console.print(
+            f"recorded in {result.record_path}; to undo: `{undo}`"
+            + (" (deletes the file it created)" if result.created_config else "")
+        )
 
 
 @app.command()
 def uninstall(
-    openclaw_config: OpenClawConfigOpt = None, state_dir: StateOpt = None, config: ConfigOpt = None
+    openclaw_config: OpenClawConfigOpt = None,
+    openclaw_cli: OpenClawCliOpt = "auto",
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Undo what install changed in openclaw.json and remove the extension copy."""
     state, _ = _settings_state_and_url(config, state_dir)
+    cli = _openclaw_cli(openclaw_cli)
     try:
-        result = installer.uninstall(state, openclaw_config)
+        result = installer.uninstall(state, openclaw_config, cli)
     except installer.InstallError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(1) from None
     if not result.was_installed:
         console.print(f"clawbridge has no record of installing into {result.config_path}; nothing to do")
         return
+    if result.openclaw_command:
+        console.print(f"plugin: ran `{' '.join(result.openclaw_command)}`")
     console.print(
         f"restored in {result.config_path}: " + (", ".join(result.restored) or "nothing to restore")
     )
+    if result.deleted_config:
+        console.print(f"deleted {result.config_path}: install had created it and nothing else was in it")
     if result.kept:
         err.print("[yellow]left alone (changed since install): " + ", ".join(result.kept) + "[/yellow]")
+    for item in result.leftover:
+        err.print(f"[yellow]left: {escape(item)}[/yellow]")
     if result.backup_path:
         console.print(f"backup: {result.backup_path}")
 
@@ -164,7 +230,7 @@ def status(
     """Say what is installed and whether recent calls carried the session headers."""
     state, _ = _settings_state_and_url(config, state_dir)
     try:
-        report = installer.status(state, openclaw_config)
+        report = install_status.status(state, openclaw_config)
     except installer.InstallError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None

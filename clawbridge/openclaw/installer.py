@@ -1,10 +1,12 @@
-"""`clawbridge openclaw install | uninstall | status`: wire OpenClaw to clawbridge through its config.
+"""`clawbridge openclaw install | uninstall`: wire OpenClaw to clawbridge through its config.
 
 What install does to `openclaw.json` (found like OpenClaw finds it: `$OPENCLAW_CONFIG_PATH`, else
 `$OPENCLAW_STATE_DIR/openclaw.json`, else `~/.openclaw/openclaw.json`; created when missing):
+- the extension is copied to `<state_dir>/openclaw/extension` and installed from there: with
+  OpenClaw's own CLI when one is given (`openclaw plugins install --link`, see `openclaw_cli`),
+  else by hand: `plugins.load.paths` += that directory;
 - `models.providers.<provider_id>`: `baseUrl` of clawbridge, `apiKey` = the client key,
   `api: "openai-completions"`, one model whose `contextWindow` / `maxTokens` come from the server;
-- `plugins.load.paths` += the extension's directory (a copy under `<state_dir>/openclaw/extension`);
 - `plugins.entries.clawbridge`: enabled, `hooks.allowConversationAccess: true` (the extension
   reads the session key and trigger from agent hooks), `config.providerId` when not the default,
   `config.agentAsUser: true` with `agent_as_user` (the agent id sent as X-User-Id);
@@ -12,13 +14,18 @@ What install does to `openclaw.json` (found like OpenClaw finds it: `$OPENCLAW_C
 - with `set_default`: `agents.defaults.model.primary` = `<provider_id>/<model_id>`.
 
 Invariants:
-- Comments, formatting and every other setting in `openclaw.json` are kept (`json5edit` splices).
-- The file is backed up (`<name>.clawbridge-backup-<time>`, same mode) before any write, written
-  atomically (temp file + rename, mode kept; a new file is 0600 since it holds the client key).
-- Install is idempotent: a second identical install changes nothing and writes nothing.
+- Comments, formatting and every other setting in `openclaw.json` are kept by our own edits
+  (`json5edit` splices); OpenClaw's CLI, when used, rewrites the file as plain JSON (comments
+  dropped: the result says so, and the backup has them).
+- The file is backed up (`<name>.clawbridge-backup-<time>`, same mode) before any write (ours or
+  OpenClaw's), written atomically (temp file + rename, mode kept; a new file is 0600 since it holds
+  the client key).
+- Install is idempotent: a second identical install changes nothing, writes nothing and runs no
+  OpenClaw command.
 - Every change is recorded, in order, in `<state_dir>/openclaw/install.json` with the value before
-  and after; uninstall undoes them in reverse, and leaves alone (and reports) anything the user has
-  changed since.
+  and after (OpenClaw's plugin install as one change); uninstall undoes them in reverse, and leaves
+  alone (and reports) anything the user has changed since. A config file (and its folder) that
+  install created is deleted by uninstall when nothing else is left in it.
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import tempfile
 import time
 from collections.abc import Mapping
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from clawbridge.openclaw import json5edit
+from clawbridge.openclaw.openclaw_cli import OpenClawCli, OpenClawCliError
 
 PLUGIN_ID = "clawbridge"
 DEFAULT_PROVIDER_ID = "clawbridge"
@@ -111,8 +118,21 @@ class InstallResult:
     extension_dir: Path
     changed: list[str] = field(default_factory=list)
     """Dotted paths written by this run (empty: everything was already in place)."""
-    backup_path: Path | None = None
+    backups: list[Path] = field(default_factory=list)
+    """Copies of openclaw.json taken before this run's writes (oldest first)."""
     created_config: bool = False
+    """This run created openclaw.json (it did not exist)."""
+    record_path: Path | None = None
+    """Where the changes are recorded (what `clawbridge openclaw uninstall` undoes)."""
+    openclaw_command: list[str] | None = None
+    """The OpenClaw command this run used for the plugin, if any."""
+    plugin_managed_by_openclaw: bool = False
+    """OpenClaw had installed the plugin itself (`extension_dir` is its copy, left alone)."""
+
+    @property
+    def backup_path(self) -> Path | None:
+        """The copy of the file as it was before this run."""
+        return self.backups[0] if self.backups else None
 
 
 @dataclass
@@ -123,6 +143,12 @@ class UninstallResult:
     """Paths left alone because the user changed them after install."""
     backup_path: Path | None = None
     was_installed: bool = True
+    deleted_config: bool = False
+    """openclaw.json was created by install and is gone again (nothing else was in it)."""
+    openclaw_command: list[str] | None = None
+    """The OpenClaw command run to uninstall the plugin, if any."""
+    leftover: list[str] = field(default_factory=list)
+    """What could not be undone here, and the command that does it."""
 
 
 # ---------------------------------------------------------------------------- desired state
@@ -179,7 +205,7 @@ def _save_records(state_dir: Path, records: dict[str, Any]) -> None:
     _atomic_write(path, json.dumps(records, indent=2) + "\n", 0o600)
 
 
-def _key(config_path: Path) -> str:
+def record_key(config_path: Path) -> str:
     return str(config_path.expanduser().resolve())
 
 
@@ -223,7 +249,7 @@ def _write_config(config_path: Path, old_text: str | None, new_text: str) -> Pat
     return backup
 
 
-def _read_config(config_path: Path) -> str | None:
+def read_config(config_path: Path) -> str | None:
     try:
         text = config_path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -295,27 +321,75 @@ def _default_model_path(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- install / uninstall
-def install(state_dir: Path, opts: InstallOptions) -> InstallResult:
-    """Install (or update) the clawbridge provider and extension in openclaw.json."""
+def openclaw_managed_plugin(config_path: Path, env: Mapping[str, str] | None = None) -> Path | None:
+    """The plugin's folder when OpenClaw itself installed it (`openclaw plugins install <tarball |
+    dir>` copies it to `<OpenClaw state dir>/extensions/clawbridge`), else None. OpenClaw's state
+    dir is `$OPENCLAW_STATE_DIR`, else the folder of openclaw.json."""
+    env = os.environ if env is None else env
+    root = Path(os.path.expanduser(env["OPENCLAW_STATE_DIR"])) if env.get("OPENCLAW_STATE_DIR") else config_path.parent
+    folder = root / "extensions" / PLUGIN_ID
+    return folder.resolve() if (folder / "openclaw.plugin.json").is_file() else None
+
+
+def _plugin_linked(text: str, extension_dir: Path) -> bool:
+    paths = json5edit.get(text, ["plugins", "load", "paths"])
+    return isinstance(paths, list) and str(extension_dir) in paths
+
+
+def _install_plugin_with_cli(
+    cli: OpenClawCli, config_path: Path, text: str | None, extension_dir: Path, result: InstallResult
+) -> str:
+    """Run OpenClaw's plugin install (backing the file up first); return the config text after it."""
+    if text is not None:
+        result.backups.append(_backup(config_path))
+    else:
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result.openclaw_command = cli.install_plugin(extension_dir, config_path)
+    except OpenClawCliError as exc:
+        raise InstallError(
+            f"OpenClaw could not install the plugin ({exc}); openclaw.json is as it was "
+            "(rerun with --openclaw-cli none to write it by hand)"
+        ) from None
+    after = read_config(config_path)
+    if after is None:
+        raise InstallError(f"`{cli.describe()}` reported success but {config_path} does not exist")
+    if text is None and config_path.stat().st_mode & 0o077:
+        config_path.chmod(0o600)  # OpenClaw created it; it will hold the client key
+    return after
+
+
+def install(state_dir: Path, opts: InstallOptions, openclaw_cli: OpenClawCli | None = None) -> InstallResult:
+    """Install (or update) the clawbridge provider and extension in openclaw.json; the plugin part
+    through `openclaw_cli` when given (see the module doc), else by hand."""
     state_dir = Path(os.path.expanduser(str(state_dir)))
     config_path = resolve_config_path(opts.config_path)
-    old_text = _read_config(config_path)
-    extension_dir = _copy_extension(state_dir)
-
-    text = old_text if old_text is not None else ""
+    old_text = read_config(config_path)
+    created_dir = None if config_path.parent.exists() else _first_missing_parent(config_path)
+    managed = openclaw_managed_plugin(config_path)
+    extension_dir = managed or _copy_extension(state_dir)
+    result = InstallResult(config_path, extension_dir, created_config=old_text is None)
+    result.plugin_managed_by_openclaw = managed is not None
     changes: list[dict[str, Any]] = []
+    text = old_text if old_text is not None else ""
+    if managed is not None:
+        pass  # `openclaw plugins install <tarball | dir>` put it there: it is OpenClaw's, left alone
+    elif openclaw_cli is not None and not _plugin_linked(text, extension_dir):
+        text = _install_plugin_with_cli(openclaw_cli, config_path, old_text, extension_dir, result)
+        changes.append({"op": "openclaw-plugin", "plugin": PLUGIN_ID, "path": ["plugins", "load", "paths"],
+                        "item": str(extension_dir)})  # fmt: skip
+    else:
+        text = _apply_append(text, ["plugins", "load", "paths"], str(extension_dir), changes)
     text = _apply_set(text, ["models", "providers", opts.provider_id], provider_entry(opts), changes)
-    text = _apply_append(text, ["plugins", "load", "paths"], str(extension_dir), changes)
     text = _apply_set(text, ["plugins", "entries", PLUGIN_ID], plugin_entry(opts.provider_id, opts.agent_as_user), changes)
     if isinstance(json5edit.get(text, ["plugins", "allow"]), list):
         text = _apply_append(text, ["plugins", "allow"], PLUGIN_ID, changes)
     if opts.set_default:
         text = _apply_set(text, _default_model_path(text), f"{opts.provider_id}/{opts.model_id}", changes)
 
-    result = InstallResult(config_path, extension_dir, created_config=old_text is None)
     records = load_records(state_dir)
     record = records["installs"].setdefault(
-        _key(config_path), {"changes": [], "backups": [], "installed_at": time.time()}
+        record_key(config_path), {"changes": [], "backups": [], "installed_at": time.time()}
     )
     record.update(
         provider_id=opts.provider_id,
@@ -324,15 +398,32 @@ def install(state_dir: Path, opts: InstallOptions) -> InstallResult:
         base_url=opts.base_url,
         created_config=record.get("created_config", old_text is None),
     )
+    if created_dir is not None and "created_dir" not in record:
+        record["created_dir"] = str(created_dir)
+    if managed is not None:
+        record["plugin_managed_by_openclaw"] = True
     if changes:
-        result.backup_path = _write_config(config_path, old_text, text)
+        if result.openclaw_command is not None:  # OpenClaw wrote it after our backup: no second copy
+            _atomic_write(config_path, text, config_path.stat().st_mode & 0o777)
+        else:
+            backup = _write_config(config_path, old_text, text)
+            if backup is not None:
+                result.backups.append(backup)
         result.changed = [".".join(c["path"]) for c in changes]
         record["changes"].extend(changes)
-        if result.backup_path is not None:
-            record["backups"].append(str(result.backup_path))
+        record["backups"].extend(str(b) for b in result.backups)
         record["updated_at"] = time.time()
     _save_records(state_dir, records)
+    result.record_path = _record_path(state_dir)
     return result
+
+
+def _first_missing_parent(config_path: Path) -> Path:
+    """The outermost folder above config_path that does not exist yet (install creates it)."""
+    missing = config_path.parent
+    while not missing.parent.exists():
+        missing = missing.parent
+    return missing
 
 
 def _undo_set(text: str, path: list[str], change: dict[str, Any], kept: list[str]) -> str:
@@ -363,151 +454,92 @@ def _undo_set(text: str, path: list[str], change: dict[str, Any], kept: list[str
     return text
 
 
-def uninstall(state_dir: Path, config_path: Path | None = None) -> UninstallResult:
-    """Undo what install changed in openclaw.json (newest first) and remove the extension copy."""
+def uninstall(
+    state_dir: Path, config_path: Path | None = None, openclaw_cli: OpenClawCli | None = None
+) -> UninstallResult:
+    """Undo what install changed in openclaw.json (newest first) and remove the extension copy.
+    A plugin that OpenClaw's CLI installed is uninstalled with `openclaw_cli`; without one, its load
+    path is removed by hand and `leftover` says what is left in OpenClaw's own records."""
     state_dir = Path(os.path.expanduser(str(state_dir)))
     config_path = resolve_config_path(config_path)
     records = load_records(state_dir)
-    record = records["installs"].get(_key(config_path))
+    record = records["installs"].get(record_key(config_path))
     result = UninstallResult(config_path)
     if record is None:
         result.was_installed = False
         return result
-    old_text = _read_config(config_path)
-    if old_text is not None:
-        text = old_text
+    on_disk = read_config(config_path)
+    if on_disk is not None:
+        text = on_disk
+
+        def flush() -> None:
+            """Write `text` (backing the file up once, before the first write of this run)."""
+            nonlocal on_disk
+            if text == on_disk:
+                return
+            if result.backup_path is None:
+                result.backup_path = _write_config(config_path, on_disk, text)
+            else:
+                _atomic_write(config_path, text, config_path.stat().st_mode & 0o777)
+            on_disk = text
+
         for change in reversed(record["changes"]):
             path = list(change["path"])
-            if change["op"] == "append":
+            if change["op"] == "openclaw-plugin" and openclaw_cli is not None:
+                flush()  # ours first, then OpenClaw's: the reverse of install
+                if result.backup_path is None:
+                    result.backup_path = _backup(config_path)
+                try:
+                    result.openclaw_command = openclaw_cli.uninstall_plugin(change["plugin"], config_path)
+                except OpenClawCliError as exc:
+                    raise InstallError(f"OpenClaw could not uninstall the plugin ({exc})") from None
+                on_disk = text = read_config(config_path) or ""
+                result.restored.append(".".join(path))
+            elif change["op"] in ("append", "openclaw-plugin"):
                 current = json5edit.get(text, path)
                 if isinstance(current, list) and change["item"] in current:
                     text = json5edit.remove(text, path, change["item"])
                     result.restored.append(".".join(path))
-                continue
-            before_undo = text
-            text = _undo_set(text, path, change, result.kept)
-            if text != before_undo:
-                result.restored.append(".".join(path))
-        if text != old_text:
-            result.backup_path = _write_config(config_path, old_text, text)
+                if change["op"] == "openclaw-plugin":
+                    result.leftover.append(
+                        f"OpenClaw's own record of the plugin (no `openclaw` to run): "
+                        f"`openclaw plugins uninstall {change['plugin']}` removes it"
+                    )
+            else:
+                before_undo = text
+                text = _undo_set(text, path, change, result.kept)
+                if text != before_undo:
+                    result.restored.append(".".join(path))
+        if record.get("created_config") and json5edit.loads(text) == {}:
+            config_path.unlink()  # install created it and nothing else is in it: no backup either
+            result.deleted_config = True
+            if record.get("created_dir"):
+                _remove_empty_dirs(config_path.parent, Path(record["created_dir"]))
+        else:
+            flush()
+    if record.get("plugin_managed_by_openclaw"):
+        result.leftover.append(
+            f"the plugin OpenClaw installed itself ({record.get('extension_dir')}): "
+            f"`openclaw plugins uninstall {PLUGIN_ID}` removes it"
+        )
     extension_dir = record.get("extension_dir")
     if extension_dir and Path(extension_dir).parent == (state_dir / RECORD_DIR).resolve():
         shutil.rmtree(extension_dir, ignore_errors=True)
-    del records["installs"][_key(config_path)]
+    del records["installs"][record_key(config_path)]
     _save_records(state_dir, records)
     return result
 
 
-# ---------------------------------------------------------------------------- status
-def recent_header_stats(state_dir: Path, limit: int = 50) -> dict[str, Any] | None:
-    """How many of the last `limit` recorded turns carried the extension's headers.
-
-    Reads the store read-only (never creates or migrates it). A turn carried the turn headers
-    when the proxy recorded `X-Turn-Trigger` / `X-Turn-Id` in its meta; its session carried
-    `X-Session-Id` when the session's source is `header`. None when there is no store yet.
-    """
-    from clawbridge.store import DB_FILENAME
-
-    db = Path(os.path.expanduser(str(state_dir))) / DB_FILENAME
-    if not db.is_file():
-        return None
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
-    try:
-        rows = conn.execute(
-            "SELECT t.meta_json, s.source, t.turn_type, t.completed_at FROM turns t "
-            "JOIN sessions s ON s.session_id = t.session_id ORDER BY t.completed_at DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
-    except sqlite3.Error:
-        return None
-    finally:
-        conn.close()
-    stats: dict[str, Any] = {
-        "turns": len(rows),
-        "with_turn_headers": 0,
-        "in_header_sessions": 0,
-        "main": 0,
-        "side": 0,
-        "by_session_source": {},
-        "triggers": {},
-        "last_turn_at": rows[0][3] if rows else None,
-    }
-    for meta_json, source, turn_type, _ in rows:
-        meta = json.loads(meta_json) if meta_json else {}
-        if meta.get("trigger") or meta.get("turn_id_header"):
-            stats["with_turn_headers"] += 1
-        if meta.get("trigger"):
-            stats["triggers"][meta["trigger"]] = stats["triggers"].get(meta["trigger"], 0) + 1
-        if source == "header":
-            stats["in_header_sessions"] += 1
-        stats["by_session_source"][source] = stats["by_session_source"].get(source, 0) + 1
-        if turn_type in ("main", "side"):
-            stats[turn_type] += 1
-    return stats
-
-
-def _extension_current(ext_dir: Path | None) -> bool | None:
-    """Whether the installed copy matches the extension this clawbridge ships (None: no source)."""
-    try:
-        source = find_extension_source()
-    except InstallError:
-        return None
-    return ext_dir is not None and all(
-        (ext_dir / n).read_bytes() == (source / n).read_bytes() for n in EXTENSION_FILES
-    )
-
-
-def status(state_dir: Path, config_path: Path | None = None) -> dict[str, Any]:
-    """What is installed in openclaw.json, whether the extension copy is current, and whether
-    recent calls carried the headers."""
-    state_dir = Path(os.path.expanduser(str(state_dir)))
-    config_path = resolve_config_path(config_path)
-    record = load_records(state_dir)["installs"].get(_key(config_path))
-    provider_id = record.get("provider_id", DEFAULT_PROVIDER_ID) if record else DEFAULT_PROVIDER_ID
-    report: dict[str, Any] = {
-        "config_path": str(config_path),
-        "config_exists": config_path.is_file(),
-        "recorded_install": record is not None,
-        "provider_id": provider_id,
-    }
-    text = _read_config(config_path) if config_path.is_file() else ""
-    text = text or ""
-    provider = json5edit.get(text, ["models", "providers", provider_id])
-    entry = json5edit.get(text, ["plugins", "entries", PLUGIN_ID])
-    paths = json5edit.get(text, ["plugins", "load", "paths"])
-    allow = json5edit.get(text, ["plugins", "allow"])
-    default = json5edit.get(text, ["agents", "defaults", "model"])
-    if isinstance(default, dict):
-        default = default.get("primary", json5edit.MISSING)
-    ext_dir = Path(record["extension_dir"]) if record and record.get("extension_dir") else None
-    report["provider"] = (
-        {
-            "baseUrl": provider.get("baseUrl"),
-            "api": provider.get("api"),
-            "models": [m.get("id") for m in provider.get("models", []) if isinstance(m, dict)],
-        }
-        if isinstance(provider, dict)
-        else None
-    )
-    report["plugin_enabled"] = isinstance(entry, dict) and entry.get("enabled") is not False
-    report["conversation_access"] = (
-        isinstance(entry, dict) and (entry.get("hooks") or {}).get("allowConversationAccess") is True
-    )
-    report["load_path"] = str(ext_dir) if ext_dir else None
-    report["load_path_configured"] = ext_dir is not None and isinstance(paths, list) and str(ext_dir) in paths
-    report["extension_present"] = ext_dir is not None and all(
-        (ext_dir / n).is_file() for n in EXTENSION_FILES
-    )
-    report["extension_current"] = _extension_current(ext_dir) if report["extension_present"] else False
-    report["allowlist"] = None if not isinstance(allow, list) else PLUGIN_ID in allow
-    report["default_model"] = None if default is json5edit.MISSING else default
-    report["installed"] = bool(
-        report["provider"]
-        and report["plugin_enabled"]
-        and report["conversation_access"]
-        and report["load_path_configured"]
-        and report["extension_present"]
-        and report["allowlist"] is not False
-    )
-    report["recent_calls"] = recent_header_stats(state_dir)
-    return report
+def _remove_empty_dirs(folder: Path, outermost: Path) -> None:
+    """Remove `folder` and its parents up to `outermost` (folders install created), while empty."""
+    folder, outermost = folder.resolve(), outermost.resolve()
+    if folder != outermost and outermost not in folder.parents:
+        return
+    while True:
+        try:
+            folder.rmdir()  # only an empty folder
+        except OSError:
+            return
+        if folder == outermost:
+            return
+        folder = folder.parent

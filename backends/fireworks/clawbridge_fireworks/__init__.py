@@ -6,7 +6,7 @@ is what clawbridge loads; nothing here is imported by the core.
 
 from __future__ import annotations
 
-PINNED_SDK_VERSION = "1.2.28"
+PINNED_SDK_VERSION = "1.2.30"
 """The `fireworks-ai` release this backend is written and tested against."""
 
 __all__ = ["PINNED_SDK_VERSION"]

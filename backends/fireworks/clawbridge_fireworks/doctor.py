@@ -45,7 +45,7 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
         version = metadata.version("fireworks-ai")
     except metadata.PackageNotFoundError:
         checks.append(
-            (False, f"fireworks-ai is not installed: pip install fireworks-ai=={PINNED_SDK_VERSION}")
+            (False, f"fireworks-ai is not installed: pip install 'fireworks-ai[training-sdk]=={PINNED_SDK_VERSION}'")
         )
     else:
         checks.append(
@@ -53,7 +53,7 @@ def doctor_checks(settings: Settings, timeout_s: float = 10.0) -> list[tuple[boo
             if version == PINNED_SDK_VERSION
             else (
                 False,
-                f"fireworks-ai is {version}, tested with {PINNED_SDK_VERSION}: pip install fireworks-ai=={PINNED_SDK_VERSION}",
+                f"fireworks-ai is {version}, tested with {PINNED_SDK_VERSION}: pip install 'fireworks-ai[training-sdk]=={PINNED_SDK_VERSION}'",
             )
         )
     if not (opts.training_shape or opts.trainer_job):
