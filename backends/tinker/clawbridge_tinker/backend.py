@@ -366,16 +366,16 @@ class TinkerBackend:
                     lambda: tc.save_weights_and_get_sampling_client(retry_config=self.retry_config()).result_async(),
                     timeout,
                 )
+                if self._sampler is None:
+                    self._sampler = TinkerSampler(client, target, self.sampler_limits())
+                elif target == self._sampler.policy_version:
+                    self._sampler.rebind(client)  # the same weights (the served version's own checkpoint)
+                else:
+                    self._sampler.swap(client, target)  # refuses a version older than the one served
             except BaseException:
                 await self.release_client(tc)  # the old trainer stays: the caller tries again
                 raise
             old, self._training = self._training, tc
-            if self._sampler is None:
-                self._sampler = TinkerSampler(client, target, self.sampler_limits())
-            elif target == self._sampler.policy_version:
-                self._sampler.rebind(client)  # the same weights (the served version's own checkpoint)
-            else:
-                self._sampler.swap(client, target)
             self.step = entry.step
             self.policy_version = target
             await self._serve_live(client, target)
