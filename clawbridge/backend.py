@@ -1,6 +1,6 @@
 """The backend seam: what the proxy and the trainer need from local, tinker or fireworks: the
 types (`ModelInfo`, `Datum`, `LossConfig`, `StepResult`, `Capabilities`) and protocols
-(`ServingBackend`, `TrainingBackend`, `LogprobScorer`, `CheckpointDeleter`), with their fakes
+(`ServingBackend`, `TrainingBackend`, `LogprobScorer`, `CheckpointDeleter`, `RemoteCheckpoints`), with their fakes
 (`FakeServingBackend`, `FakeLogprobScorer`). Finding and creating a backend is `clawbridge.plugins`.
 
 Invariants:
@@ -285,7 +285,9 @@ class TrainingBackend(ServingBackend, Protocol):
         """Load weights + optimizer state written by `save_checkpoint` into the trainer and serve
         those weights as `version` (default: the version recorded with the checkpoint); return the
         served version. When `version` equals the version served now, the caller guarantees that
-        those weights are already served: only the trainer state is loaded."""
+        those weights are already served: only the trainer state is loaded (a hosted backend may
+        serve the same weights again from the new trainer state, when its old sampler would end
+        with the trainer it replaces)."""
         ...
 
 
@@ -300,6 +302,44 @@ class CheckpointDeleter(Protocol):
     async def delete_checkpoint(self, path: str) -> None:
         """Delete what `save_checkpoint` returned as `path`; a checkpoint already gone is fine.
         Never called for the checkpoint being restored or the one served."""
+        ...
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """One thing a hosted backend keeps on its service for us (a checkpoint is one or more)."""
+
+    path: str
+    """What names it on the service (Tinker: a `tinker://` path, or a training client's id)."""
+    kind: str
+    """What the backend says it is (Tinker: `state`, `sampler` or `training_client`); handed back
+    to `delete_remote`."""
+
+
+@runtime_checkable
+class RemoteCheckpoints(Protocol):
+    """A backend whose checkpoints (and other state) live on a hosted service. Deleting them is
+    owed work (`clawbridge.trainer.deletions`): every object is recorded in the store before the
+    first try and stays there until the service confirmed it gone, retried with backoff, for
+    retention and for forgetting a user alike.
+
+    Fake: `clawbridge.trainer.fake.FakeHostedBackend`. Tested by tests/test_deletions.py,
+    tests/test_tinker_restart.py and tests/test_tinker_lanes.py."""
+
+    name: str
+
+    def checkpoint_objects(self, path: str) -> list[RemoteObject]:
+        """The objects checkpoint `path` (what `save_checkpoint` returned) is made of."""
+        ...
+
+    def remote_objects(self) -> list[RemoteObject]:
+        """Everything of this backend's still kept on the service (a user lane's: what forgetting
+        the user owes); read after `close()`, so released trainers are not among them."""
+        ...
+
+    async def delete_remote(self, obj: RemoteObject) -> None:
+        """Delete `obj` on the service. One the service no longer has counts as deleted; raises
+        when it could not be deleted now (the caller tries again later)."""
         ...
 
 

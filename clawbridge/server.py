@@ -30,6 +30,7 @@ import uvicorn
 from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
 from clawbridge.backend import (
     ModelInfo,
+    RemoteCheckpoints,
     ServingBackend,
     TrainingBackend,
     UnsupportedSettings,
@@ -55,6 +56,7 @@ from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
 from clawbridge.trainer import TrainerLoop
 from clawbridge.trainer.checkpoints import CheckpointKeeper, check_identity
+from clawbridge.trainer.deletions import DeletionRetrier
 from clawbridge.trainer.identity import checkpoint_identity
 from clawbridge.trainer.lanes import PerUserTraining, UserLanes, per_user_problem
 
@@ -159,6 +161,8 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
                        writer=StoreWriter(store), keys=Keys(client=keys.client.value, admin=keys.admin.value,
                                                            trust_user_header=settings.trust_user_header))
     state.privacy = build_guard(settings, backend, renderer)
+    if isinstance(backend, RemoteCheckpoints):
+        state.deletions = DeletionRetrier(store, backend)
     if settings.train and keeper is not None and isinstance(backend, TrainingBackend):
         if settings.per_user_adapters and isinstance(backend, PerUserTraining):
             step_lock = asyncio.Lock()  # every lane's steps take turns (clawbridge.trainer.lanes)

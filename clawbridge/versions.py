@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from clawbridge.backend import FakeServingBackend, ModelInfo
-from clawbridge.sampler import FakeSampler, Sampler
+from clawbridge.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
 
 if TYPE_CHECKING:
     from clawbridge.store.versions import VersionRow
+
+log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_SESSIONS = 65536
 """Sessions whose canary assignment the router remembers (oldest forgotten first)."""
@@ -259,7 +262,9 @@ def _bucket(candidate: int, session_id: str) -> float:
 class LoadedVersions:
     """The samplers of the newest-used `max_loaded` versions, each loaded once by `loader`
     (concurrent asks for one version share one load). Dropping a sampler from the cache only stops
-    new requests from getting it; streams already running keep what they hold."""
+    new requests from getting it; streams already running keep what they hold. A kept sampler that
+    cannot serve a call (`SamplerUnavailable`) is dropped at once (like an eviction), so the next
+    call loads its version again instead of failing on it for good."""
 
     def __init__(self, max_loaded: int, loader: Callable[[int, str], Awaitable[Sampler]],
                  on_evict: Callable[[int], Awaitable[None]] | None = None) -> None:
@@ -294,22 +299,32 @@ class LoadedVersions:
     async def _load(self, version: int, checkpoint: str) -> Sampler:
         sampler = await self._loader(version, checkpoint)
         self.loads += 1
-        self._loaded[version] = sampler
-        while len(self._loaded) > self.max_loaded:
-            dropped, _ = self._loaded.popitem(last=False)
-            if self._on_evict is not None:
-                await self._on_evict(dropped)
-        return sampler
+        return await self._keep(version, sampler)
 
     async def put(self, version: int, sampler: Sampler) -> None:
         """Keep `sampler` as `version`'s, as if just loaded (a user lane's fresh publish, whose
         weights are already in memory), evicting the least recently used past `max_loaded`."""
-        self._loaded[version] = sampler
+        await self._keep(version, sampler)
+
+    async def _keep(self, version: int, sampler: Sampler) -> Sampler:
+        kept = _Kept(self, version, sampler)
+        self._loaded[version] = kept
         self._loaded.move_to_end(version)
         while len(self._loaded) > self.max_loaded:
             dropped, _ = self._loaded.popitem(last=False)
             if self._on_evict is not None:
                 await self._on_evict(dropped)
+        return kept
+
+    async def _failed(self, version: int, kept: _Kept) -> None:
+        """`kept` could not serve a call: drop it unless another sampler replaced it meanwhile."""
+        if self._loaded.get(version) is not kept:
+            return
+        del self._loaded[version]
+        log.warning("policy version %d failed a call: dropped from the loaded versions, loaded again at the next "
+                    "call", version)
+        if self._on_evict is not None:
+            await self._on_evict(version)
 
     def peek(self, version: int) -> Sampler | None:
         """`version`'s sampler if it is kept now (not counted as a use); None otherwise."""
@@ -322,6 +337,26 @@ class LoadedVersions:
 
     def clear(self) -> None:
         self._loaded.clear()
+
+
+class _Kept:
+    """A sampler as `LoadedVersions` keeps it: a call it fails with `SamplerUnavailable` drops it."""
+
+    def __init__(self, cache: LoadedVersions, version: int, sampler: Sampler) -> None:
+        self.cache = cache
+        self.version = version
+        self.sampler = sampler
+
+    @property
+    def policy_version(self) -> int:
+        return self.sampler.policy_version
+
+    async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
+        try:
+            return await self.sampler.sample(prompt_ids, params)
+        except SamplerUnavailable:
+            await self.cache._failed(self.version, self)
+            raise
 
 
 # --------------------------------------------------------------------------------------------

@@ -239,3 +239,36 @@ def test_status_line_of_a_users_adapter() -> None:
     assert lane_text(lane) == "; own adapter v12, 3 step(s), training now, step reward 0.25 -> 1.00 ▁▃█"
     assert "not trained yet" in lane_text({**lane, "serving_version": None, "reward_trend": []})
     assert "nothing to train yet" in lane_text(None)
+
+
+def test_a_lane_step_log_names_its_user_and_a_loss_the_backend_did_not_report(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`training step 3 ok ... policy v5` said neither whose adapter trained nor why the loss was
+    `None` (a hosted service that reports none, like SkyRL's Tinker server)."""
+    from clawbridge.backend import Datum, LossConfig, StepResult
+    from clawbridge.trainer.fake import FakeLaneBackend
+
+    class NoLoss(FakeLaneBackend):
+        async def train_step(self, batch: list[Datum], loss: LossConfig) -> StepResult:  # type: ignore[override]
+            metrics = dict((await super().train_step(batch, loss)).metrics)
+            del metrics["loss"]
+            return StepResult(metrics=metrics)
+
+    async def main() -> None:
+        s = settings(tmp_path)
+        store = Store.open(s.state_path)
+        try:
+            for i in range(2):
+                rewarded(store, f"a{i}", "alice")
+            lane = NoLoss("alice", FakeSampler([7, 8]), INFO)
+            loop = TrainerLoop.from_settings(s, store, lane, CheckpointKeeper(store, lane, lane="alice"), lane="alice")
+            report = await loop.run_once()
+            assert report is not None and report.ok
+        finally:
+            store.close()
+
+    with caplog.at_level("INFO", logger="clawbridge.trainer"):
+        asyncio.run(main())
+    (line,) = [r.getMessage() for r in caplog.records if "training step" in r.getMessage()]
+    assert line.startswith("training step 1 (user alice) ok:") and "loss not reported" in line, line

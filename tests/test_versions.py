@@ -202,3 +202,40 @@ def test_loaded_versions_lru_and_shared_load() -> None:
         assert loads == [1, 2, 3, 2]
 
     asyncio.run(run())
+
+
+def test_loaded_versions_drop_a_sampler_that_fails_a_call() -> None:
+    """A kept version whose sampler can no longer serve (its weights gone on a hosted service) is
+    dropped at its first failed call, so the next call loads it again instead of failing for good."""
+    from clawbridge.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
+
+    class Dead(FakeSampler):
+        async def sample(self, prompt_ids: object, params: SamplingParams) -> SampleStream:  # type: ignore[override]
+            raise SamplerUnavailable("Model m-1 not loaded")
+
+    loads: list[int] = []
+    evicted: list[int] = []
+
+    async def load(version: int, checkpoint: str) -> Sampler:
+        loads.append(version)
+        return Dead([1], version=version) if len(loads) == 1 else FakeSampler([version], version=version)
+
+    async def evict(version: int) -> None:
+        evicted.append(version)
+
+    async def run() -> list[int]:
+        cache = LoadedVersions(2, load, evict)
+        first = await cache.get(5, "c5")
+        with pytest.raises(SamplerUnavailable):
+            await first.sample([1], SamplingParams(max_tokens=1))
+        assert cache.versions == [] and evicted == [5]  # dropped, and its resources freed
+        again = await cache.get(5, "c5")
+        stream = await again.sample([1], SamplingParams(max_tokens=1))
+        assert cache.versions == [5] and stream.policy_version == 5
+        with pytest.raises(SamplerUnavailable):  # a stale handle failing again drops nothing new
+            await first.sample([1], SamplingParams(max_tokens=1))
+        assert cache.versions == [5] and evicted == [5]
+        return [t.token_id async for t in stream]
+
+    assert asyncio.run(run()) == [5]
+    assert loads == [5, 5]

@@ -54,26 +54,35 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
             assert manifest is not None and all(c.sampler_path for c in manifest.checkpoints)
             first = manifest.checkpoints[0]
             out["paths"] = (first.path, first.sampler_path)
-            # A restarted server whose manifest was written before sampler weights were kept: refused.
+            # A restarted server whose manifest was written before sampler weights were kept: v1 is
+            # loaded from its training state instead (a training client of its own, released at close).
             manifest.checkpoints[0] = type(first)(first.name, first.path, first.step, first.policy_version,
                                                   first.saved_at)
             write_manifest(manifest_path(tmp_path), manifest)
             again = TinkerBackend(make_settings(server, tmp_path))
             await again.start()
             try:
-                with pytest.raises(VersionUnavailable, match="no sampler weights"):
-                    await again.load_version(1, first.path)
-                # The manifest names sampler weights the service no longer has: refused, not a 500.
+                stream = await (await again.load_version(1, first.path)).sample(PROMPT, params)
+                out["from_state"] = ([t.token_id async for t in stream], stream.policy_version)
+                # The manifest names sampler weights the service no longer has: from the state too.
                 manifest.checkpoints[0] = first
                 write_manifest(manifest_path(tmp_path), manifest)
                 assert first.sampler_path is not None
                 saved = server.checkpoints.pop(first.sampler_path)
-                with pytest.raises(VersionUnavailable, match="could not load") as err:
+                again.unload_versions([1])
+                stream = await (await again.load_version(1, first.path)).sample(PROMPT, params)
+                out["sampler_gone"] = [t.token_id async for t in stream]
+                # Neither the sampler weights nor the training state: refused, naming both, not a 500.
+                state = server.checkpoints.pop(first.path)
+                again.unload_versions([1])
+                with pytest.raises(VersionUnavailable, match=r"its training state .* failed") as err:
                     await again.load_version(1, first.path)
-                assert not err.value.only_published
+                assert not err.value.only_published and "sampler weights" in str(err.value)
                 server.checkpoints[first.sampler_path] = saved
+                server.checkpoints[first.path] = state
             finally:
                 await again.close()
+            out["loaded_after_close"] = server.loaded()
             await b.delete_checkpoint(first.path)
             return out
         finally:
@@ -89,6 +98,13 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
     assert out["v2"] == (sample_output(PROMPT, 2, 4, None)[0], 2)
     ckpt, sampler = out["paths"]
     assert ckpt.endswith("/weights/step-1") and sampler.endswith("/sampler_weights/step-1")
-    # one sampling client per version: v1 once here (and once, refused, after its weights were gone)
+    assert out["from_state"] == (sample_output(PROMPT, 1, 4, None)[0], 1)
+    assert out["sampler_gone"] == sample_output(PROMPT, 1, 4, None)[0]
+    # one sampling client per version from its sampler weights: v1 once here (and once, refused,
+    # after its weights were gone; then never again: they are known dead)
     assert [b["model_path"] for b in server.bodies("create_sampling_session") if b.get("model_path")] == [sampler] * 2
+    assert [b["path"] for b in server.bodies("load_weights")] == [ckpt] * 3  # old manifest, gone weights, both gone
+    # the restarted backend (same state dir) released the first one's trainer at its start, as after
+    # a kill, and the training clients it loaded versions from at its close
+    assert out["loaded_after_close"] == []
     assert set(server.deleted) == {ckpt, sampler}  # retention deletes both

@@ -26,6 +26,17 @@ Knobs beside `Faults`: `script` (what asample answers for a prompt instead), `ap
 `refuse_last_n` (asample with `prompt_logprobs_last_n` answers 422, as a server without that
 option does), `unload_supported` (False: `unload_model` answers 404).
 
+Knobs that play SkyRL's Tinker server (skyrl 0.4.0, an independent implementation of the protocol):
+- `tied_samplers`: sampler weights (named or not) sample only while the training client that saved
+  them is loaded; once it is released (`unload_model`), asample fails with `Model ... not loaded`.
+  Training states (`weights/`) stay loadable after a release.
+- `short_sampler_paths`: named `save_weights_for_sampler` answers `tinker://MODEL/NAME`, a path the
+  SDK's `delete_checkpoint_from_tinker_path` refuses ("Invalid tinker path") before sending
+  anything; `create_sampling_session` takes it, and the REST delete of
+  `training_runs/MODEL/checkpoints/sampler_weights/NAME` deletes it.
+- `report_loss` (False): `forward_backward` reports no `loss:sum` metric.
+- `refuse_deletes`: the REST checkpoint delete answers 403 while set (a failure the SDK does not retry).
+
 Model of the service: a model's `step` counts applied optim steps; a sampler created from a
 model snapshot samples deterministically from (prompt, weights step) (see `sample_output`), so a
 test can tell which weights answered. A model also lists the datums its applied optim steps
@@ -158,6 +169,10 @@ class TinkerProtocolServer:
         self.api_keys: set[str] | None = None
         self.refuse_last_n = False
         self.unload_supported = True
+        self.tied_samplers = False
+        self.short_sampler_paths = False
+        self.report_loss = True
+        self.refuse_deletes = False
         self.script: Any = None
         """`prompt ids -> completion ids | None`: what asample samples instead of `sample_output`
         (None: the usual output); logprobs stay `expected_logprob`, stop ids and max_tokens apply."""
@@ -390,7 +405,8 @@ def _fwdbwd_outcome(s: TinkerProtocolServer, body: dict[str, Any]) -> tuple[str,
             total += float(-(np.clip(ratio, lo, hi) * p * adv).sum())
         outputs.append(p.astype(np.float32))
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
-    out.metrics["loss:sum"] = total
+    if s.report_loss:
+        out.metrics["loss:sum"] = total
     rec = out.loss_fn_outputs.add()
     rec.num_datums = len(outputs)
     bt = rec.fields["logprobs"]
@@ -424,6 +440,7 @@ async def h_save_weights(s: TinkerProtocolServer, route: str, body: Any, req: Re
     path = f"tinker://{m.model_id}/weights/{body['path']}"
     s.checkpoints[path] = {
         "step": m.step, "base_model": m.base_model, "lora_rank": m.lora_rank, "trained": list(m.trained),
+        "model_id": m.model_id,
     }
     return s._future("SaveWeights", ("json", {"path": path, "type": "save_weights"}))
 
@@ -448,25 +465,35 @@ async def h_save_for_sampler(s: TinkerProtocolServer, route: str, body: Any, req
         path = f"tinker://{m.model_id}/sampler_weights/{body['path']}"
         s.checkpoints[path] = {
             "step": m.step, "base_model": m.base_model, "lora_rank": m.lora_rank, "trained": list(m.trained),
+            "model_id": m.model_id,
         }
-        return s._future("SaveWeightsForSampler", ("json", {"path": path, "type": "save_weights_for_sampler"}))
+        answered = f"tinker://{m.model_id}/{body['path']}" if s.short_sampler_paths else path
+        return s._future("SaveWeightsForSampler", ("json", {"path": answered, "type": "save_weights_for_sampler"}))
     sid = s._new_id("sampler")
-    s.samplers[sid] = {"base_model": m.base_model, "weights_step": m.step, "model_path": None}
+    s.samplers[sid] = {"base_model": m.base_model, "weights_step": m.step, "model_path": None, "model_id": m.model_id}
     return s._future(
         "SaveWeightsForSampler", ("json", {"sampling_session_id": sid, "type": "save_weights_for_sampler"})
     )
 
 
+def sampler_key(path: str) -> str:
+    """The stored key of sampler weights: `tinker://MODEL/NAME` (SkyRL's form) is
+    `tinker://MODEL/sampler_weights/NAME`."""
+    parts = path.removeprefix("tinker://").split("/")
+    return f"tinker://{parts[0]}/sampler_weights/{parts[1]}" if len(parts) == 2 else path
+
+
 async def h_create_sampling_session(s: TinkerProtocolServer, route: str, body: Any, req: Request) -> Response:
     sid = s._new_id("sampler")
     path = body.get("model_path")
-    if path is not None and path not in s.checkpoints:
+    if path is not None and sampler_key(path) not in s.checkpoints:
         return JSONResponse({"detail": f"no sampler weights at {path}"}, status_code=404)
-    saved = s.checkpoints[path] if path is not None else {"step": 0, "base_model": body.get("base_model")}
+    saved = s.checkpoints[sampler_key(path)] if path is not None else {"step": 0, "base_model": body.get("base_model")}
     s.samplers[sid] = {
         "base_model": saved["base_model"],
         "weights_step": saved["step"],
         "model_path": path,
+        "model_id": saved.get("model_id"),
     }
     return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sid})
 
@@ -496,6 +523,9 @@ async def h_asample(s: TinkerProtocolServer, route: str, body: Any, req: Request
             status_code=422,
         )
     info = s.samplers[body["sampling_session_id"]]
+    owner = s.models.get(info.get("model_id") or "")
+    if s.tied_samplers and info.get("model_id") and (owner is None or owner.unloaded):
+        return s._future("Sample", ("error", (f"Model {info['model_id']} not loaded", "user")))
     prompt = [t for c in body["prompt"]["chunks"] for t in c["tokens"]]
     sp = body["sampling_params"]
     stop = sp.get("stop")
@@ -532,6 +562,8 @@ async def h_training_runs(s: TinkerProtocolServer, route: str, body: Any, req: R
     if req.method != "DELETE" or not rest:
         return JSONResponse({"detail": f"no route {route}"}, status_code=404)
     path = f"tinker://{run}/{rest}"
+    if s.refuse_deletes:
+        return JSONResponse({"detail": f"deleting {path} is refused now"}, status_code=403)
     if path not in s.checkpoints:
         return JSONResponse({"detail": f"no checkpoint {path}"}, status_code=404)
     del s.checkpoints[path]

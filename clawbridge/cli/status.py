@@ -48,6 +48,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                     info["users"] = r.json().get("users")
                     info["lanes"] = r.json().get("lanes")
                     info["promotion"] = r.json().get("promotion")
+                    info["remote_deletions"] = r.json().get("remote_deletions")
             except (httpx.HTTPError, ValueError):
                 pass
         break
@@ -56,6 +57,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
     if "store" not in info:
         path = settings.state_path / DB_FILENAME
         if path.exists():
+            from clawbridge.store.deletions import OwedDeletionStore
             from clawbridge.store.training import TrainingStore
             from clawbridge.store.users import UserStore
 
@@ -67,6 +69,7 @@ def gather_status(settings: Settings) -> dict[str, Any]:
                 info["trainer"] = {**ts.training_stats(),
                                    "waiting": ts.waiting(settings.reward_wait_s, settings.batch_size)}
                 info["promotion"] = stored_promotion(store)
+                info["remote_deletions"] = OwedDeletionStore(store).status()
             finally:
                 store.close()
     size = (info.get("store") or {}).get("size_bytes")
@@ -99,6 +102,8 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     print_users(console, info.get("users"), info.get("lanes"))
     print_promotion(console, info.get("promotion"))
     print_trainer(console, info.get("trainer"))
+    for line in owed_lines(info.get("remote_deletions")):
+        console.print(line, highlight=False, soft_wrap=True)
     if info["running"] and "store" in info:
         console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
     if info.get("engine"):
@@ -204,6 +209,21 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
                       f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
     if t.get("last_error"):
         console.print(f"  last error (step {t['last_error']['step']}): {t['last_error']['error']}", highlight=False)
+
+
+def owed_lines(owed: dict[str, Any] | None) -> list[str]:
+    """What is still to delete on the hosted service (nothing when the list is empty)."""
+    if not owed or not owed.get("owed"):
+        return []
+    why = ", ".join(f"{n} for {'pruned checkpoints' if r == 'prune' else 'forgotten users'}"
+                    for r, n in sorted(owed["by_reason"].items()))
+    when = dt.datetime.fromtimestamp(owed["next_try_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    lines = [f"remote deletions owed: {owed['owed']} ({why}); next try at {when}, retried until the service "
+             "confirms each gone"]
+    for item in owed.get("items", []):
+        error = f": {item['last_error']}" if item.get("last_error") else ""
+        lines.append(f"  {item['kind']} {item['object']} ({item['attempts']} tries){error}")
+    return lines
 
 
 def privacy_line(p: dict[str, Any] | None, samples: dict[str, Any]) -> str:

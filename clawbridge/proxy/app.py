@@ -59,9 +59,13 @@ def build_app(state: ProxyState) -> FastAPI:
             await state.judge.start()
         if state.reporter is not None:
             await state.reporter.start()
+        if state.deletions is not None:
+            state.deletions.start()
         try:
             yield
         finally:
+            if state.deletions is not None:
+                await state.deletions.stop()
             if state.reporter is not None:
                 await state.reporter.stop()
             if state.judge is not None:

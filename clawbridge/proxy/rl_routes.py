@@ -44,6 +44,7 @@ from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
+from clawbridge.store.deletions import OwedDeletionStore
 from clawbridge.store.users import UserStore
 
 log = logging.getLogger("clawbridge.proxy")
@@ -240,6 +241,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,
                 "promotion": await state.read(state.promotion.status) if state.promotion is not None else None,
+                "remote_deletions": await state.read(OwedDeletionStore(state.store).status),
                 "engine": engine_status(state.backend.sampler())}
 
     return router

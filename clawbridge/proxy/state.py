@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from clawbridge.promotion.promoter import Promoter
     from clawbridge.reporting import StepReporter
     from clawbridge.rewards.worker import RewardWorker
+    from clawbridge.trainer.deletions import DeletionRetrier
     from clawbridge.trainer.lanes import UserLanes
     from clawbridge.trainer.loop import TrainerLoop
 
@@ -206,6 +207,8 @@ class ProxyState:
     """Which version serves and when a new one may (clawbridge.promotion); set by `build_state`."""
     reporter: StepReporter | None = None
     """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
+    deletions: DeletionRetrier | None = None
+    """Retries the deletions owed on a hosted backend's service (clawbridge.trainer.deletions)."""
     drain: Drain = field(default_factory=Drain)
     """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
     router: VersionRouter = field(init=False)

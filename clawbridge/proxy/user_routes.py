@@ -3,14 +3,16 @@
 - POST   /rl/users {"user": "alice"} -> {"user", "api_key", "created_at"}   the key is shown this once
 - GET    /rl/users -> {"users": [{user, status, created_at, revoked_at, sessions, turns, ...}]}   no keys
 - DELETE /rl/users/{user} -> {"user", "status": "revoked", ...}               the key stops working (401)
-- DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows}, ...}
+- DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows},
+  "remote_deletions_owed", ...}
 
 Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
 OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
 for the user (their adapter's trainer lane, checkpoints, versions and steps:
 `clawbridge.trainer.lanes`), then deletes the user's rows from the store and vacuums the file, so
 nothing a hook deleted from the store stays in its free pages; it is answered only after that
-committed, with every hook's counts joined.
+committed, with every hook's counts joined, and with how many deletions on a hosted service
+forgetting users still owes (`remote_deletions_owed`: retried until done, `clawbridge.trainer.deletions`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
+from clawbridge.store.deletions import OwedDeletionStore
 from clawbridge.store.users import UserError, UserStore
 
 log = logging.getLogger("clawbridge.proxy")
@@ -77,8 +80,12 @@ async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> 
     log.info("forgot user %s: deleted %s; store vacuumed%s", user,
              ", ".join(f"{k} {v}" for k, v in sorted(deleted.items())) or "nothing",
              "" if report.wal_truncated else " (WAL not truncated: another connection was reading)")
+    owed = await state.read(OwedDeletionStore(state.store).count, "forget")
+    if owed:
+        log.warning("forgetting users still owes %d deletion(s) on the hosted service; retried until done "
+                    "(`clawbridge status`)", owed)
     return {"user": user, "forgotten": True, "deleted": deleted, "vacuumed": True,
-            "wal_truncated": report.wal_truncated}
+            "wal_truncated": report.wal_truncated, "remote_deletions_owed": owed}
 
 
 def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) -> APIRouter:

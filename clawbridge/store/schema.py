@@ -222,6 +222,22 @@ MIGRATIONS: list[str] = [
     CREATE INDEX policy_versions_lane ON policy_versions(lane, status, version);
     CREATE INDEX steps_lane ON steps(lane, step);
     """,
+    # v8: deletions owed on a hosted service (clawbridge.store.deletions): each object a pruned
+    # checkpoint or a forgotten user left there, recorded before the first try to delete it and
+    # removed once the service confirmed it gone. Names no user (forgetting leaves nothing of hers).
+    """
+    CREATE TABLE owed_deletions (
+        object       TEXT PRIMARY KEY,     -- what names it on the service (a tinker:// path, a client id)
+        kind         TEXT NOT NULL,        -- what the backend says it is (RemoteObject.kind)
+        backend      TEXT NOT NULL,        -- the backend that stored it (the one that can delete it)
+        reason       TEXT NOT NULL,        -- prune | forget
+        created_at   REAL NOT NULL,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        last_error   TEXT,
+        next_try_at  REAL NOT NULL
+    );
+    CREATE INDEX owed_deletions_due ON owed_deletions(backend, next_try_at);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

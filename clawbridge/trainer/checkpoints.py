@@ -23,7 +23,9 @@ Invariants (with `clawbridge.store.versions`, which keeps the numbering):
   and so is any a recent rollback version names; the one being restored is never deleted (all of
   this runs under the trainer loop's lock, and `prune` skips `restoring` anyway). A failed
   delete is logged and tried again after the next commit; a backend without `delete_checkpoint`
-  keeps everything.
+  keeps everything. A hosted backend's checkpoints (`RemoteCheckpoints`) are pruned as owed work
+  (`clawbridge.trainer.deletions`): its objects are owed and its versions marked pruned in one
+  transaction, then each object is deleted on its own and retried until the service has none.
 - A keeper is bound to one lane (`clawbridge.store.versions`: '' the shared policy, or a user's
   adapter): it reserves, restores, undoes and prunes only that lane's versions.
 """
@@ -34,9 +36,10 @@ import asyncio
 import logging
 from typing import Any
 
-from clawbridge.backend import CheckpointDeleter, TrainingBackend
+from clawbridge.backend import CheckpointDeleter, RemoteCheckpoints, TrainingBackend
 from clawbridge.store import Store, StoreError
 from clawbridge.store.versions import VersionRow, VersionStore
+from clawbridge.trainer.deletions import OwedDeletions
 from clawbridge.trainer.identity import CheckpointMismatch, describe_mismatch
 
 log = logging.getLogger("clawbridge.trainer")
@@ -182,16 +185,23 @@ class CheckpointKeeper:
     # ------------------------------------------------------------------ retention
     async def prune(self) -> list[str]:
         """Delete the checkpoints retention no longer keeps (see the module invariants); returns
-        the ones deleted. Never raises: a failure is logged and retried after the next commit."""
-        if not isinstance(self.backend, CheckpointDeleter):
+        the ones deleted (a hosted backend's: the ones pruned, their objects deleted or owed). Never
+        raises: a failure is logged and retried after the next commit (or by the owed list)."""
+        backend = self.backend
+        if not isinstance(backend, CheckpointDeleter | RemoteCheckpoints):
             return []
         deleted: list[str] = []
         try:
             for path in await _to_thread(self.versions.prunable, self.keep):
                 if path == self.restoring:
                     continue
-                await self.backend.delete_checkpoint(path)
-                await _to_thread(self.versions.mark_pruned, path)
+                if isinstance(backend, RemoteCheckpoints):
+                    owed, objects = OwedDeletions(self.versions.store, backend), backend.checkpoint_objects(path)
+                    await owed.owe(objects, "prune", prune_checkpoint=path)
+                    await owed.attempt(objects)
+                else:
+                    await backend.delete_checkpoint(path)
+                    await _to_thread(self.versions.mark_pruned, path)
                 deleted.append(path)
         except Exception as exc:
             log.warning("could not prune old checkpoints (will try again after the next step): %s", exc)

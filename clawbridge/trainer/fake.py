@@ -12,6 +12,8 @@ Invariants:
   `except Exception` catches, standing in for a process killed between a step and its commit;
   `crash_at` does the same at a named moment ("train": after the update applied, "publish": after
   the new version serves, "checkpoint": during the checkpoint write, nothing saved).
+- `FakeHostedBackend` keeps its checkpoints on a fake service (`RemoteCheckpoints`), where
+  deleting can be refused or crash.
 - The trainer state is modelled: `applied` lists the turn ids of every batch whose update the
   weights hold (a failed `train_step` with `fail_after_apply` still applies it, like a hosted step
   that timed out); a checkpoint snapshots `applied` and `restore_checkpoint` brings it back. The
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from clawbridge.backend import Datum, FakeServingBackend, LossConfig, ModelInfo, StepResult
+from clawbridge.backend import Datum, FakeServingBackend, LossConfig, ModelInfo, RemoteObject, StepResult
 from clawbridge.sampler import FakeSampler
 
 
@@ -123,6 +125,48 @@ class FakeTrainingBackend(FakeServingBackend):
             self.published.append(serve)
         self.restores.append((path, serve))
         return serve
+
+
+class FakeHostedBackend(FakeTrainingBackend):
+    """A `FakeTrainingBackend` whose checkpoints live on a fake service
+    (`clawbridge.backend.RemoteCheckpoints`): each is two objects there, its state (the path) and
+    its sampler weights (`path#sampler`), in `service`. `refuse` makes every delete fail (a
+    service that is down); `crash_on_delete` makes the next one raise `SimulatedCrash`."""
+
+    name = "fake-hosted"
+
+    def __init__(self, sampler: FakeSampler, info: ModelInfo,
+                 disk: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+                 service: set[str] | None = None) -> None:
+        super().__init__(sampler, info, disk=disk)
+        self.service: set[str] = set() if service is None else service
+        """The objects the fake service holds; hand the same set to the fake of a restarted process."""
+        self.refuse = False
+        self.crash_on_delete = False
+        self.deletes: list[str] = []
+        """Every delete asked for, in order (refused ones too)."""
+
+    async def save_checkpoint(self, name: str) -> str:
+        path = await super().save_checkpoint(name)
+        self.service |= {path, f"{path}#sampler"}
+        return path
+
+    def checkpoint_objects(self, path: str) -> list[RemoteObject]:
+        return [RemoteObject(path, "state"), RemoteObject(f"{path}#sampler", "sampler")]
+
+    def remote_objects(self) -> list[RemoteObject]:
+        return [RemoteObject(p, "sampler" if p.endswith("#sampler") else "state") for p in sorted(self.service)]
+
+    async def delete_remote(self, obj: RemoteObject) -> None:
+        self.deletes.append(obj.path)
+        if self.crash_on_delete:
+            self.crash_on_delete = False
+            raise SimulatedCrash("simulated kill while deleting on the service")
+        if self.refuse:
+            raise RuntimeError(f"the service refused to delete {obj.path}")
+        self.service.discard(obj.path)  # one already gone counts as deleted
+        if obj.kind == "state":
+            self.disk.pop(obj.path.removeprefix("fake://"), None)
 
 
 class FakeLaneBackend(FakeTrainingBackend):

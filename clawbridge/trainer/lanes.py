@@ -18,7 +18,10 @@ Invariants:
   version. `NAME@N` naming another user's version is answered as a version that does not exist.
 - Forgetting a user (`forget_user`, a `clawbridge.proxy.user_routes.ForgetHook`) stops their
   lane, stops serving their versions, deletes their checkpoints and exports, and deletes their
-  versions and steps from the store; no lane starts for them again unless they come back.
+  versions and steps from the store; no lane starts for them again unless they come back. On a
+  hosted backend (`RemoteCheckpoints`), what the lane keeps on the service is owed to the store's
+  list of deletions before the lane's files go (`clawbridge.trainer.deletions`), then deleted; what
+  the service does not delete now stays owed and is retried until it is gone.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from clawbridge.backend import TrainingBackend
+from clawbridge.backend import RemoteCheckpoints, TrainingBackend
 from clawbridge.background import Background
 from clawbridge.config import Settings
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.checkpoints import CheckpointKeeper
+from clawbridge.trainer.deletions import OwedDeletions
 from clawbridge.trainer.loop import TrainerLoop
 
 if TYPE_CHECKING:
@@ -206,8 +210,15 @@ class UserLanes:
             versions = VersionStore(self.store, user)
             rows = await asyncio.to_thread(versions.listing, 1_000_000, False)
             self.backend.unload_versions([r.version for r in rows])
+            owed, objects = None, []
+            if isinstance(backend, RemoteCheckpoints) and isinstance(self.backend, RemoteCheckpoints):
+                await backend.close()  # trainers released first: what is left on the service is owed
+                owed, objects = OwedDeletions(self.store, self.backend), backend.remote_objects()
+                await owed.owe(objects, "forget")
             checkpoints = await backend.forget()
             deleted = await asyncio.to_thread(versions.delete_lane)
+            if owed is not None:
+                await owed.attempt(objects)
         log.info("user %s: adapter forgotten (%d checkpoint folder(s), %d version(s), %d step(s))", user,
                  checkpoints, deleted["policy_versions"], deleted["steps"])
         return {"adapter_checkpoints": checkpoints, "adapter_versions": deleted["policy_versions"],

@@ -451,7 +451,8 @@ class TrainerLoop:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.error(
-                "training step %d failed (%d samples stay for the next step): %s", step, len(batch), error
+                "training step %d%s failed (%d samples stay for the next step): %s", step, self._of_lane(), len(batch),
+                error,
             )
             await asyncio.to_thread(self.tstore.fail_step, step, error, metrics)
             if version is not None:
@@ -471,10 +472,12 @@ class TrainerLoop:
         await keeper.prune()  # retention: only after the new checkpoint committed
         self._dropped = dict.fromkeys(self._dropped, 0)
         mg = prepared.merge
+        loss = metrics.get("loss")
         log.info(
-            "training step %d ok: %d turns in %d datums (%d merged into an earlier turn's sequence, "
+            "training step %d%s ok: %d turns in %d datums (%d merged into an earlier turn's sequence, "
             "%d prefix breaks; %d tokens sent, %d without merging), policy v%d, loss %s, reward mean %.4f",
             step,
+            self._of_lane(),
             len(turn_ids),
             mg.datums,
             mg.merged,
@@ -482,11 +485,15 @@ class TrainerLoop:
             mg.tokens_sent,
             mg.tokens_unmerged,
             version,
-            metrics.get("loss"),
+            "not reported" if loss is None else f"{loss:.6g}",
             metrics["reward_mean"],
         )
         self.last_report = StepReport(step, True, version, metrics, None, turn_ids)
         return self.last_report
+
+    def _of_lane(self) -> str:
+        """How a log line names this loop's lane: ' (user NAME)' for a user's adapter, else ''."""
+        return f" (user {self.lane})" if self.lane else ""
 
     def _step_metrics(
         self, prepared: PreparedBatch, backend_metrics: dict[str, float], train_s: float, publish_s: float

@@ -11,11 +11,18 @@ Invariants:
   tagged with `policy_version + 1`; streams in flight finish on the old client.
 - `save_checkpoint` records the `tinker://` path, step and version in the manifest
   (`<state_dir>/tinker/manifest.json`, replaced atomically); `restore_checkpoint` (called by the
-  trainer loop, never by `start`) loads one with `create_training_client_from_state_with_optimizer`.
+  trainer loop, never by `start`) loads one with `create_training_client_from_state_with_optimizer`,
+  serves it from a sampling client of the new training client (swapped in, or rebound when it
+  restores the served version's own weights), and only then releases the old training client:
+  no call is ever sent to a sampler of a released client.
 - Each checkpoint also saves the same weights for sampling under the same name
-  (`save_weights_for_sampler`), recorded beside it; `load_version` (`NAME@N`) makes a sampling
-  client from that path, one per version, the `max_loaded_versions` most recently used kept.
-  `delete_checkpoint` deletes both.
+  (`save_weights_for_sampler`), recorded beside it; `load_version` (`NAME@N`) serves committed
+  versions besides the published one (`clawbridge_tinker.served`: a lane's live client, else the
+  saved sampler weights once a probe shows they answer, else the checkpoint's training state).
+- What a checkpoint leaves on the service is its training state and its sampler weights
+  (`checkpoint_objects`), each deleted on its own (`delete_remote`, `clawbridge_tinker.remote`):
+  the trainer owes them in the store first (`clawbridge.trainer.deletions`), so a deletion the
+  service refuses is retried until done. `delete_checkpoint` deletes both at once.
 - The tokenizer is the user's (`settings.tokenizer_source`); `TrainingClient.get_tokenizer()`
   is never called (it downloads from a hub).
 - `start` probes the service first (`service.probe`, bounded by `probe_timeout_s`) and fails
@@ -27,9 +34,10 @@ Invariants:
 - Per-user adapters (`clawbridge.trainer.lanes`): `user_lane(user)` is a `TinkerBackend` of its own
   (its own training client, sampling client, manifest and client ledger under
   `<state_dir>/users/<user>/tinker/`) over the parent's `ServiceClient`; it never closes the
-  parent's session. The parent serves any lane's committed version by name (`load_version` looks
-  the checkpoint up in every lane's manifest). `forget()` deletes the lane's checkpoints on the
-  service and its folder here.
+  parent's session. Each publish and restore hands the lane's live sampling client to the parent,
+  which serves the lane's version through it; any other lane version is found by name in every
+  lane's manifest. `remote_objects()` lists what the lane keeps on the service (what forgetting
+  its user owes, `clawbridge.trainer.lanes`); `forget()` deletes its folder here.
 """
 
 from __future__ import annotations
@@ -42,27 +50,26 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, RemoteObject, StepResult
 from clawbridge.config import Settings
 from clawbridge.faults import fault_point
-from clawbridge.sampler import Sampler, SamplerUnavailable
-from clawbridge.versions import LoadedVersions, VersionUnavailable
+from clawbridge.sampler import Sampler
 
 from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
 from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
 from .manifest import CheckpointEntry, Manifest, load_manifest, manifest_path, write_manifest
+from .remote import RemoteDeleter
 from .sampler import SamplerLimits, TinkerSampler
 from .scoring import BaseScorer
 from .sdk import (
     TELEMETRY_ENV,
     AdamParams,
-    APIStatusError,
     RequestFailedError,
-    RestClient,
     RetryConfig,
     ServiceClient,
     TrainingClient,
 )
+from .served import ServedVersions
 from .service import ClientLedger, probe, release, release_recorded
 from .settings import TinkerSettings, tinker_settings
 
@@ -102,17 +109,17 @@ class TinkerBackend:
         self._service: ServiceClient | None = None
         self._training: TrainingClient | None = None
         self._sampler: TinkerSampler | None = None
-        self._rest: RestClient | None = None
-        """For deleting pruned checkpoints (created on first use)."""
         self._context_window = DEFAULT_CONTEXT_WINDOW
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
         self.clients = ClientLedger(self.root)
-        self._scorer = BaseScorer(self._retry, self.opts.sample_timeout_s)
+        self._scorer = BaseScorer(self.retry, self.opts.sample_timeout_s)
         """The base model as OPD teacher (`compute_logprobs`)."""
         loaded = self.opts.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
-        self._versions = LoadedVersions(loaded, self._load_version)
-        """Sampling clients of committed versions besides the published one (`load_version`)."""
+        self._served = ServedVersions(self, loaded)
+        """Committed versions besides the published one (`load_version`; a parent's, never a lane's)."""
+        self._remote = RemoteDeleter(self.opts, self.retry, settings.probe_timeout_s)
+        """Deletes what this backend keeps on the service (`delete_remote`)."""
 
     # ---- lifecycle
 
@@ -133,14 +140,14 @@ class TinkerBackend:
         await release_recorded(self.clients, base_url, api_key, s.probe_timeout_s)
         self._service = await asyncio.to_thread(ServiceClient, base_url=base_url, api_key=api_key)
         service = self._service
-        client = await self._retry(
+        client = await self.retry(
             "create sampling client",
             lambda: service.create_sampling_client(
-                base_model=self.base_model, retry_config=self._retry_config()
+                base_model=self.base_model, retry_config=self.retry_config()
             ).result_async(),
             self.opts.publish_timeout_s,
         )
-        self._sampler = TinkerSampler(client, self.policy_version, self._limits())
+        self._sampler = TinkerSampler(client, self.policy_version, self.sampler_limits())
 
     async def _start_lane(self, parent: TinkerBackend) -> None:
         """A user lane: the parent's session, training clients an earlier run of this lane left
@@ -151,13 +158,13 @@ class TinkerBackend:
         await release_recorded(self.clients, self.opts.base_url or None, self.opts.api_key_value(),
                                self.settings.probe_timeout_s)
         service = self._service
-        client = await self._retry(
+        client = await self.retry(
             "create sampling client",
             lambda: service.create_sampling_client(base_model=self.base_model,
-                                                   retry_config=self._retry_config()).result_async(),
+                                                   retry_config=self.retry_config()).result_async(),
             self.opts.publish_timeout_s,
         )
-        self._sampler = TinkerSampler(client, self.policy_version, self._limits())
+        self._sampler = TinkerSampler(client, self.policy_version, self.sampler_limits())
 
     # ---- per-user adapters (clawbridge.trainer.lanes.PerUserTraining)
 
@@ -170,33 +177,32 @@ class TinkerBackend:
         return TinkerBackend(self.settings, lane=user, parent=self)
 
     def unload_versions(self, versions: list[int]) -> None:
-        self._versions.discard(versions)
+        self._served.discard(versions)
 
     async def forget(self) -> int:
-        """A user lane: release its training client, delete its checkpoints on the service and
-        its folder here; how many checkpoints were deleted."""
+        """A user lane: release its training client and delete its folder here; how many
+        checkpoints it had. What it keeps on the service (`remote_objects`) is the caller's to
+        owe and delete (`clawbridge.trainer.lanes`), read before this."""
         if self.parent is None:
             raise RuntimeError("only a user lane can be forgotten")
         await self.close()
         manifest = load_manifest(self.manifest_file)
-        deleted = 0
-        for entry in manifest.checkpoints if manifest is not None else []:
-            try:
-                await self.delete_checkpoint(entry.path)
-                deleted += 1
-            except Exception as e:  # the service may have lost it already; the folder goes anyway
-                log.warning("tinker: could not delete %s of user %s: %s", entry.path, self.lane, e)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
-        return deleted
+        return len(manifest.checkpoints) if manifest is not None else 0
 
     async def close(self) -> None:
         """Finish the session; never raises (a server that is gone or does not know the session
-        is logged: nothing recorded depends on it). The training client is released first. A
-        user lane releases its training client only: the session is its parent's."""
+        is logged: nothing recorded depends on it). Training clients are released first (those
+        loaded to serve old versions, then the trainer's). A user lane releases its training
+        client only (its version is no longer served live): the session is its parent's."""
+        if self.parent is not None:
+            self.parent._served.drop_live(self.lane)
+        else:
+            await self._served.close()
         service, self._service = self._service, None
         training, self._training = self._training, None
         if training is not None:
-            await self._release(training)
+            await self.release_client(training)
         if service is not None and self.parent is None:
             try:
                 await asyncio.wait_for(service.close("success"), 10.0)
@@ -262,10 +268,10 @@ class TinkerBackend:
         if sampler is None:
             raise RuntimeError("TinkerBackend.start() has not run")
         async with self._lock:
-            client = await self._retry(
+            client = await self.retry(
                 "save weights for sampler",
                 lambda: tc.save_weights_and_get_sampling_client(
-                    retry_config=self._retry_config()
+                    retry_config=self.retry_config()
                 ).result_async(),
                 self.opts.publish_timeout_s,
             )
@@ -273,6 +279,7 @@ class TinkerBackend:
             sampler.swap(client, target)
             await fault_point("publish.mid")
             self.policy_version = target
+            await self._serve_live(client, target)
         return target
 
     # ---- checkpoints
@@ -280,13 +287,13 @@ class TinkerBackend:
     async def save_checkpoint(self, name: str) -> str:
         tc = await self._ensure_training()
         async with self._lock:
-            saved = await self._retry(
+            saved = await self.retry(
                 f"save_state {name!r}",
                 lambda: tc.save_state(name).result_async(),
                 self.opts.publish_timeout_s,
             )
             await fault_point("checkpoint.mid")
-            for_sampler = await self._retry(
+            for_sampler = await self.retry(
                 f"save_weights_for_sampler {name!r}",
                 lambda: tc.save_weights_for_sampler(name).result_async(),
                 self.opts.publish_timeout_s,
@@ -299,34 +306,46 @@ class TinkerBackend:
         return saved.path
 
     async def delete_checkpoint(self, path: str) -> None:
-        """Delete a saved state on the service (`RestClient.delete_checkpoint_from_tinker_path`)
-        and drop it from the manifest (`clawbridge.backend.CheckpointDeleter`)."""
-        if self._rest is None:
-            self._rest = await asyncio.to_thread(
-                RestClient, base_url=self.opts.base_url or None, api_key=self.opts.api_key_value()
-            )
-        rest = self._rest
+        """Delete a checkpoint's training state and sampler weights on the service and drop it
+        from the manifest (`clawbridge.backend.CheckpointDeleter`; the trainer's retention goes
+        through `checkpoint_objects` and `delete_remote` instead, owing each)."""
+        for obj in self.checkpoint_objects(path):
+            await self.delete_remote(obj)
+
+    # ---- what this backend keeps on the service (clawbridge.backend.RemoteCheckpoints)
+
+    def checkpoint_objects(self, path: str) -> list[RemoteObject]:
+        """Checkpoint `path`'s training state and (when saved) its sampler weights."""
         manifest = load_manifest(self.manifest_file)
         entry = manifest.find(path) if manifest is not None else None
-        for gone in (path, entry.sampler_path if entry is not None else None):
-            if gone is not None:
-                await self._retry(
-                    f"delete checkpoint {gone}",
-                    lambda gone=gone: rest.delete_checkpoint_from_tinker_path(gone).result_async(),
-                    self.opts.publish_timeout_s,
-                )
-        async with self._lock:
-            manifest = load_manifest(self.manifest_file)
-            if manifest is not None and manifest.find(path) is not None:
-                manifest.checkpoints = [c for c in manifest.checkpoints if c.path != path]
-                write_manifest(self.manifest_file, manifest)
+        sampler = [RemoteObject(entry.sampler_path, "sampler")] if entry is not None and entry.sampler_path else []
+        return [RemoteObject(path, "state"), *sampler]
+
+    def remote_objects(self) -> list[RemoteObject]:
+        """Every checkpoint's objects in the manifest, and the training clients the ledger still
+        lists (a release that failed): what forgetting a user lane owes."""
+        manifest = load_manifest(self.manifest_file)
+        objects = [o for c in (manifest.checkpoints if manifest is not None else []) for o in self.checkpoint_objects(c.path)]
+        return objects + [RemoteObject(model_id, "training_client") for model_id in self.clients.ids()]
+
+    async def delete_remote(self, obj: RemoteObject) -> None:
+        """Delete `obj` on the service (`clawbridge_tinker.remote`: gone counts as deleted); a
+        deleted training state leaves this backend's manifest."""
+        await self._remote.delete(obj)
+        if obj.kind == "state":
+            async with self._lock:
+                manifest = load_manifest(self.manifest_file)
+                if manifest is not None and manifest.find(obj.path) is not None:
+                    manifest.checkpoints = [c for c in manifest.checkpoints if c.path != obj.path]
+                    write_manifest(self.manifest_file, manifest)
+        elif obj.kind == "training_client":
+            self.clients.remove(obj.path)
 
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
-        """Load weights + optimizer state into a training client and serve them as `version`
-        (default: the version recorded with the checkpoint); the served version: trainer only."""
-        service = self._service
-        if service is None:
-            raise RuntimeError("TinkerBackend.start() has not run")
+        """Load weights + optimizer state into a new training client, serve them as `version`
+        (default: the version recorded with the checkpoint) from a sampling client of that new
+        client, then release the old one (module invariants); the served version: trainer only."""
+        service = self.require_service()
         manifest = load_manifest(self.manifest_file)
         entry = manifest.find(path) if manifest else None
         if entry is None:
@@ -336,64 +355,47 @@ class TinkerBackend:
         target = entry.policy_version if version is None else version
         timeout = self.opts.publish_timeout_s
         async with self._lock:
-            old = self._training
-            tc = self._recorded(await self._retry(
+            tc = self.record_client(await self.retry(
                 "restore training state",
                 lambda: service.create_training_client_from_state_with_optimizer(path).result_async(),
                 timeout,
             ))
-            self._training = tc
-            if old is not None:
-                await self._release(old)
-            self.step = entry.step
-            if self._sampler is None or target != self._sampler.policy_version:
-                client = await self._retry(
+            try:
+                client = await self.retry(
                     "sampling client for restored weights",
-                    lambda: tc.save_weights_and_get_sampling_client(
-                        retry_config=self._retry_config()
-                    ).result_async(),
+                    lambda: tc.save_weights_and_get_sampling_client(retry_config=self.retry_config()).result_async(),
                     timeout,
                 )
                 if self._sampler is None:
-                    self._sampler = TinkerSampler(client, target, self._limits())
+                    self._sampler = TinkerSampler(client, target, self.sampler_limits())
+                elif target == self._sampler.policy_version:
+                    self._sampler.rebind(client)  # the same weights (the served version's own checkpoint)
                 else:
-                    self._sampler.swap(client, target)
-            self.policy_version = self._sampler.policy_version
+                    self._sampler.swap(client, target)  # refuses a version older than the one served
+            except BaseException:
+                await self.release_client(tc)  # the old trainer stays: the caller tries again
+                raise
+            old, self._training = self._training, tc
+            self.step = entry.step
+            self.policy_version = target
+            await self._serve_live(client, target)
+            if old is not None:  # only now: nothing is sampled from it any more
+                await self.release_client(old)
         return self.policy_version
+
+    async def _serve_live(self, client: Any, version: int) -> None:
+        """A user lane: the parent serves `version` through this live sampling client."""
+        if self.parent is not None:
+            await self.parent._served.serve_live(self.lane, TinkerSampler(client, version, self.sampler_limits()))
 
     # ---- committed versions besides the published one (clawbridge.versions.VersionedServing)
 
     async def load_version(self, version: int, checkpoint: str) -> Sampler:
-        """A sampler of committed `version`: a sampling client on the sampler weights saved with
-        its checkpoint, kept among the `max_loaded_versions` most recently used."""
-        return await self._versions.get(version, checkpoint)
+        """A sampler of committed `version` (`clawbridge_tinker.served`), kept among the
+        `max_loaded_versions` (+ `max_user_adapters`) most recently used."""
+        return await self._served.get(version, checkpoint)
 
-    async def _load_version(self, version: int, checkpoint: str) -> Sampler:
-        service = self._service
-        if service is None:
-            raise RuntimeError("TinkerBackend.start() has not run")
-        entry = self._find_any_lane(checkpoint)
-        if entry is None or entry.sampler_path is None:
-            raise VersionUnavailable(f"policy version {version} has no sampler weights saved in {self.manifest_file} "
-                                     "(checkpoints saved before clawbridge kept them cannot be sampled by name)")
-        path = entry.sampler_path
-        try:
-            client = await self._retry(
-                f"sampling client for version {version}",
-                lambda: service.create_sampling_client(model_path=path, retry_config=self._retry_config()).result_async(),
-                self.opts.publish_timeout_s,
-            )
-        except (TinkerRequestFailed, APIStatusError) as e:  # e.g. the sampler weights are gone on the service
-            if isinstance(e, APIStatusError) and not 400 <= e.status_code < 500:
-                raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
-            raise VersionUnavailable(f"Tinker could not load the sampler weights of policy version {version} "
-                                     f"({path}): {e}", only_published=False) from e
-        except TinkerTransientError as e:
-            raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
-        log.info("tinker: serving policy version %d from %s beside the published one", version, path)
-        return TinkerSampler(client, version, self._limits())
-
-    def _find_any_lane(self, checkpoint: str) -> CheckpointEntry | None:
+    def find_checkpoint(self, checkpoint: str) -> CheckpointEntry | None:
         """`checkpoint`'s manifest entry: this backend's, or a user lane's (`user_lane`)."""
         for path in (self.manifest_file, *sorted((self.root / "users").glob("*/tinker/manifest.json"))):
             manifest = load_manifest(path)
@@ -402,32 +404,40 @@ class TinkerBackend:
                 return entry
         return None
 
-    # ---- helpers
+    # ---- helpers (also what `clawbridge_tinker.served.VersionHost` needs)
+
+    def require_service(self) -> ServiceClient:
+        if self._service is None:
+            raise RuntimeError("TinkerBackend.start() has not run")
+        return self._service
+
+    @property
+    def load_timeout_s(self) -> float:
+        """The bound on loading a version's sampling or training client."""
+        return self.opts.publish_timeout_s
 
     async def _ensure_training(self) -> TrainingClient:
         """The training client: restored by `restore_checkpoint`, else a fresh LoRA created on
         first use (a serving-only or resumed start never creates one it does not need)."""
         if self._training is not None:
             return self._training
-        service = self._service
-        if service is None:
-            raise RuntimeError("TinkerBackend.start() has not run")
+        service = self.require_service()
         s = self.settings
-        tc: TrainingClient = await self._retry(
+        tc: TrainingClient = await self.retry(
             "create LoRA training client",
             lambda: service.create_lora_training_client(self.base_model, rank=s.lora_rank).result_async(),
             self.opts.publish_timeout_s,
         )
-        self._training = self._recorded(tc)
+        self._training = self.record_client(tc)
         return tc
 
-    def _recorded(self, tc: TrainingClient) -> TrainingClient:
+    def record_client(self, tc: TrainingClient) -> TrainingClient:
         """Record a new training client in the state dir (released at close or next start)."""
         if tc.model_id:
             self.clients.add(str(tc.model_id))
         return tc
 
-    async def _release(self, tc: TrainingClient) -> None:
+    async def release_client(self, tc: TrainingClient) -> None:
         """Release a training client this run no longer uses (never raises)."""
         if not tc.model_id:
             return
@@ -435,7 +445,7 @@ class TinkerBackend:
         await release(self.clients, self.opts.base_url or None, self.opts.api_key_value(), str(tc.model_id),
                       s.probe_timeout_s)
 
-    def _limits(self) -> SamplerLimits:
+    def sampler_limits(self) -> SamplerLimits:
         return SamplerLimits(
             context_window=self._context_window,
             timeout_s=self.opts.sample_timeout_s,
@@ -443,14 +453,14 @@ class TinkerBackend:
             backoff_s=self.opts.retry_backoff_s,
         )
 
-    def _retry_config(self) -> RetryConfig:
+    def retry_config(self) -> RetryConfig:
         # The SDK's stuck detection is only a backstop: our own wall-clock bound (retry_transient)
         # must fire first so a hang is reported as a timeout, not as a connection error. At equal
         # bounds the two raced and the SDK's "No progress made" APIConnectionError sometimes won.
         timeout = self.opts.sample_timeout_s
         return RetryConfig(progress_timeout=timeout + max(2.0, 0.5 * timeout))
 
-    async def _retry(self, what: str, call: Any, timeout_s: float) -> Any:
+    async def retry(self, what: str, call: Any, timeout_s: float) -> Any:
         return await retry_transient(
             what,
             call,
@@ -470,10 +480,10 @@ class TinkerBackend:
             raise RuntimeError("TinkerBackend.start() has not run")
 
         async def base_client() -> Any:
-            return await self._retry(
+            return await self.retry(
                 "create base sampling client",
                 lambda: service.create_sampling_client(
-                    base_model=self.base_model, retry_config=self._retry_config()
+                    base_model=self.base_model, retry_config=self.retry_config()
                 ).result_async(),
                 self.opts.publish_timeout_s,
             )

@@ -6,7 +6,9 @@ Invariants:
 - Each stream reads (policy version, sampling client) once, as one tuple, when it starts. `swap`
   replaces that tuple in a single assignment, so a publish never pauses sampling, and a call in
   flight finishes on the client it started on and reports that client's version.
-- Versions only go up: `swap` refuses a version that is not newer than the current one.
+- Versions only go up: `swap` refuses a version that is not newer than the current one. `rebind`
+  keeps the version and changes the client, for the same weights served from another client (a
+  restore of the served version's own checkpoint, whose old client is about to be released).
 - Errors map onto the seam: timeout -> SamplerTimeout, 429 that outlasts the retries ->
   SamplerOverloaded, anything else Tinker fails -> SamplerUnavailable; an over-long prompt is
   refused before anything is sent (PromptTooLong).
@@ -89,6 +91,10 @@ class TinkerSampler:
         if version <= self._current[0]:
             raise ValueError(f"policy version must increase: {version} <= {self._current[0]}")
         self._current = (version, client)
+
+    def rebind(self, client: SampleCall) -> None:
+        """Serve the current version from `client`, which samples the same weights."""
+        self._current = (self._current[0], client)
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
         version, client = self._current

@@ -15,6 +15,7 @@ from tinker import (
     APIConnectionError,
     APIStatusError,
     ModelInput,
+    ParsedCheckpointTinkerPath,
     RateLimitError,
     RequestFailedError,
     RestClient,
@@ -48,6 +49,7 @@ SDK_NAMES: tuple[str, ...] = (
     "tinker.lib.retry_handler.RetryConfig",
     "tinker.ServiceClient.create_lora_training_client",
     "tinker.ServiceClient.create_sampling_client",
+    "tinker.ServiceClient.create_training_client_from_state",
     "tinker.ServiceClient.create_training_client_from_state_with_optimizer",
     "tinker.TrainingClient.forward_backward",
     "tinker.TrainingClient.optim_step",
@@ -55,6 +57,8 @@ SDK_NAMES: tuple[str, ...] = (
     "tinker.TrainingClient.save_weights_and_get_sampling_client",
     "tinker.SamplingClient.sample",
     "tinker.RestClient.delete_checkpoint_from_tinker_path",
+    "tinker.RestClient.delete_checkpoint",
+    "tinker.ParsedCheckpointTinkerPath.from_tinker_path",
 )
 """Dotted names (module attribute paths) this package uses from the SDK."""
 
@@ -70,6 +74,7 @@ __all__ = [
     "APIStatusError",
     "AdamParams",
     "ModelInput",
+    "ParsedCheckpointTinkerPath",
     "RateLimitError",
     "RequestFailedError",
     "RestClient",
