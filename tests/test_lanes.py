@@ -239,3 +239,30 @@ def test_status_line_of_a_users_adapter() -> None:
     assert lane_text(lane) == "; own adapter v12, 3 step(s), training now, step reward 0.25 -> 1.00 ▁▃█"
     assert "not trained yet" in lane_text({**lane, "serving_version": None, "reward_trend": []})
     assert "nothing to train yet" in lane_text(None)
+
+
+def test_version_and_step_numbers_are_given_once_across_forget_and_restart(tmp_path: Path) -> None:
+    """A user's lane holds the newest versions and steps; forgetting it deletes their rows. The
+    next numbers are still new ones, also after a restart: a number of the forgotten user's
+    (`v{N}`, an adapter name SGLang may still hold) never names anyone else's weights."""
+    store = Store.open(tmp_path)
+    shared, alice = VersionStore(store), VersionStore(store, "alice")
+    tshared, talice = TrainingStore(store), TrainingStore(store, lane="alice")
+    shared.commit_base("ck/base", None)
+    first = shared.reserve("step", step=tshared.begin_step())
+    shared.commit(first, "ck/shared-1", None)
+    alice.commit_base("ck/alice-base", None)
+    her_step = talice.begin_step()
+    her_version = alice.reserve("step", step=her_step)
+    alice.commit(her_version, "ck/alice-1", None)
+    assert alice.delete_lane()["policy_versions"] == 2
+    given = {first, her_version, her_version - 1}
+    nxt = shared.reserve("step")
+    assert nxt > max(given), (nxt, given)
+    step = tshared.begin_step()
+    assert step > her_step, (step, her_step)
+    store.close()
+    store = Store.open(tmp_path)  # a restart
+    again = VersionStore(store).reserve("step")
+    assert again > nxt and TrainingStore(store).begin_step() > step
+    store.close()

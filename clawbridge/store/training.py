@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.store.counters import take
 from clawbridge.store.store import Store, StoreError
 from clawbridge.store.turns import StoredTurn, decode_turn
 from clawbridge.store.versions import commit_in
@@ -310,9 +311,10 @@ class TrainingStore:
     def begin_step(self) -> int:
         """Insert a `running` step row; returns its step number."""
         with self.store.write() as c:
-            cur = c.execute("INSERT INTO steps(status, started_at, lane) VALUES('running', ?, ?)",
-                            (self.store.clock.now(), self.lane or ""))
-            return int(cur.lastrowid or 0)
+            step = take(c, "step")  # never a number given before, even if its row was deleted (a forget)
+            c.execute("INSERT INTO steps(step, status, started_at, lane) VALUES(?, 'running', ?, ?)",
+                      (step, self.store.clock.now(), self.lane or ""))
+            return step
 
     def commit_step(
         self,
