@@ -242,6 +242,13 @@ class UnsupportedSettings(ValueError):
     """The settings ask a backend for something it cannot do (see `check_capabilities`)."""
 
 
+class CheckpointDamaged(RuntimeError):
+    """`restore_checkpoint` found the checkpoint torn (a file missing or cut short, as a power loss
+    may leave one written before its files were flushed): raised before anything was loaded, so
+    the trainer loop may restore an older, intact one (`clawbridge.trainer.checkpoints`). Any
+    other failure to restore (a service that does not answer) is not this."""
+
+
 @runtime_checkable
 class ServingBackend(Protocol):
     """A backend that can serve: every backend is at least this.
@@ -285,7 +292,8 @@ class TrainingBackend(ServingBackend, Protocol):
         """Load weights + optimizer state written by `save_checkpoint` into the trainer and serve
         those weights as `version` (default: the version recorded with the checkpoint); return the
         served version. When `version` equals the version served now, the caller guarantees that
-        those weights are already served: only the trainer state is loaded."""
+        those weights are already served: only the trainer state is loaded. Raises
+        `CheckpointDamaged` (nothing loaded) when the checkpoint's files are torn."""
         ...
 
 

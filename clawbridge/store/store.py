@@ -3,7 +3,10 @@
 Invariants:
 - Every method that writes commits before it returns; the proxy awaits `record_turn` before it
   sends the last byte of a response, so an answered turn survives `kill -9` (WAL with
-  synchronous=NORMAL is durable against process crashes). WAL checkpoints run inside a commit
+  synchronous=NORMAL is durable against process crashes). A power loss may roll the store back to
+  an earlier commit, never to a torn one; the commits something outside the store acts on (a
+  version number reserved, a step or version committed with its checkpoint) are `write(durable=True)`:
+  flushed before they return, with every commit before them. WAL checkpoints run inside a commit
   (SQLite's default) or, once `checkpoint_in_background` is called (the proxy's store writer),
   on a thread of their own (`clawbridge.store.walcheckpoint`), never inside a commit.
 - One `Store` object is safe to share between threads (a lock serialises use of its connection);
@@ -129,20 +132,29 @@ class Store:
 
     # ------------------------------------------------------------------ the seam for repositories
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT) on the connection, under the lock.
 
         Committed when the block ends; rolled back (nothing written) when it raises. Every write of
-        this store and of its repositories (`training`, `rewards`, `versions`) goes through here."""
+        this store and of its repositories (`training`, `rewards`, `versions`) goes through here.
+        `durable`: the commit flushes the WAL to the disk before it returns (synchronous=FULL for
+        this one transaction), so it survives a power loss too, with every commit before it; for
+        what something outside the store acts on (a version number, a checkpoint committed)."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            if durable:
+                self._conn.execute("PRAGMA synchronous=FULL")
             try:
-                yield self._conn
-            except BaseException:
-                if self._conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL / IOERR
-                    self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    if self._conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL / IOERR
+                        self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            finally:
+                if durable:
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
             if self._checkpointer is not None:
                 self._checkpointer.committed()
 

@@ -86,8 +86,8 @@ class VersionStore:
 
     def reserve(self, kind: VersionKind, step: int | None = None, source_version: int | None = None) -> int:
         """A new version number, greater than any this store has ever given (`clawbridge.store.counters`),
-        committed as `reserved`."""
-        with self.store.write() as c:
+        committed as `reserved`, durably (a backend names weights, files or adapters after it)."""
+        with self.store.write(durable=True) as c:
             seen = c.execute(  # a version a turn or step carries without a row (a backend's own numbering)
                 "SELECT MAX(v) FROM (SELECT MAX(policy_version) AS v FROM turns UNION ALL "
                 "SELECT MAX(policy_version) FROM steps)").fetchone()[0]
@@ -100,8 +100,8 @@ class VersionStore:
         return version
 
     def commit(self, version: int, checkpoint: str, identity: dict[str, Any] | None) -> None:
-        """Mark a reserved version committed with its checkpoint (rollback / restore versions)."""
-        with self.store.write() as c:
+        """Mark a reserved version committed with its checkpoint (rollback / restore versions), durably."""
+        with self.store.write(durable=True) as c:
             commit_in(c, version, checkpoint, identity, self.store.clock.now())
 
     def commit_base(self, checkpoint: str, identity: dict[str, Any] | None) -> None:
@@ -111,7 +111,7 @@ class VersionStore:
             self.commit(self.reserve("base"), checkpoint, identity)
             return
         now = self.store.clock.now()
-        with self.store.write() as c:
+        with self.store.write(durable=True) as c:
             c.execute(
                 "INSERT INTO policy_versions(version, status, kind, checkpoint, identity_json, created_at, "
                 "committed_at) VALUES(0, 'committed', 'base', ?, ?, ?, ?) ON CONFLICT(version) DO UPDATE SET "

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.durable import replace_dir
 from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
 from clawbridge.versions import LoadedVersions
 from clawbridge_local.engine import TorchEngine
@@ -157,6 +158,9 @@ class LaneVersion:
 
 
 def _copy_export(export: Path, folder: Path) -> None:
-    """The trainer's newest export (replaced at its next export) copied to a version's own folder."""
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(export, folder)
+    """The trainer's newest export (replaced at its next export) copied to a version's own folder,
+    whole or not at all (`clawbridge.durable.replace_dir`)."""
+    tmp = folder.with_name(f".{folder.name}.copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(export, tmp)
+    replace_dir(tmp, folder)
