@@ -6,11 +6,16 @@
 - DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows}, ...}
 
 Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
-OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
-for the user (their adapter's trainer lane, checkpoints, versions and steps:
-`clawbridge.trainer.lanes`), then deletes the user's rows from the store and vacuums the file, so
-nothing a hook deleted from the store stays in its free pages; it is answered only after that
-committed, with every hook's counts joined.
+OpenAI-style bodies). A forget, in this order: revokes the user and opens her grave
+(`UserStore.begin_forget`: her key, her name as `X-User-Id` and her session keys' calls are
+refused from now on, and no turn of hers is recorded); cuts her running model calls and waits for
+every request that began before and may act for her (`clawbridge.proxy.inflight`, at most
+`drain_grace_s`); lets each `ForgetHook` of the server delete what it keeps for her (her adapter's
+trainer lane, its versions on every engine, checkpoints, versions and steps:
+`clawbridge.trainer.lanes`); then deletes her rows from the store and vacuums the file, so nothing
+a hook deleted from the store stays in its free pages. It is answered only after that committed,
+with every hook's counts joined and `cut` (her calls ended). A failure on the way leaves her
+revoked and her grave open: forgetting her again finishes the job.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError, validated
+from clawbridge.proxy.inflight import Ticket, ticket_of
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.users import UserError, UserStore
@@ -53,12 +59,16 @@ def _api_error(exc: UserError) -> ApiError:
     return ApiError(status, str(exc), param="user" if exc.reason != "unknown" else None, code=code)
 
 
-async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> dict[str, Any]:
-    """Delete everything of `user` (the store, then each hook); what was deleted, per table/hook."""
+async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook], own: Ticket | None = None
+                      ) -> dict[str, Any]:
+    """Delete everything of `user` (module invariants); what was deleted, per table/hook. `own`:
+    the forget request's ticket (not waited for)."""
     try:
-        await state.read(UserStore(state.store).require_known, user)
+        epoch = await state.writer.call(UserStore(state.store).begin_forget, user)
     except UserError as exc:
         raise _api_error(exc) from None
+    cut = state.inflight.cut(user)
+    await state.inflight.drain(user, epoch, own, state.settings.drain_grace_s)
     hooked: dict[str, int] = {}
     try:
         for hook in hooks:
@@ -69,15 +79,16 @@ async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> 
     finally:
         for hook in hooks:
             hook.forgotten(user)
+        state.inflight.sweep()
     deleted = dict(report.deleted)
     for name, n in hooked.items():  # a hook may have deleted rows of a table the store counts too
         deleted[name] = deleted.get(name, 0) + n
     if state.trainer is not None:
         state.trainer.notify()
-    log.info("forgot user %s: deleted %s; store vacuumed%s", user,
+    log.info("forgot user %s: %d running call(s) cut; deleted %s; store vacuumed%s", user, cut,
              ", ".join(f"{k} {v}" for k, v in sorted(deleted.items())) or "nothing",
              "" if report.wal_truncated else " (WAL not truncated: another connection was reading)")
-    return {"user": user, "forgotten": True, "deleted": deleted, "vacuumed": True,
+    return {"user": user, "forgotten": True, "deleted": deleted, "cut": cut, "vacuumed": True,
             "wal_truncated": report.wal_truncated}
 
 
@@ -116,7 +127,7 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     async def revoke(request: Request, user: str, forget: bool = False) -> dict[str, Any]:
         await admin(request)
         if forget:
-            return await forget_user(state, user, forget_hooks)
+            return await forget_user(state, user, forget_hooks, ticket_of(request.scope))
         try:
             row = await state.writer.call(users.revoke, user)
         except UserError as exc:
@@ -127,6 +138,6 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     @router.post("/{user}/forget")
     async def forget(request: Request, user: str) -> dict[str, Any]:
         await admin(request)
-        return await forget_user(state, user, forget_hooks)
+        return await forget_user(state, user, forget_hooks, ticket_of(request.scope))
 
     return router

@@ -169,8 +169,8 @@ class TinkerBackend:
         """`user`'s own adapter: a training and sampling client of its own over this session."""
         return TinkerBackend(self.settings, lane=user, parent=self)
 
-    def unload_versions(self, versions: list[int]) -> None:
-        self._versions.discard(versions)
+    async def unload_versions(self, versions: list[int]) -> None:
+        await self._versions.discard(versions)
 
     async def forget(self) -> int:
         """A user lane: release its training client, delete its checkpoints on the service and
