@@ -360,11 +360,12 @@ def test_forget_takes_her_held_out_items_out_of_promotion_figures(tmp_path: Path
 
 
 def test_forget_cuts_her_running_calls_and_refuses_her_keys(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The real app over a slow fake model: alice has a whole-response call (her key) and a stream
-    (a session key of hers) running, bob a stream. Forgetting alice cuts her two at once (the call
-    gets 401 `user_forgotten`, the stream that error as an event), records nothing of them, and lets
-    bob's finish and be recorded; her session key is refused from then on, and none of her text is
-    in the store file or its WAL."""
+    """The real app over a slow fake model: alice has a whole-response call (her key), a stream (a
+    session key of hers) and a stream of the shared key naming her (`X-User-Id`, trusted) running,
+    bob a stream. Forgetting alice cuts her three at once (the call gets 401 `user_forgotten`, the
+    streams that error as an event), records nothing of them, and lets bob's finish and be
+    recorded; her session key is refused from then on, and none of her text is in the store file
+    or its WAL."""
     import threading
 
     from clawbridge.render import Renderer
@@ -373,42 +374,46 @@ def test_forget_cuts_her_running_calls_and_refuses_her_keys(tiny_model_dir: Path
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     word = renderer.tokenizer.encode(" story", add_special_tokens=False)
     sampler = SwitchableSampler(script=word * 400, delay_s=0.01)  # 4 s per call unless cut
-    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler)
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, trust_user_header=True)
     try:
         base, admin = proxy.base, proxy.state.keys.admin
         keys = {u: httpx.post(base + "/rl/users", json={"user": u}, headers={"Authorization": f"Bearer {admin}"})
                 .json()["api_key"] for u in ("alice", "bob")}
         session_key = httpx.post(base + "/rl/start_session", json={},
                                  headers={"Authorization": f"Bearer {keys['alice']}"}).json()["api_key"]
-        text = {name: f"{name}-{uuid.uuid4().hex}" for name in ("whole", "keyed", "bob")}
+        text = {name: f"{name}-{uuid.uuid4().hex}" for name in ("whole", "keyed", "header", "bob")}
         outcome: dict[str, Any] = {}
 
         def run(name: str, key: str, stream: bool) -> None:
             client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60)
+            headers = {} if key == session_key else {"X-Session-Id": name}
+            if name == "header":
+                headers["X-User-Id"] = "alice"
             try:
-                made = client.chat.completions.create(model="tiny", max_tokens=400, stream=stream,
-                                                      extra_headers={"X-Session-Id": name} if key != session_key else {},
+                made = client.chat.completions.create(model="tiny", max_tokens=400, stream=stream, extra_headers=headers,
                                                       messages=[{"role": "user", "content": text[name]}])
                 outcome[name] = [c for c in made] if stream else made  # type: ignore[union-attr]
             except openai.APIError as exc:
                 outcome[name] = exc
 
         threads = [threading.Thread(target=run, args=args) for args in
-                   (("whole", keys["alice"], False), ("keyed", session_key, True), ("bob", keys["bob"], True))]
+                   (("whole", keys["alice"], False), ("keyed", session_key, True),
+                    ("header", proxy.state.keys.client, True), ("bob", keys["bob"], True))]
         for t in threads:
             t.start()
         inflight = proxy.state.inflight
         deadline = time.monotonic() + 30
-        while (inflight.calls_of("alice"), inflight.calls_of("bob")) != (2, 1):
-            assert time.monotonic() < deadline, "the three calls never ran at once"
+        while (inflight.calls_of("alice"), inflight.calls_of("bob")) != (3, 1):
+            assert time.monotonic() < deadline, "the four calls never ran at once"
             time.sleep(0.02)
         forgot = httpx.post(base + "/rl/users/alice/forget", headers={"Authorization": f"Bearer {admin}"}, timeout=60)
         for t in threads:
             t.join(60)
-        assert forgot.status_code == 200 and forgot.json()["cut"] == 2, forgot.text
-        whole, keyed = outcome["whole"], outcome["keyed"]
+        assert forgot.status_code == 200 and forgot.json()["cut"] == 3, forgot.text
+        whole = outcome["whole"]
         assert isinstance(whole, openai.AuthenticationError) and whole.code == "user_forgotten", whole
-        assert isinstance(keyed, openai.APIError) and "forgotten" in str(keyed), keyed
+        for name in ("keyed", "header"):
+            assert isinstance(outcome[name], openai.APIError) and "forgotten" in str(outcome[name]), outcome[name]
         assert isinstance(outcome["bob"], list) and outcome["bob"][-1].choices[0].finish_reason == "length"
         assert [s.session_id for s in proxy.state.store.list_sessions()] == ["bob:bob"]
         with pytest.raises(openai.AuthenticationError):
@@ -416,6 +421,30 @@ def test_forget_cuts_her_running_calls_and_refuses_her_keys(tiny_model_dir: Path
                 model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
         blob = raw_bytes(tmp_path / "state")
         assert text["bob"].encode() in blob
-        assert text["whole"].encode() not in blob and text["keyed"].encode() not in blob
+        assert not any(text[name].encode() in blob for name in ("whole", "keyed", "header"))
+    finally:
+        proxy.stop()
+
+
+def test_two_forgets_at_once_do_not_wait_for_each_other(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A forget waits for the requests that began before it and may act for its user; another
+    forget (an admin request) is not one of them, so two at once both end promptly, far inside
+    `drain_grace_s`."""
+    import concurrent.futures
+
+    from clawbridge.sampler import FakeSampler
+    from tests.fake_proxy import start_fake_proxy
+
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", FakeSampler(script=[5]), drain_grace_s=60.0)
+    try:
+        admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+        for user in ("alice", "bob"):
+            assert httpx.post(proxy.base + "/rl/users", json={"user": user}, headers=admin).status_code == 200
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda u: httpx.post(f"{proxy.base}/rl/users/{u}/forget", headers=admin,
+                                                         timeout=120), ("alice", "bob")))
+        assert [a.status_code for a in answers] == [200, 200] and time.monotonic() - t0 < 30
+        assert UserStore(proxy.state.store).all() == []
     finally:
         proxy.stop()

@@ -12,11 +12,12 @@ Invariants:
 - Every HTTP request holds a `Ticket` from before its key is checked until its response was sent
   (`InFlightMiddleware`); the ticket notes the store's forget epoch when it was taken.
 - A model call names whose call it is right after authentication (`identify`); it is refused (401
-  `user_forgotten`) when that user is being forgotten or was forgotten after the call began.
+  `user_forgotten`) when that user is being forgotten or was forgotten after the call began. The
+  user API's admin requests identify as nobody's, so two forgets never wait for each other.
 - `cut(user)` ends every identified model call of `user` at once: its sampler stream is closed, it
   records nothing, and its client gets the same 401 (a stream: as an error event).
-- `drain(user, epoch, own)` returns once every ticket taken before `epoch` that is not identified
-  as somebody else's has ended (the forget's own excepted), or after `timeout_s`.
+- `drain(user, epoch)` returns once every ticket taken before `epoch` that is not identified as
+  somebody else's has ended, or after `timeout_s`.
 - A forgotten name's grave is swept each time a ticket ends, once no ticket older than its end runs.
 """
 
@@ -115,11 +116,11 @@ class InFlight:
                 n += 1
         return n
 
-    async def drain(self, user: str, epoch: int, own: Ticket | None, timeout_s: float) -> bool:
+    async def drain(self, user: str, epoch: int, timeout_s: float) -> bool:
         """Wait until every request that began before `epoch` and may act for `user` ended
         (module invariants); False when `timeout_s` passed first."""
         waiting = [t.ended.wait() for t in self._tickets
-                   if t is not own and t.epoch < epoch and (not t.identified or t.caller == user)]
+                   if t.epoch < epoch and (not t.identified or t.caller == user)]
         if not waiting:
             return True
         try:

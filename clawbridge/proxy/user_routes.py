@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError, validated
-from clawbridge.proxy.inflight import Ticket, ticket_of
+from clawbridge.proxy.inflight import ticket_of
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.users import UserError, UserStore
@@ -59,16 +59,14 @@ def _api_error(exc: UserError) -> ApiError:
     return ApiError(status, str(exc), param="user" if exc.reason != "unknown" else None, code=code)
 
 
-async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook], own: Ticket | None = None
-                      ) -> dict[str, Any]:
-    """Delete everything of `user` (module invariants); what was deleted, per table/hook. `own`:
-    the forget request's ticket (not waited for)."""
+async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> dict[str, Any]:
+    """Delete everything of `user` (module invariants); what was deleted, per table/hook."""
     try:
         epoch = await state.writer.call(UserStore(state.store).begin_forget, user)
     except UserError as exc:
         raise _api_error(exc) from None
     cut = state.inflight.cut(user)
-    await state.inflight.drain(user, epoch, own, state.settings.drain_grace_s)
+    await state.inflight.drain(user, epoch, state.settings.drain_grace_s)
     hooked: dict[str, int] = {}
     try:
         for hook in hooks:
@@ -99,6 +97,9 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
 
     async def admin(request: Request) -> None:
         require_admin(await authenticate(request, state.keys, state.store))
+        ticket = ticket_of(request.scope)
+        if ticket is not None:  # the admin's: a forget never waits for it (two forgets never wait on each other)
+            state.inflight.identify(ticket, None)
 
     @router.post("")
     async def add(request: Request) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     async def revoke(request: Request, user: str, forget: bool = False) -> dict[str, Any]:
         await admin(request)
         if forget:
-            return await forget_user(state, user, forget_hooks, ticket_of(request.scope))
+            return await forget_user(state, user, forget_hooks)
         try:
             row = await state.writer.call(users.revoke, user)
         except UserError as exc:
@@ -138,6 +139,6 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     @router.post("/{user}/forget")
     async def forget(request: Request, user: str) -> dict[str, Any]:
         await admin(request)
-        return await forget_user(state, user, forget_hooks, ticket_of(request.scope))
+        return await forget_user(state, user, forget_hooks)
 
     return router
