@@ -6,7 +6,8 @@ and removes it on a clean exit; a file left by a killed server is harmless: read
 fall back to the configured address when nothing answers there.
 
 Invariants:
-- The file is replaced atomically (temp file + `os.replace`): a reader sees the old or new one.
+- The file is replaced atomically and durably (`clawbridge.durable.write_atomic`: temp file,
+  fsync, rename, fsync of the state dir): a reader sees the old or new one, also after a power loss.
 - A server writes the file only once it is listening (a failed bind leaves another server's file
   alone) and removes it only while it still names its pid, so a second server on the same state
   dir is not forgotten when the first one exits.
@@ -18,6 +19,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from clawbridge.durable import write_atomic
 
 ADDRESS_FILE = "server.json"
 
@@ -50,9 +53,7 @@ def base_url_for(host: str, port: int) -> str:
 def write_address(state_dir: Path, url: str) -> None:
     """Record `url` (a root URL, no `/v1`) and this process's pid as `state_dir`'s running server."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = state_dir / f".{ADDRESS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"url": url.rstrip("/"), "pid": os.getpid()}))
-    os.replace(tmp, state_dir / ADDRESS_FILE)
+    write_atomic(state_dir / ADDRESS_FILE, json.dumps({"url": url.rstrip("/"), "pid": os.getpid()}), mode=0o644)
 
 
 def read_address(state_dir: Path) -> ServerAddress | None:

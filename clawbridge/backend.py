@@ -242,6 +242,13 @@ class UnsupportedSettings(ValueError):
     """The settings ask a backend for something it cannot do (see `check_capabilities`)."""
 
 
+class CheckpointDamaged(RuntimeError):
+    """`restore_checkpoint` found the checkpoint torn (a file missing or cut short, as a power loss
+    may leave one written before its files were flushed): raised before anything was loaded, so
+    the trainer loop may restore an older, intact one (`clawbridge.trainer.checkpoints`). Any
+    other failure to restore (a service that does not answer) is not this."""
+
+
 @runtime_checkable
 class ServingBackend(Protocol):
     """A backend that can serve: every backend is at least this.
@@ -287,7 +294,8 @@ class TrainingBackend(ServingBackend, Protocol):
         served version. When `version` equals the version served now, the caller guarantees that
         those weights are already served: only the trainer state is loaded (a hosted backend may
         serve the same weights again from the new trainer state, when its old sampler would end
-        with the trainer it replaces)."""
+        with the trainer it replaces). Raises `CheckpointDamaged` (nothing loaded) when the
+        checkpoint's files are torn."""
         ...
 
 

@@ -1,8 +1,10 @@
 """Client and admin keys: from the environment, else generated once into 0600 files in the state dir.
 
 Invariants:
-- A key file is created with mode 0600 atomically (O_CREAT | O_EXCL); an existing file with
-  looser permissions is refused rather than used.
+- A key file is created with mode 0600, whole, once (`clawbridge.durable.create_exclusive`: a
+  flushed temporary file hard-linked to its name, then the state dir flushed): a second process
+  never reads it empty or replaces it, and a power loss never leaves it empty. An existing file
+  with looser permissions is refused rather than used.
 - Keys are compared in constant time (`keys_equal`) and never logged; what gets printed is the
   file path.
 """
@@ -10,11 +12,12 @@ Invariants:
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from clawbridge.durable import create_exclusive
 
 CLIENT_KEY_FILE = "client_key"
 ADMIN_KEY_FILE = "admin_key"
@@ -62,11 +65,9 @@ def ensure_key(state_dir: Path, filename: str, env_value: str | None, prefix: st
     state_dir.mkdir(parents=True, exist_ok=True)
     value = f"{prefix}-{secrets.token_urlsafe(32)}"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        create_exclusive(path, value + "\n", 0o600)
     except FileExistsError:  # another process won the race: use its key
         existing = read_key_file(path)
         assert existing is not None
         return ResolvedKey(existing, str(path))
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
     return ResolvedKey(value, str(path))

@@ -264,7 +264,11 @@ class LoadedVersions:
     (concurrent asks for one version share one load). Dropping a sampler from the cache only stops
     new requests from getting it; streams already running keep what they hold. A kept sampler that
     cannot serve a call (`SamplerUnavailable`) is dropped at once (like an eviction), so the next
-    call loads its version again instead of failing on it for good."""
+    call loads its version again instead of failing on it for good.
+
+    The one record of which versions are kept loaded beside the published one: a version leaves it
+    only through `on_evict` (the LRU, `discard`), and an engine that holds adapters on a server asks
+    it (`holds`) before unloading one (`clawbridge_local.sglang_engine.SGLangEngine`)."""
 
     def __init__(self, max_loaded: int, loader: Callable[[int, str], Awaitable[Sampler]],
                  on_evict: Callable[[int], Awaitable[None]] | None = None) -> None:
@@ -284,36 +288,45 @@ class LoadedVersions:
         """Versions kept now, least recently used first."""
         return list(self._loaded)
 
+    def holds(self, version: int) -> bool:
+        """Whether `version` is kept, or being loaded to be kept."""
+        return version in self._loaded or version in self._loading
+
     async def get(self, version: int, checkpoint: str) -> Sampler:
         """The sampler of `version`, loading it from `checkpoint` unless it is kept."""
+        return await self._get(version, lambda: self._loader(version, checkpoint))
+
+    async def adopt(self, version: int, load: Callable[[], Awaitable[Sampler]]) -> Sampler:
+        """Keep `version`, loaded by `load` (a user lane's fresh publish, whose weights are in
+        memory, not in a checkpoint) unless it is kept already; evicts past `max_loaded` as `get`."""
+        return await self._get(version, load)
+
+    async def _get(self, version: int, load: Callable[[], Awaitable[Sampler]]) -> Sampler:
         if version in self._loaded:
             self._loaded.move_to_end(version)
             return self._loaded[version]
         task = self._loading.get(version)
         if task is None:
-            task = asyncio.ensure_future(self._load(version, checkpoint))
+            task = asyncio.ensure_future(self._load(version, load))
             self._loading[version] = task
             task.add_done_callback(lambda _: self._loading.pop(version, None))
         return await asyncio.shield(task)  # a caller that goes away does not cancel the others' load
 
-    async def _load(self, version: int, checkpoint: str) -> Sampler:
-        sampler = await self._loader(version, checkpoint)
+    async def _load(self, version: int, load: Callable[[], Awaitable[Sampler]]) -> Sampler:
+        sampler = await load()
         self.loads += 1
         return await self._keep(version, sampler)
 
     async def put(self, version: int, sampler: Sampler) -> None:
-        """Keep `sampler` as `version`'s, as if just loaded (a user lane's fresh publish, whose
-        weights are already in memory), evicting the least recently used past `max_loaded`."""
+        """Keep `sampler` as `version`'s, replacing one kept (a hosted lane's fresh publish on its own
+        live client), evicting the least recently used past `max_loaded`."""
         await self._keep(version, sampler)
 
     async def _keep(self, version: int, sampler: Sampler) -> Sampler:
         kept = _Kept(self, version, sampler)
         self._loaded[version] = kept
         self._loaded.move_to_end(version)
-        while len(self._loaded) > self.max_loaded:
-            dropped, _ = self._loaded.popitem(last=False)
-            if self._on_evict is not None:
-                await self._on_evict(dropped)
+        await self._evict(lambda: len(self._loaded) > self.max_loaded)
         return kept
 
     async def _failed(self, version: int, kept: _Kept) -> None:
@@ -326,16 +339,30 @@ class LoadedVersions:
         if self._on_evict is not None:
             await self._on_evict(version)
 
+    async def _evict(self, more: Callable[[], bool]) -> None:
+        while more():
+            dropped, _ = self._loaded.popitem(last=False)
+            if self._on_evict is not None:
+                await self._on_evict(dropped)
+
     def peek(self, version: int) -> Sampler | None:
         """`version`'s sampler if it is kept now (not counted as a use); None otherwise."""
         return self._loaded.get(version)
 
-    def discard(self, versions: Sequence[int]) -> None:
-        """Stop serving `versions` from the cache (a forgotten user's); running streams finish."""
-        for v in versions:
-            self._loaded.pop(v, None)
+    async def discard(self, versions: Sequence[int]) -> None:
+        """Stop keeping `versions` (a forgotten user's): each one kept, or being loaded now, is
+        dropped through `on_evict` as the LRU drops one; running streams finish."""
+        wanted = set(versions)
+        pending = [t for v, t in self._loading.items() if v in wanted]
+        if pending:  # a load finishing now would keep the version: wait for it, then drop it
+            await asyncio.gather(*pending, return_exceptions=True)
+        for version in [v for v in self._loaded if v in wanted]:
+            del self._loaded[version]
+            if self._on_evict is not None:
+                await self._on_evict(version)
 
     def clear(self) -> None:
+        """Forget every sampler without evicting (the backend is closing with its engine)."""
         self._loaded.clear()
 
 

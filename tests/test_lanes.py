@@ -272,3 +272,30 @@ def test_a_lane_step_log_names_its_user_and_a_loss_the_backend_did_not_report(
         asyncio.run(main())
     (line,) = [r.getMessage() for r in caplog.records if "training step" in r.getMessage()]
     assert line.startswith("training step 1 (user alice) ok:") and "loss not reported" in line, line
+
+
+def test_version_and_step_numbers_are_given_once_across_forget_and_restart(tmp_path: Path) -> None:
+    """A user's lane holds the newest versions and steps; forgetting it deletes their rows. The
+    next numbers are still new ones, also after a restart: a number of the forgotten user's
+    (`v{N}`, an adapter name SGLang may still hold) never names anyone else's weights."""
+    store = Store.open(tmp_path)
+    shared, alice = VersionStore(store), VersionStore(store, "alice")
+    tshared, talice = TrainingStore(store), TrainingStore(store, lane="alice")
+    shared.commit_base("ck/base", None)
+    first = shared.reserve("step", step=tshared.begin_step())
+    shared.commit(first, "ck/shared-1", None)
+    alice.commit_base("ck/alice-base", None)
+    her_step = talice.begin_step()
+    her_version = alice.reserve("step", step=her_step)
+    alice.commit(her_version, "ck/alice-1", None)
+    assert alice.delete_lane()["policy_versions"] == 2
+    given = {first, her_version, her_version - 1}
+    nxt = shared.reserve("step")
+    assert nxt > max(given), (nxt, given)
+    step = tshared.begin_step()
+    assert step > her_step, (step, her_step)
+    store.close()
+    store = Store.open(tmp_path)  # a restart
+    again = VersionStore(store).reserve("step")
+    assert again > nxt and TrainingStore(store).begin_step() > step
+    store.close()

@@ -85,3 +85,57 @@ def test_users_adapters_beside_sglang(tiny_model_dir: Path, tmp_path: Path) -> N
     assert any(not torch.equal(out["alice_adapter"][k], out["bob_adapter"][k]) for k in out["alice_adapter"])
     assert out["shared_base"]
     assert out["adapters_after"] == {"v1", "v3"}  # v2 was the least recently used
+
+
+def test_forgotten_versions_leave_sglang_and_the_disk(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`unload_versions` (what forgetting a user calls): her adapter is unloaded from the SGLang
+    server and its `versions/vN` folder deleted, the other user's stays loaded and served; an
+    adapter an earlier process left loaded (its folder still on disk after a kill) is unloaded too."""
+    import shutil
+
+    import httpx
+
+    fake = FakeSGLang(tiny_model_dir, port=free_port(), enable_lora=True, max_lora_rank=8,
+                      lora_target_modules=("q_proj", "v_proj")).start()
+    settings = Settings.model_validate({
+        "model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
+        "lora_target_modules": ["q_proj", "v_proj"], "learning_rate": 0.05, "per_user_adapters": True,
+        "backends": {"local": {"sglang_url": fake.url, "train_launcher": "inprocess"}},
+    })
+    backend = LocalBackend(settings)
+    datum = Datum.from_turn([3, 4, 5], [6, 7], [-1.0, -1.0], [1.0, 1.0], 0)
+
+    async def go() -> dict[str, Any]:
+        await backend.start()
+        out: dict[str, Any] = {}
+        try:
+            lanes = {u: backend.user_lane(u) for u in ("alice", "bob")}
+            for version, lane in enumerate(lanes.values(), start=1):
+                await lane.train_step([datum], LossConfig("importance_sampling"))
+                await lane.publish(version)
+            out["before"] = set(fake.adapters)
+            stale = backend.version_dir(7)  # as a killed earlier run left it: loaded on the server
+            shutil.copytree(backend.version_dir(2), stale)
+            httpx.post(fake.url + "/load_lora_adapter", json={"lora_name": "v7", "lora_path": str(stale)}).raise_for_status()
+            await backend.unload_versions([1, 7])
+            out["after"] = set(fake.adapters)
+            out["kept"] = backend.loaded_versions.versions
+            out["dirs"] = sorted(p.name for p in backend.version_dir(1).parent.iterdir())
+            sampler = backend.loaded_versions.peek(2)
+            assert sampler is not None
+            stream = await sampler.sample([1, 2, 3], GREEDY)
+            [t async for t in stream]
+            out["bob_lora"] = fake.requests[-1].get("lora_path")
+            for lane in lanes.values():
+                await lane.close()
+        finally:
+            await backend.close()
+        return out
+
+    try:
+        out = asyncio.run(go())
+    finally:
+        fake.stop()
+    assert out["before"] == {"v1", "v2"}
+    assert out["after"] == {"v2"} and out["kept"] == [2] and out["dirs"] == ["v2"], out
+    assert out["bob_lora"] == "v2"

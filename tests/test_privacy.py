@@ -21,6 +21,7 @@ from clawbridge.render import Renderer
 EMAIL = "alice.w@example.org"
 KEY = "ghp_4Fz9kQw2Lm8Xc3Vb7Np1Rt6Yh0Ju5Ie2OsAa"
 CARD = "4111 1111 1111 1111"
+HOLDOUT = Path(__file__).parent / "data" / "privacy_holdout.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,23 @@ def test_detectors_on_the_case_set() -> None:
     assert score.recall >= 0.9
     assert score.false_positive_rate <= 0.05 and score.extra == 0
     assert isinstance(DetectorFilter(), PrivacyFilter) and isinstance(FakePrivacyFilter({}), PrivacyFilter)
+
+
+def test_detectors_on_a_holdout_set_written_apart() -> None:
+    """tests/data/privacy_holdout.jsonl was written apart from the case set the detectors were
+    tuned on (issue 35): real-shaped secrets of many kinds, among them Google API keys and AWS
+    secret access keys beside their names in env files, INI, JSON, Terraform, YAML and prose, and
+    look-alikes (40-character base64 and hex strings, placeholders and `${{ secrets.X }}` references
+    beside the same names, ids, digests). Every Google and AWS key is found; the whole set meets
+    the bars of the tuned set."""
+    cases = load_cases(HOLDOUT)
+    assert len(cases) >= 60 and sum(1 for c in cases if c["group"] in ("google", "aws")) >= 10
+    score = evaluate(DetectorFilter(), cases)
+    print(f"privacy filter on the holdout ({len(cases)} cases): recall {score.recall:.3f} "
+          f"({score.found}/{score.expected}), false-positive rate {score.false_positive_rate:.3f} "
+          f"({score.false_positives}/{score.negatives}); missed: {score.misses}; flagged: {score.flagged}")
+    assert [m for m in score.misses if m.startswith(("google:", "aws:"))] == []
+    assert score.recall >= 0.9 and score.false_positive_rate <= 0.05 and score.extra == 0
 
 
 def test_user_patterns_and_detector_choice() -> None:

@@ -4,6 +4,7 @@ against the running server, and forgetting checked on the raw bytes of the SQLit
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,9 +209,11 @@ def test_trusted_user_header_names_the_user(tiny_model_dir: Path, tmp_path: Path
             with pytest.raises(openai.AuthenticationError):
                 client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                                extra_headers={"X-User-Id": "home"})
-            # A name never added is forgotten like any user.
+            # A name never added is forgotten like any user (revoked first: a row that names it
+            # revoked is written, then deleted with the rest).
             gone = httpx.post(proxy.base + "/rl/users/work/forget", headers=admin).json()
-            assert gone["deleted"] == {"sessions": 1, "turns": 1} and proxy.state.store.list_sessions() == []
+            assert gone["deleted"] == {"sessions": 1, "turns": 1, "users": 1} and proxy.state.store.list_sessions() == []
+            assert UserStore(proxy.state.store).get("work") is None
         finally:
             proxy.stop()
 
@@ -281,3 +284,167 @@ def test_session_owners_are_remembered_only_once_committed_and_forgotten_with_th
     assert store.owners.get("alice:s") == (False, None)
     assert UserStore(store).session_owner("alice:s") == (True, "bob") and store.owners.get("alice:s") == (True, "bob")
     store.close()
+
+
+def test_a_late_turn_of_a_forgotten_user_is_refused_but_a_new_user_of_her_name_records(tmp_path: Path) -> None:
+    """The store's tombstones: a turn from a call that began before alice was forgotten (her key, or
+    a session key of hers, whose turns name no user) is refused, alone in its group commit; while she
+    is being forgotten no turn of hers is recorded at all; a new alice's calls record. A grave is
+    swept once no older call runs."""
+    import dataclasses
+
+    from clawbridge.store.tombstones import UserForgotten
+
+    store = Store.open(tmp_path)
+    users = UserStore(store)
+    users.add("alice")
+    began = store.tombstones.epoch  # a call of hers begins (the proxy notes the epoch before the key check)
+    store.record_turn(dataclasses.replace(_turn("alice:s", "alice", "early text"), caller="alice", epoch=began))
+    users.forget("alice")
+    late = dataclasses.replace(_turn("alice:s", "alice", "late text"), caller="alice", epoch=began)
+    by_session_key = dataclasses.replace(_turn("sess_k", None, "keyed text"), caller="alice", epoch=began)
+    with pytest.raises(UserForgotten):
+        store.record_turn(late)
+    errors = store.record_turns([(by_session_key, "session_key", None), (_turn("other", None, "other text"), "header", None)])
+    assert isinstance(errors[0], UserForgotten) and errors[1] is None
+    assert store.get_session("alice:s") is None and store.get_session("sess_k") is None
+
+    users.add("alice")  # a new user of the same name
+    fresh = dataclasses.replace(_turn("alice:s", "alice", "fresh text"), caller="alice", epoch=store.tombstones.epoch)
+    store.record_turn(fresh)
+    assert [s.session_id for s in store.list_sessions(user="alice")] == ["alice:s"]
+    assert store.session_turns("alice:s")[0]["request"]["messages"][0]["content"] == "fresh text"
+
+    users.begin_forget("alice")  # being forgotten: refused whatever the epoch, and her key is revoked
+    assert users.is_revoked("alice")
+    with pytest.raises(UserForgotten):
+        store.record_turn(dataclasses.replace(fresh, turn_id="turn_x", epoch=store.tombstones.epoch))
+    users.forget("alice")
+    store.tombstones.sweep(oldest_running=None)
+    assert len(store.tombstones) == 0
+    store.close()
+    blob = raw_bytes(tmp_path)
+    assert b"other text" in blob and not any(t in blob for t in (b"early text", b"late text", b"keyed text", b"fresh text"))
+
+
+def test_forget_takes_her_held_out_items_out_of_promotion_figures(tmp_path: Path) -> None:
+    """A held-out item is a turn id, and a version's figures keep the greedy answers of the first
+    items it failed: forgetting alice takes her items and the answers given to them out of the
+    cached evaluations and the decisions; bob's stay."""
+    from clawbridge.store.promotion import Decision, PromotionStore
+
+    store = Store.open(tmp_path)
+    users = UserStore(store)
+    turns = {}
+    for user in ("alice", "bob"):
+        users.add(user)
+        turns[user] = store.record_turn(_turn(f"{user}:s", user, f"{user} held out"))
+    ta, tb = turns["alice"], turns["bob"]
+    figure = {"items": 3, "passed": 1, "failed": [ta, tb], "failed_answers": ["answer to alice-9f2c", "answer to bob"]}
+    promotion = PromotionStore(store)
+    promotion.save_eval(3, "digest-a", figure)
+    assert promotion.decide(Decision(3, "rejected", "eval", "worse", figures={
+        "candidate": figure, "incumbent": {"failed": [tb, ta], "failed_answers": ["bob again", "alice-9f2c again"]}}),
+        "eval")
+    report = users.forget("alice")
+    assert report.deleted["promotion_figures"] == 2
+    (_, _, cached), = promotion.evals()
+    assert cached["failed"] == [tb] and cached["failed_answers"] == ["answer to bob"] and cached["passed"] == 1
+    (decision,) = promotion.decisions()
+    assert decision.figures is not None
+    assert decision.figures["candidate"]["failed"] == [tb] and decision.figures["candidate"]["failed_answers"] == ["answer to bob"]
+    assert decision.figures["incumbent"] == {"failed": [tb], "failed_answers": ["bob again"]}
+    store.close()
+    blob = raw_bytes(tmp_path)
+    assert b"alice-9f2c" not in blob and ta.encode() not in blob and b"answer to bob" in blob
+
+
+def test_forget_cuts_her_running_calls_and_refuses_her_keys(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The real app over a slow fake model: alice has a whole-response call (her key), a stream (a
+    session key of hers) and a stream of the shared key naming her (`X-User-Id`, trusted) running,
+    bob a stream. Forgetting alice cuts her three at once (the call gets 401 `user_forgotten`, the
+    streams that error as an event), records nothing of them, and lets bob's finish and be
+    recorded; her session key is refused from then on, and none of her text is in the store file
+    or its WAL."""
+    import threading
+
+    from clawbridge.render import Renderer
+    from tests.fake_proxy import SwitchableSampler, start_fake_proxy
+
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    word = renderer.tokenizer.encode(" story", add_special_tokens=False)
+    sampler = SwitchableSampler(script=word * 400, delay_s=0.01)  # 4 s per call unless cut
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, trust_user_header=True)
+    try:
+        base, admin = proxy.base, proxy.state.keys.admin
+        keys = {u: httpx.post(base + "/rl/users", json={"user": u}, headers={"Authorization": f"Bearer {admin}"})
+                .json()["api_key"] for u in ("alice", "bob")}
+        session_key = httpx.post(base + "/rl/start_session", json={},
+                                 headers={"Authorization": f"Bearer {keys['alice']}"}).json()["api_key"]
+        text = {name: f"{name}-{uuid.uuid4().hex}" for name in ("whole", "keyed", "header", "bob")}
+        outcome: dict[str, Any] = {}
+
+        def run(name: str, key: str, stream: bool) -> None:
+            client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60)
+            headers = {} if key == session_key else {"X-Session-Id": name}
+            if name == "header":
+                headers["X-User-Id"] = "alice"
+            try:
+                made = client.chat.completions.create(model="tiny", max_tokens=400, stream=stream, extra_headers=headers,
+                                                      messages=[{"role": "user", "content": text[name]}])
+                outcome[name] = [c for c in made] if stream else made  # type: ignore[union-attr]
+            except openai.APIError as exc:
+                outcome[name] = exc
+
+        threads = [threading.Thread(target=run, args=args) for args in
+                   (("whole", keys["alice"], False), ("keyed", session_key, True),
+                    ("header", proxy.state.keys.client, True), ("bob", keys["bob"], True))]
+        for t in threads:
+            t.start()
+        inflight = proxy.state.inflight
+        deadline = time.monotonic() + 30
+        while (inflight.calls_of("alice"), inflight.calls_of("bob")) != (3, 1):
+            assert time.monotonic() < deadline, "the four calls never ran at once"
+            time.sleep(0.02)
+        forgot = httpx.post(base + "/rl/users/alice/forget", headers={"Authorization": f"Bearer {admin}"}, timeout=60)
+        for t in threads:
+            t.join(60)
+        assert forgot.status_code == 200 and forgot.json()["cut"] == 3, forgot.text
+        whole = outcome["whole"]
+        assert isinstance(whole, openai.AuthenticationError) and whole.code == "user_forgotten", whole
+        for name in ("keyed", "header"):
+            assert isinstance(outcome[name], openai.APIError) and "forgotten" in str(outcome[name]), outcome[name]
+        assert isinstance(outcome["bob"], list) and outcome["bob"][-1].choices[0].finish_reason == "length"
+        assert [s.session_id for s in proxy.state.store.list_sessions()] == ["bob:bob"]
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key=session_key, max_retries=0).chat.completions.create(
+                model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+        blob = raw_bytes(tmp_path / "state")
+        assert text["bob"].encode() in blob
+        assert not any(text[name].encode() in blob for name in ("whole", "keyed", "header"))
+    finally:
+        proxy.stop()
+
+
+def test_two_forgets_at_once_do_not_wait_for_each_other(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A forget waits for the requests that began before it and may act for its user; another
+    forget (an admin request) is not one of them, so two at once both end promptly, far inside
+    `drain_grace_s`."""
+    import concurrent.futures
+
+    from clawbridge.sampler import FakeSampler
+    from tests.fake_proxy import start_fake_proxy
+
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", FakeSampler(script=[5]), drain_grace_s=60.0)
+    try:
+        admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+        for user in ("alice", "bob"):
+            assert httpx.post(proxy.base + "/rl/users", json={"user": user}, headers=admin).status_code == 200
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda u: httpx.post(f"{proxy.base}/rl/users/{u}/forget", headers=admin,
+                                                         timeout=120), ("alice", "bob")))
+        assert [a.status_code for a in answers] == [200, 200] and time.monotonic() - t0 < 30
+        assert UserStore(proxy.state.store).all() == []
+    finally:
+        proxy.stop()

@@ -239,3 +239,38 @@ def test_loaded_versions_drop_a_sampler_that_fails_a_call() -> None:
 
     assert asyncio.run(run()) == [5]
     assert loads == [5, 5]
+
+
+def test_discarding_versions_evicts_them_like_the_lru_does() -> None:
+    """Forgetting a user discards their versions: each one kept, or still loading, goes through the
+    eviction callback (which unloads a server-side adapter and deletes its folder), exactly as when
+    the LRU drops it; `holds` says what the cache keeps, loads in flight included."""
+    from clawbridge.sampler import FakeSampler, Sampler
+
+    evicted: list[int] = []
+    gate = asyncio.Event()
+
+    async def load(version: int, checkpoint: str) -> Sampler:
+        if version == 3:
+            await gate.wait()
+        return FakeSampler([version], version=version)
+
+    async def evict(version: int) -> None:
+        evicted.append(version)
+
+    async def run() -> None:
+        cache = LoadedVersions(4, load, evict)
+        await cache.get(1, "c1")
+        await cache.get(2, "c2")
+        loading = asyncio.ensure_future(cache.get(3, "c3"))
+        await asyncio.sleep(0)
+        assert cache.holds(1) and cache.holds(3) and not cache.holds(4)
+        discarding = asyncio.ensure_future(cache.discard([1, 3, 4]))
+        await asyncio.sleep(0)
+        gate.set()  # the load of 3 finishes while it is being discarded: it is dropped all the same
+        await discarding
+        await loading
+        assert sorted(evicted) == [1, 3] and cache.versions == [2]
+        assert not cache.holds(1) and not cache.holds(3) and cache.holds(2)
+
+    asyncio.run(run())

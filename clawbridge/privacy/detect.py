@@ -4,9 +4,10 @@ Detectors (`DETECTORS`, chosen by `privacy_detectors`), each from a maintained l
 exists (docs/privacy.md says why these and not presidio-analyzer):
 - `keys`: every regex plugin of detect-secrets (AWS, GitHub, GitLab, Slack, OpenAI, Stripe,
   JWT, npm, PyPI, SendGrid, Twilio, Discord, Telegram, basic-auth URLs, private keys, ...) except
-  its public-IP plugin (version strings look like IPs), plus three key shapes it lacks (Anthropic,
-  GitHub fine-grained, Hugging Face). A match is extended to the end of its token (detect-secrets'
-  JWT pattern stops before the signature). A private key header extends to its END
+  its public-IP plugin (version strings look like IPs), plus key shapes it lacks (Anthropic,
+  GitHub fine-grained, Hugging Face, Google API keys `AIza` + 35 characters), and AWS secret
+  access keys beside their name however they are written (detect-secrets needs quotes). A match is
+  extended to the end of its token (detect-secrets' JWT pattern stops before the signature). A private key header extends to its END
   line (or the end of the text when it has none).
 - `phone`: phonenumbers' `PhoneNumberMatcher` (leniency STRICT_GROUPING: valid numbers whose digit
   groups follow the country's format, so `INV-2024-000123` is not a phone number) for each of `privacy_phone_regions`;
@@ -50,8 +51,19 @@ _EXTRA_SECRETS: tuple[re.Pattern[str], ...] = (
     re.compile(r"sk-ant-[a-z]+\d{2}-[A-Za-z0-9_-]{80,}"),  # Anthropic API and admin keys
     re.compile(r"github_pat_[A-Za-z0-9_]{60,}"),  # GitHub fine-grained tokens
     re.compile(r"hf_[A-Za-z0-9]{34,}"),  # Hugging Face tokens
+    re.compile(r"(?<![A-Za-z0-9_-])AIza[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])"),  # Google API keys (Maps, Gemini, Firebase)
 )
 """Key shapes agents' users hold that detect-secrets 1.5 has no plugin for (docs/privacy.md)."""
+_NAMED_SECRETS: tuple[re.Pattern[str], ...] = (
+    # An AWS secret access key: 40 base64 characters with no prefix of their own, so found beside
+    # its name (aws_secret_access_key, AWS_SECRET_ACCESS_KEY, SecretAccessKey, secret_key, "AWS
+    # secret key"), on its line or the next (a `value:` under a `name:`), quoted or not. detect-
+    # secrets finds it only quoted right after a name starting with "aws".
+    re.compile(r"(?i:aws[\w .-]{0,20}?secret[\w .-]{0,20}?key|secret[_. -]?access[_. -]?key|secret[_-]?key)"
+               r"[^\n]{0,40}?(?:\n[^\n]{0,40}?)?(?<![A-Za-z0-9/+])([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"),
+)
+"""Secrets known only by the name beside them: group 1 is the secret, found when it mixes upper and
+lower case letters and digits, as a random key does (a path or a word of 40 letters does not)."""
 _TOKEN_CHAR = re.compile(r"[A-Za-z0-9_+/=.-]")
 _TOKEN_TAIL = re.compile(r"[A-Za-z0-9_+/=-]*(?:\.[A-Za-z0-9_+/=-]+)*")
 _PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
@@ -176,6 +188,12 @@ class DetectorFilter:
         return merge_findings(found)
 
     def _keys(self, text: str) -> Iterator[Finding]:
+        for regex in _NAMED_SECRETS:
+            for m in regex.finditer(text):
+                value = m.group(1)
+                if any(c.islower() for c in value) and any(c.isupper() for c in value) \
+                        and any(c.isdigit() for c in value):
+                    yield Finding(m.start(1), m.end(1), "secret")
         for regex, private_key in self._secret_regexes:
             for m in regex.finditer(text):  # the whole match: a plugin's group may be only a prefix
                 start, end = m.span()

@@ -22,6 +22,7 @@ from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
+from clawbridge.proxy.inflight import InFlightMiddleware
 from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.openapi import openapi_document
 from clawbridge.proxy.promotion_routes import build_promotion_router
@@ -81,6 +82,7 @@ def build_app(state: ProxyState) -> FastAPI:
     app = FastAPI(title="clawbridge", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = state
     install_error_handlers(app)
+    app.add_middleware(InFlightMiddleware, inflight=state.inflight)  # inside the guard: every request it lets in
     app.add_middleware(GuardMiddleware, hosts=HostPolicy(state.settings.host, state.settings.allowed_hosts),
                        drain=state.drain)
 

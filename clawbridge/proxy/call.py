@@ -16,6 +16,10 @@ Invariants:
   store's 507/503 error, a stream ends with an error event instead of its closing events.
 - On shutdown (`state.drain`), calls still running when the grace period ends are cancelled,
   recorded `cancelled`, and answered 503 (or an error event).
+- A call whose user is forgotten while it runs (`clawbridge.proxy.inflight`: its ticket is cut)
+  stops sampling at once, records nothing (not even `cancelled`), and is answered 401
+  `user_forgotten` (or that error event); every turn carries its caller and the forget epoch its
+  call began in, so the store refuses it anyway (`clawbridge.store.tombstones`).
 - Every id a client sees for a call (`chatcmpl-<hex>`, `msg_<hex>`, `resp_<hex>`) and the turn id
   in the store (`turn_<hex>`) share one hex part, so `turn_id_for` maps any of them to the turn.
 """
@@ -39,6 +43,7 @@ from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.messages import Messages
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.inflight import Ticket, forgotten_error
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
@@ -56,6 +61,7 @@ from clawbridge.sampler import (
     SamplingParams,
 )
 from clawbridge.store import TurnRecord
+from clawbridge.store.tombstones import UserForgotten
 from clawbridge.versions import VersionNotFound, parse_versioned
 
 log = logging.getLogger("clawbridge.proxy")
@@ -169,10 +175,13 @@ class SampledCall:
     """One model call, from the normalised request (`ChatRequest` + OpenAI-shaped data) to the turn."""
 
     def __init__(self, state: ProxyState, req: ChatRequest, data: dict[str, Any], stored: str,
-                 call: CallSession, *, with_history: bool = False) -> None:
+                 call: CallSession, *, with_history: bool = False, ticket: Ticket | None = None) -> None:
         """`stored`: the request as recorded (`clawbridge.proxy.request.stored_request`);
         `with_history`: `data` holds stored turns too (previous_response_id), so its size is not
-        the body's and it is rendered off the loop whatever the body's size."""
+        the body's and it is rendered off the loop whatever the body's size; `ticket`: the
+        request's (`clawbridge.proxy.inflight`), identified as the caller's."""
+        self.ticket = ticket if ticket is not None else Ticket(state.store.tombstones.epoch)
+        self._closing: asyncio.Task[None] | None = None
         self.with_history = with_history
         self.state = state
         self.req = req
@@ -228,11 +237,18 @@ class SampledCall:
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
         sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.caller)
+        if self.ticket.cut:
+            raise forgotten_error()
         try:
             self.stream = await sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:
             raise sampler_error(exc) from None
         self.policy_version = self.stream.policy_version
+        self.ticket.on_cut(self._close_stream)  # forgotten while it runs: the sampler stops now
+
+    def _close_stream(self) -> None:
+        if self.stream is not None and self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self.stream.aclose())
 
     def parser(self) -> StreamParser:
         """A new parser for this call's completion: the chat format's, continuing any forced call."""
@@ -305,18 +321,28 @@ class SampledCall:
             request_json=self.stored,
             response_json=response_json,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
-            meta=meta, turn_id=self.turn_id, user_id=self.call.user,
+            meta=meta, turn_id=self.turn_id, user_id=self.call.user, caller=self.call.caller,
+            epoch=self.ticket.epoch,
         )
 
     async def record(self, status: str, response_json: str | None) -> None:
+        """Record the turn; 401 `user_forgotten` (nothing recorded) when its user was forgotten."""
+        if self.ticket.cut:
+            raise forgotten_error()
         end = self.call.end_after if status == "ok" else ("single_call" if self.call.source == "implicit" else None)
-        await self.state.writer.record_turn(self.turn(status, response_json), self.call.source, end)
+        try:
+            await self.state.writer.record_turn(self.turn(status, response_json), self.call.source, end)
+        except UserForgotten:
+            raise forgotten_error() from None
 
     def record_cancelled_soon(self) -> None:
-        """Record a call the client abandoned without awaiting (we may be inside a cancelled scope)."""
+        """Record a call the client abandoned without awaiting (we may be inside a cancelled scope);
+        a call whose user is being forgotten records nothing."""
         if self.stream is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().create_task(self.stream.aclose())
+        if self.ticket.cut:
+            return
         self.gen.finish_reason = "cancelled"
         self.state.writer.record_turn_nowait(self.turn("cancelled", None), self.call.source,
                                              "single_call" if self.call.source == "implicit" else None)
@@ -381,6 +407,8 @@ class SampledCall:
             for event in shape.opening():
                 yield event
             async for text, toks in self.pieces():
+                if self.ticket.cut:
+                    raise forgotten_error()
                 for event in shape.piece(text, toks):
                     yield event
                 if time.monotonic() > deadline:

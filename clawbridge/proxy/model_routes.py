@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import ApiShape, SampledCall
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.inflight import Ticket, ticket_of
 from clawbridge.proxy.ownership import check_recordable, visible
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
@@ -101,7 +102,9 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
                            task_id: str | None = None) -> Response:
     """Serve one model call of any API; every failure is answered in `api`'s error shape."""
     try:
+        ticket = ticket_of(request.scope) or Ticket(state.store.tombstones.epoch)  # taken before the key check
         principal = await authenticate(request, state.keys, state.store)
+        state.inflight.identify(ticket, principal.user)  # 401 for a user being forgotten
         settings = state.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Parsing and validation grow with the body (up to max_body_bytes): off the loop when large.
@@ -123,7 +126,8 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         if task_id is not None and call.source == TRAJECTORY_SOURCE:
             await state.writer.call(state.store.ensure_session, call.session_id, TRAJECTORY_SOURCE, task_id,
                                     call.user)
-        sampled = SampledCall(state, prepared.req, prepared.data, stored, call, with_history=bool(prepared.reads))
+        sampled = SampledCall(state, prepared.req, prepared.data, stored, call, with_history=bool(prepared.reads),
+                              ticket=ticket)
         return await sampled.respond(request, prepared.shape(sampled))
     except ApiError as exc:
         return api.error_response(exc)

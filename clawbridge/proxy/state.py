@@ -34,6 +34,7 @@ from clawbridge.lifecycle import SessionLifecycle
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.guard import Drain
+from clawbridge.proxy.inflight import InFlight
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.health import disk_problem
@@ -217,10 +218,13 @@ class ProxyState:
 
     sessions: SessionLifecycle = field(init=False)
     """How sessions end, with their default reward (clawbridge.lifecycle): every route and the reaper."""
+    inflight: InFlight = field(init=False)
+    """The requests running now and the forget epoch each began in (clawbridge.proxy.inflight)."""
 
     def __post_init__(self) -> None:
         self.router = VersionRouter(self.backend, VersionStore(self.store), (self.model_info.name, "default"))
         self.sessions = SessionLifecycle(self.store, self.settings)
+        self.inflight = InFlight(self.store.tombstones)
 
     async def end_session(self, session_id: str, reason: str = "end_session") -> bool:
         """End `session_id` (`clawbridge.lifecycle`) and wake the trainer; False when it was unknown

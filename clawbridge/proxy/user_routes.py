@@ -7,12 +7,18 @@
   "remote_deletions_owed", ...}
 
 Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
-OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
-for the user (their adapter's trainer lane, checkpoints, versions and steps:
-`clawbridge.trainer.lanes`), then deletes the user's rows from the store and vacuums the file, so
-nothing a hook deleted from the store stays in its free pages; it is answered only after that
-committed, with every hook's counts joined, and with how many deletions on a hosted service
-forgetting users still owes (`remote_deletions_owed`: retried until done, `clawbridge.trainer.deletions`).
+OpenAI-style bodies). A forget, in this order: revokes the user and opens her grave
+(`UserStore.begin_forget`: her key, her name as `X-User-Id` and her session keys' calls are
+refused from now on, and no turn of hers is recorded); cuts her running model calls and waits for
+every request that began before and may act for her (`clawbridge.proxy.inflight`, at most
+`drain_grace_s`); lets each `ForgetHook` of the server delete what it keeps for her (her adapter's
+trainer lane, its versions on every engine, checkpoints, versions and steps:
+`clawbridge.trainer.lanes`); then deletes her rows from the store and vacuums the file, so nothing
+a hook deleted from the store stays in its free pages. It is answered only after that committed,
+with every hook's counts joined, `cut` (her calls ended), and how many deletions on a hosted
+service forgetting users still owes (`remote_deletions_owed`: retried until done,
+`clawbridge.trainer.deletions`). A failure on the way leaves her revoked and her grave open:
+forgetting her again finishes the job.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError, validated
+from clawbridge.proxy.inflight import ticket_of
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.deletions import OwedDeletionStore
@@ -57,11 +64,13 @@ def _api_error(exc: UserError) -> ApiError:
 
 
 async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> dict[str, Any]:
-    """Delete everything of `user` (the store, then each hook); what was deleted, per table/hook."""
+    """Delete everything of `user` (module invariants); what was deleted, per table/hook."""
     try:
-        await state.read(UserStore(state.store).require_known, user)
+        epoch = await state.writer.call(UserStore(state.store).begin_forget, user)
     except UserError as exc:
         raise _api_error(exc) from None
+    cut = state.inflight.cut(user)
+    await state.inflight.drain(user, epoch, state.settings.drain_grace_s)
     hooked: dict[str, int] = {}
     try:
         for hook in hooks:
@@ -72,19 +81,20 @@ async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> 
     finally:
         for hook in hooks:
             hook.forgotten(user)
+        state.inflight.sweep()
     deleted = dict(report.deleted)
     for name, n in hooked.items():  # a hook may have deleted rows of a table the store counts too
         deleted[name] = deleted.get(name, 0) + n
     if state.trainer is not None:
         state.trainer.notify()
-    log.info("forgot user %s: deleted %s; store vacuumed%s", user,
+    log.info("forgot user %s: %d running call(s) cut; deleted %s; store vacuumed%s", user, cut,
              ", ".join(f"{k} {v}" for k, v in sorted(deleted.items())) or "nothing",
              "" if report.wal_truncated else " (WAL not truncated: another connection was reading)")
     owed = await state.read(OwedDeletionStore(state.store).count, "forget")
     if owed:
         log.warning("forgetting users still owes %d deletion(s) on the hosted service; retried until done "
                     "(`clawbridge status`)", owed)
-    return {"user": user, "forgotten": True, "deleted": deleted, "vacuumed": True,
+    return {"user": user, "forgotten": True, "deleted": deleted, "cut": cut, "vacuumed": True,
             "wal_truncated": report.wal_truncated, "remote_deletions_owed": owed}
 
 
@@ -95,6 +105,9 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
 
     async def admin(request: Request) -> None:
         require_admin(await authenticate(request, state.keys, state.store))
+        ticket = ticket_of(request.scope)
+        if ticket is not None:  # the admin's: a forget never waits for it (two forgets never wait on each other)
+            state.inflight.identify(ticket, None)
 
     @router.post("")
     async def add(request: Request) -> dict[str, Any]:

@@ -17,6 +17,8 @@ Invariants:
   `rejected_version`, so `status` can say how many turns went into rejected versions.
 - `promotion_evals` caches a version's figures per evaluation set digest: greedy answers of a
   version do not change, so the serving version is evaluated once per set, not once per candidate.
+- A forgotten user's held-out items (her turn ids) and the answers given to them leave every
+  figure in the same transaction that deletes her turns (`scrub_items`, `UserStore.forget`).
 """
 
 from __future__ import annotations
@@ -203,6 +205,44 @@ class PromotionStore:
             rows = c.execute("SELECT version, eval_digest, figures_json FROM promotion_evals "
                              "ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
         return [(int(r[0]), str(r[1]), dict(json.loads(r[2]))) for r in rows]
+
+
+def scrub_items(c: Any, item_ids: set[str]) -> int:
+    """Inside an open transaction: remove the evaluation items `item_ids` (a forgotten user's turn
+    ids, as held-out items) and the greedy answers given to them from every stored figure, cached
+    (`promotion_evals`) or behind a decision (`promotion_decisions`); returns the rows changed.
+    A figure keeps its counts and rates (numbers, not her text)."""
+    if not item_ids:
+        return 0
+    changed = 0
+    for table, key in (("promotion_evals", "rowid"), ("promotion_decisions", "decision_id")):
+        rows = c.execute(f"SELECT {key}, figures_json FROM {table} WHERE figures_json IS NOT NULL").fetchall()
+        for rid, raw in rows:
+            figures = json.loads(raw)
+            if _scrub(figures, item_ids):
+                c.execute(f"UPDATE {table} SET figures_json=? WHERE {key}=?", (json.dumps(figures), rid))
+                changed += 1
+    return changed
+
+
+def _scrub(node: Any, item_ids: set[str]) -> bool:
+    """Drop `item_ids` from every `failed` list under `node` and the `failed_answers` that go with
+    them (`clawbridge.promotion.runner.VersionEval`: answer i is item `failed[i]`'s); in place."""
+    found = False
+    if isinstance(node, dict):
+        failed = node.get("failed")
+        if isinstance(failed, list) and any(i in item_ids for i in failed):
+            answers = node.get("failed_answers")
+            if isinstance(answers, list):
+                node["failed_answers"] = [a for i, a in zip(failed, answers, strict=False) if i not in item_ids]
+            node["failed"] = [i for i in failed if i not in item_ids]
+            found = True
+        for value in node.values():
+            found = _scrub(value, item_ids) or found
+    elif isinstance(node, list):
+        for value in node:
+            found = _scrub(value, item_ids) or found
+    return found
 
 
 def _write_state(c: Any, mode: str, serving: int | None, candidate: int | None, since: float | None,

@@ -238,6 +238,20 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX owed_deletions_due ON owed_deletions(backend, next_try_at);
     """,
+    # v9: numbers given once, ever (clawbridge.store.counters): policy versions and steps come from
+    # a persisted counter, not from MAX over the rows that still exist (a forget deletes a user
+    # lane's versions and steps, which may be the newest). Seeded with the highest number seen so far.
+    """
+    CREATE TABLE counters (
+        name    TEXT PRIMARY KEY,      -- policy_version | step
+        value   INTEGER NOT NULL       -- the last number given (the next is value + 1)
+    );
+    INSERT INTO counters(name, value) SELECT 'policy_version', COALESCE(MAX(v), 0) FROM (
+        SELECT MAX(version) AS v FROM policy_versions UNION ALL SELECT MAX(policy_version) FROM turns
+        UNION ALL SELECT MAX(policy_version) FROM steps);
+    INSERT INTO counters(name, value) SELECT 'step', COALESCE(MAX(step), 0) FROM steps;
+
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

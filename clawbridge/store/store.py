@@ -3,7 +3,10 @@
 Invariants:
 - Every method that writes commits before it returns; the proxy awaits `record_turn` before it
   sends the last byte of a response, so an answered turn survives `kill -9` (WAL with
-  synchronous=NORMAL is durable against process crashes). WAL checkpoints run inside a commit
+  synchronous=NORMAL is durable against process crashes). A power loss may roll the store back to
+  an earlier commit, never to a torn one; the commits something outside the store acts on (a
+  version number reserved, a step or version committed with its checkpoint) are `write(durable=True)`:
+  flushed before they return, with every commit before them. WAL checkpoints run inside a commit
   (SQLite's default) or, once `checkpoint_in_background` is called (the proxy's store writer),
   on a thread of their own (`clawbridge.store.walcheckpoint`), never inside a commit.
 - One `Store` object is safe to share between threads (a lock serialises use of its connection);
@@ -14,6 +17,8 @@ Invariants:
 - Secrets are never stored: session keys and user keys are kept as their sha256.
 - A session belongs to at most one user (`sessions.user_id`, set when the session is created and
   never changed); every turn, reward and sample of the session is that user's (`clawbridge.store.users`).
+- A turn of a user who was forgotten after its call began, or is being forgotten, is never written
+  (`tombstones`, `clawbridge.store.tombstones`): a late turn cannot bring a forgotten user back.
 - Deleted rows leave no bytes behind: `secure_delete` is on, and `vacuum()` rebuilds the file and
   truncates the WAL (how `clawbridge users forget` makes sure nothing of a user remains).
 - Timestamps come from `Store.clock` (`clawbridge.clock`), so a test can move time instead of waiting.
@@ -39,6 +44,7 @@ from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
 from clawbridge.store.owners import SessionOwners
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
+from clawbridge.store.tombstones import Tombstones
 from clawbridge.store.turns import TurnRecord, decode_turn, new_id
 from clawbridge.store.walcheckpoint import DEFAULT_AUTOCHECKPOINT_PAGES, WalCheckpointer
 
@@ -92,6 +98,8 @@ class Store:
         self._lock = threading.RLock()
         self.owners = SessionOwners()
         """Committed sessions' owners, kept in memory (`clawbridge.store.owners`)."""
+        self.tombstones = Tombstones()
+        """Users being forgotten, and since when calls of theirs may not record (`clawbridge.store.tombstones`)."""
         self._checkpointer: WalCheckpointer | None = None
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -129,20 +137,29 @@ class Store:
 
     # ------------------------------------------------------------------ the seam for repositories
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT) on the connection, under the lock.
 
         Committed when the block ends; rolled back (nothing written) when it raises. Every write of
-        this store and of its repositories (`training`, `rewards`, `versions`) goes through here."""
+        this store and of its repositories (`training`, `rewards`, `versions`) goes through here.
+        `durable`: the commit flushes the WAL to the disk before it returns (synchronous=FULL for
+        this one transaction), so it survives a power loss too, with every commit before it; for
+        what something outside the store acts on (a version number, a checkpoint committed)."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            if durable:
+                self._conn.execute("PRAGMA synchronous=FULL")
             try:
-                yield self._conn
-            except BaseException:
-                if self._conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL / IOERR
-                    self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    if self._conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL / IOERR
+                        self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            finally:
+                if durable:
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
             if self._checkpointer is not None:
                 self._checkpointer.committed()
 
@@ -287,7 +304,9 @@ class Store:
     # ------------------------------------------------------------------ turns
     def record_turn(self, turn: TurnRecord, session_source: str = "implicit", end_reason: str | None = None) -> str:
         """Insert one turn in one committed transaction: create (or reopen) its session first, and
-        end the session afterwards when `end_reason` is given."""
+        end the session afterwards when `end_reason` is given. `UserForgotten` (nothing written)
+        for a turn of a user forgotten since its call began."""
+        self.tombstones.check(turn.caller or turn.user_id, turn.epoch)
         with self.write() as c:
             created = self._insert_turn(c, turn, session_source, end_reason)
         if created:
@@ -300,13 +319,15 @@ class Store:
 
         Each turn is its own savepoint: a turn SQLite refuses (say a duplicate id) is rolled back
         alone and its error returned in its slot (None: written). A failure of the transaction
-        itself (disk full, I/O error, the commit) raises, and then none of them is written."""
+        itself (disk full, I/O error, the commit) raises, and then none of them is written. A turn of
+        a user forgotten since its call began gets `UserForgotten` in its slot, unwritten."""
         results: list[Exception | None] = []
         created: list[tuple[str, str | None]] = []
         with self.write() as c:
             for turn, source, end_reason in turns:
                 c.execute("SAVEPOINT turn")
                 try:
+                    self.tombstones.check(turn.caller or turn.user_id, turn.epoch)
                     new = self._insert_turn(c, turn, source, end_reason)
                 except Exception as exc:
                     if not c.in_transaction:  # SQLite rolled the whole transaction back (SQLITE_FULL, IOERR)

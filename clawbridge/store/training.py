@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.store.counters import take
 from clawbridge.store.store import Store, StoreError
 from clawbridge.store.turns import StoredTurn, decode_turn
 from clawbridge.store.versions import commit_in
@@ -308,11 +309,12 @@ class TrainingStore:
             ).rowcount
 
     def begin_step(self) -> int:
-        """Insert a `running` step row; returns its step number."""
-        with self.store.write() as c:
-            cur = c.execute("INSERT INTO steps(status, started_at, lane) VALUES('running', ?, ?)",
-                            (self.store.clock.now(), self.lane or ""))
-            return int(cur.lastrowid or 0)
+        """Insert a `running` step row; returns its step number (committed durably: reports name it)."""
+        with self.store.write(durable=True) as c:
+            step = take(c, "step")  # never a number given before, even if its row was deleted (a forget)
+            c.execute("INSERT INTO steps(step, status, started_at, lane) VALUES(?, 'running', ?, ?)",
+                      (step, self.store.clock.now(), self.lane or ""))
+            return step
 
     def commit_step(
         self,
@@ -326,8 +328,9 @@ class TrainingStore:
         """In ONE transaction: the step becomes ok with its metrics, version and checkpoint, its
         samples are consumed by it, and (with a checkpoint) its reserved policy version becomes
         committed (`clawbridge.store.versions`). Raises StoreError (nothing written) if a sample is
-        not pending or the version is not reserved."""
-        with self.store.write() as c:
+        not pending or the version is not reserved. Durable: the checkpoint it names is already
+        flushed (`clawbridge.durable`), and after a power loss the store says no less."""
+        with self.store.write(durable=True) as c:
             if checkpoint is not None:
                 commit_in(c, policy_version, checkpoint, identity, self.store.clock.now())
             changed = 0

@@ -48,6 +48,10 @@ class TurnRecord:
     turn_id: str = field(default_factory=lambda: new_id("turn"))
     user_id: str | None = None
     """The caller's user: recorded on the session when this turn creates it."""
+    caller: str | None = None
+    """Whose call it was (also for a session key: its session's user), for the tombstone check."""
+    epoch: int | None = None
+    """The forget epoch when the call began (`clawbridge.store.tombstones`; None: now)."""
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,19 @@ Invariants:
   data, with `key_hash` NULL, so its key matches nobody.
 - A user name matches `USER_NAME_RE`, so it can never contain `SCOPE_SEP` and a scoped session
   id (`scoped_session_id`) names its user unambiguously.
-- `forget` deletes, in one transaction, every row of the user's sessions in every table that has
-  a `session_id` or `turn_id` column (tables added by later migrations included), then the
-  sessions and the user row; then `Store.vacuum` rebuilds the file and truncates the WAL, so no
-  byte of what was deleted remains in either. Steps and policy versions are kept (they hold no
-  text); a step that was training on the forgotten samples fails at commit (its samples are
-  gone) and its update is undone, like any failed step.
+- Forgetting is two calls: `begin_forget` revokes the user first (her key, and her name for a
+  trusted `X-User-Id`: a revoked row is written for a name that had none) and marks her grave
+  (`Store.tombstones`: from then on no turn of hers is recorded); the server then ends her running
+  calls (`clawbridge.proxy.inflight`) and lets its hooks delete what they keep; then `forget`
+  deletes, in one transaction, every row of the user's sessions in every table that has a
+  `session_id` or `turn_id` column (tables added by later migrations included), then the sessions
+  and the user row, and takes her held-out items and the answers given to them out of the
+  promotion figures (`clawbridge.store.promotion.scrub_items`); then `Store.vacuum` rebuilds the
+  file and truncates the WAL, so no byte of what was deleted remains in either. Her grave then
+  refuses only calls that began before the forget ended: a new user of the same name starts clean.
+  Steps and policy versions of the shared lane are kept (they hold no text); a step that was
+  training on the forgotten samples fails at commit (its samples are gone) and its update is
+  undone, like any failed step.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.store.promotion import scrub_items
 from clawbridge.store.store import Store, StoreError, hash_key
 
 USER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -107,8 +115,9 @@ class UserStore:
         return None if r is None else UserRow(str(r[0]), float(r[1]), r[2])
 
     def revoke(self, name: str) -> UserRow:
-        """Revoke the user's key (its data stays); revoking twice is a no-op."""
-        with self.store.write() as c:
+        """Revoke the user's key (its data stays); revoking twice is a no-op. Durable: a power loss
+        never brings the key back."""
+        with self.store.write(durable=True) as c:
             cur = c.execute("UPDATE users SET key_hash=NULL, revoked_at=? WHERE user_id=? AND revoked_at IS NULL",
                             (self.store.clock.now(), name))
             if cur.rowcount == 0 and c.execute("SELECT 1 FROM users WHERE user_id=?", (name,)).fetchone() is None:
@@ -184,36 +193,61 @@ class UserStore:
         with self.store.read() as c:
             _require_known(c, name)
 
-    def forget(self, name: str) -> ForgetReport:
-        """Delete the user and every row of its sessions (see the module invariants), then vacuum."""
+    def begin_forget(self, name: str) -> int:
+        """Revoke `name` (a revoked row for a name that had none, so a trusted `X-User-Id` naming it
+        is refused too) and mark her grave: no turn of hers is recorded from now on. Returns the
+        forget epoch: calls that began before it may still be running (module invariants)."""
         check_user_name(name)
-        deleted: dict[str, int] = {}
-        with self.store.write() as c:
+        now = self.store.clock.now()
+        with self.store.write(durable=True) as c:
             _require_known(c, name)
-            sessions = "SELECT session_id FROM sessions WHERE user_id=?"
-            turns = f"SELECT turn_id FROM turns WHERE session_id IN ({sessions})"
-            tables = [str(r[0]) for r in c.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-            for table in tables:
-                if table in _KEEP_TABLES:
-                    continue
-                cols = {str(r[1]) for r in c.execute(f'PRAGMA table_info("{table}")')}
-                if "session_id" in cols:
-                    where, args = f"session_id IN ({sessions})", [name]
-                    if "turn_id" in cols:  # a row may name a turn of the user under another session id
-                        where = f"({where} OR turn_id IN ({turns}))"
-                        args = [name, name]
-                elif "turn_id" in cols:
-                    where, args = f"turn_id IN ({turns})", [name]
-                else:
-                    continue
-                deleted[table] = c.execute(f'DELETE FROM "{table}" WHERE {where}', args).rowcount
-            deleted["turns"] = c.execute(f"DELETE FROM turns WHERE session_id IN ({sessions})", (name,)).rowcount
-            deleted["sessions"] = c.execute("DELETE FROM sessions WHERE user_id=?", (name,)).rowcount
-            deleted["users"] = c.execute("DELETE FROM users WHERE user_id=?", (name,)).rowcount
+            c.execute("INSERT INTO users(user_id, key_hash, created_at, revoked_at) VALUES(?, NULL, ?, ?) "
+                      "ON CONFLICT(user_id) DO UPDATE SET key_hash=NULL, revoked_at=COALESCE(revoked_at, ?)",
+                      (name, now, now, now))
+        return self.store.tombstones.bury(name)
+
+    def forget(self, name: str) -> ForgetReport:
+        """Delete the user and every row of its sessions (see the module invariants), then vacuum.
+        Called alone (no `begin_forget` before), it marks the grave itself. When it fails the grave
+        stays open (no turn of hers is recorded) until a forget succeeds."""
+        check_user_name(name)
+        if not self.store.tombstones.refuses(name, None):  # no `begin_forget` before
+            self.require_known(name)
+            self.store.tombstones.bury(name)
+        deleted: dict[str, int] = {}
+        with self.store.write(durable=True) as c:
+            _require_known(c, name)
+            self._delete(c, name, deleted)
+        self.store.tombstones.buried(name)  # calls that began before now stay refused; new ones may begin
         self.store.owners.clear()  # committed: none of the user's sessions exists any more
         truncated = self.store.vacuum()
         return ForgetReport(name, {k: v for k, v in deleted.items() if v}, truncated)
+
+    @staticmethod
+    def _delete(c: Any, name: str, deleted: dict[str, int]) -> None:
+        """The statements of `forget`, inside its transaction; rows deleted per table into `deleted`."""
+        sessions = "SELECT session_id FROM sessions WHERE user_id=?"
+        turns = f"SELECT turn_id FROM turns WHERE session_id IN ({sessions})"
+        deleted["promotion_figures"] = scrub_items(c, {str(r[0]) for r in c.execute(turns, (name,))})
+        tables = [str(r[0]) for r in c.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        for table in tables:
+            if table in _KEEP_TABLES:
+                continue
+            cols = {str(r[1]) for r in c.execute(f'PRAGMA table_info("{table}")')}
+            if "session_id" in cols:
+                where, args = f"session_id IN ({sessions})", [name]
+                if "turn_id" in cols:  # a row may name a turn of the user under another session id
+                    where = f"({where} OR turn_id IN ({turns}))"
+                    args = [name, name]
+            elif "turn_id" in cols:
+                where, args = f"turn_id IN ({turns})", [name]
+            else:
+                continue
+            deleted[table] = c.execute(f'DELETE FROM "{table}" WHERE {where}', args).rowcount
+        deleted["turns"] = c.execute(f"DELETE FROM turns WHERE session_id IN ({sessions})", (name,)).rowcount
+        deleted["sessions"] = c.execute("DELETE FROM sessions WHERE user_id=?", (name,)).rowcount
+        deleted["users"] = c.execute("DELETE FROM users WHERE user_id=?", (name,)).rowcount
 
 
 def _require_known(c: Any, name: str) -> None:

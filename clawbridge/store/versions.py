@@ -3,9 +3,11 @@
 Operates on a `Store` through its `write()` / `read()` seam, like `clawbridge.store.training`.
 
 Invariants:
-- A version is RESERVED (a committed row) before any backend serves it, and the number is
-  greater than every version this store has ever seen (reserved, abandoned, recorded on a turn or
-  a step), so no number names two different sets of weights, across any number of restarts.
+- A version is RESERVED (a committed row) before any backend serves it, and its number comes from
+  the store's persisted counter (`clawbridge.store.counters`): greater than every version this
+  store has ever given, even when the rows naming the newest were deleted since (a forgotten
+  user's lane), so no number names two different sets of weights, across any number of restarts,
+  forgets and prunes.
 - A version is COMMITTED only together with the checkpoint that holds its weights and optimizer
   state (for a training step: in the step's own commit transaction, see
   `TrainingStore.commit_step`). The version a restarted server serves is the newest committed one.
@@ -41,6 +43,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clawbridge.store.counters import take
 from clawbridge.store.store import Store, StoreError
 
 VersionKind = Literal["base", "step", "rollback", "restore"]
@@ -82,13 +85,13 @@ class VersionStore:
         """The lane this view reserves in and lists ('' the shared policy; see the module invariants)."""
 
     def reserve(self, kind: VersionKind, step: int | None = None, source_version: int | None = None) -> int:
-        """A new version number, greater than any this store has seen, committed as `reserved`."""
-        with self.store.write() as c:
-            seen = c.execute(
-                "SELECT MAX(v) FROM (SELECT MAX(version) AS v FROM policy_versions "
-                "UNION ALL SELECT MAX(policy_version) FROM turns UNION ALL SELECT MAX(policy_version) FROM steps)"
-            ).fetchone()[0]
-            version = int(seen) + 1 if seen is not None else 1
+        """A new version number, greater than any this store has ever given (`clawbridge.store.counters`),
+        committed as `reserved`, durably (a backend names weights, files or adapters after it)."""
+        with self.store.write(durable=True) as c:
+            seen = c.execute(  # a version a turn or step carries without a row (a backend's own numbering)
+                "SELECT MAX(v) FROM (SELECT MAX(policy_version) AS v FROM turns UNION ALL "
+                "SELECT MAX(policy_version) FROM steps)").fetchone()[0]
+            version = take(c, "policy_version", above=None if seen is None else int(seen))
             c.execute(
                 "INSERT INTO policy_versions(version, status, kind, step, source_version, created_at, lane) "
                 "VALUES(?, 'reserved', ?, ?, ?, ?, ?)",
@@ -97,8 +100,8 @@ class VersionStore:
         return version
 
     def commit(self, version: int, checkpoint: str, identity: dict[str, Any] | None) -> None:
-        """Mark a reserved version committed with its checkpoint (rollback / restore versions)."""
-        with self.store.write() as c:
+        """Mark a reserved version committed with its checkpoint (rollback / restore versions), durably."""
+        with self.store.write(durable=True) as c:
             commit_in(c, version, checkpoint, identity, self.store.clock.now())
 
     def commit_base(self, checkpoint: str, identity: dict[str, Any] | None) -> None:
@@ -108,7 +111,7 @@ class VersionStore:
             self.commit(self.reserve("base"), checkpoint, identity)
             return
         now = self.store.clock.now()
-        with self.store.write() as c:
+        with self.store.write(durable=True) as c:
             c.execute(
                 "INSERT INTO policy_versions(version, status, kind, checkpoint, identity_json, created_at, "
                 "committed_at) VALUES(0, 'committed', 'base', ?, ?, ?, ?) ON CONFLICT(version) DO UPDATE SET "

@@ -7,6 +7,11 @@ Invariants (with `clawbridge.store.versions`, which keeps the numbering):
   a restart (after a clean stop or `kill -9` at any moment) restores exactly the newest committed
   version, with its optimizer state, and serves it under its own number.
 - Before the first step ever, the untrained trainer state is saved as version 0 (the base).
+- A checkpoint is on the disk (files and names flushed: `clawbridge.durable`) before the store
+  commits the row that names it. If the newest committed one is torn anyway (a disk that lied, a
+  file damaged since: `CheckpointDamaged`), `resume` restores the newest intact older one under a
+  NEW version (kind `restore`), since the torn one's number named other weights; the samples its
+  steps consumed stay consumed (their update is what was lost).
 - A failed step never applies its update twice: after any failure (train_step, publish,
   checkpoint or commit) the trainer state may hold an update that was not committed, so it is
   reloaded from the newest committed checkpoint before another step runs (`undo`). If a publish
@@ -36,7 +41,7 @@ import asyncio
 import logging
 from typing import Any
 
-from clawbridge.backend import CheckpointDeleter, RemoteCheckpoints, TrainingBackend
+from clawbridge.backend import CheckpointDamaged, CheckpointDeleter, RemoteCheckpoints, TrainingBackend
 from clawbridge.store import Store, StoreError
 from clawbridge.store.versions import VersionRow, VersionStore
 from clawbridge.trainer.deletions import OwedDeletions
@@ -107,9 +112,36 @@ class CheckpointKeeper:
         serving = self.backend.sampler().policy_version
         if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
             return serving
-        version = await self._restore(last.checkpoint, last.version)
+        try:
+            version = await self._restore(last.checkpoint, last.version)
+        except CheckpointDamaged as exc:
+            return await self._resume_older(last, exc)
         log.info("restored checkpoint %s: serving policy v%d", last.checkpoint, version)
         return version
+
+    async def _resume_older(self, torn: VersionRow, damage: CheckpointDamaged) -> int:
+        """The newest committed checkpoint is torn: restore the newest intact older one and serve
+        it under a NEW version (kind `restore`; `torn`'s number named other weights). Raises
+        `damage` when no older one is intact."""
+        log.error("%s; policy v%d cannot be resumed, trying older checkpoints", damage, torn.version)
+        older = [r for r in await _to_thread(self.versions.listing, 1_000_000)
+                 if r.version < torn.version and r.restorable and r.checkpoint != torn.checkpoint]
+        for row in older:
+            assert row.checkpoint is not None
+            version = await _to_thread(self.versions.reserve, "restore", None, row.version)
+            try:
+                await self._restore(row.checkpoint, version)
+            except CheckpointDamaged as exc:
+                await _to_thread(self.versions.abandon, version)
+                log.error("%s; trying an older one", exc)
+                continue
+            await _to_thread(self.versions.commit, version, row.checkpoint, row.identity)
+            self.trained = (version, row.checkpoint) if row.kind != "base" else None
+            self.committed()
+            log.warning("resumed from v%d's checkpoint %s (v%d's is torn), now served as v%d", row.version,
+                        row.checkpoint, torn.version, version)
+            return version
+        raise damage
 
     # ------------------------------------------------------------------ steps
     async def ensure_base(self) -> None:

@@ -210,5 +210,5 @@ class FakePerUserBackend(FakeTrainingBackend):
         self.lanes.append(lane)
         return lane
 
-    def unload_versions(self, versions: list[int]) -> None:
+    async def unload_versions(self, versions: list[int]) -> None:
         self.unloaded.extend(versions)

@@ -16,12 +16,16 @@ Invariants:
 - Routing (`clawbridge.versions.VersionRouter`): a user's plain calls get their lane's newest
   committed trained version (`version_for`) once their lane has one; until then the shared serving
   version. `NAME@N` naming another user's version is answered as a version that does not exist.
-- Forgetting a user (`forget_user`, a `clawbridge.proxy.user_routes.ForgetHook`) stops their
-  lane, stops serving their versions, deletes their checkpoints and exports, and deletes their
-  versions and steps from the store; no lane starts for them again unless they come back. On a
-  hosted backend (`RemoteCheckpoints`), what the lane keeps on the service is owed to the store's
-  list of deletions before the lane's files go (`clawbridge.trainer.deletions`), then deleted; what
-  the service does not delete now stays owed and is retried until it is gone.
+- Forgetting a user (`forget_user`, a `clawbridge.proxy.user_routes.ForgetHook`, called once her
+  calls were cut and refused) stops their lane, unloads their versions from every engine (SGLang's
+  adapters, their `versions/vN` folders: `PerUserTraining.unload_versions`), deletes their
+  checkpoints and exports, and deletes their versions and steps from the store; no lane starts for
+  them again until the store's part is over (`forgotten`), and the store never takes a turn of hers
+  from a call that began before (`clawbridge.store.tombstones`), so a lane that starts later trains
+  a new user of that name only. Her version numbers are never given again (`clawbridge.store.counters`).
+  On a hosted backend (`RemoteCheckpoints`), what the lane keeps on the service is owed to the
+  store's list of deletions before the lane's files go (`clawbridge.trainer.deletions`), then
+  deleted; what the service does not delete now stays owed and is retried until it is gone.
 """
 
 from __future__ import annotations
@@ -73,8 +77,9 @@ class PerUserTraining(Protocol):
         """A training backend for `user`'s own adapter, over the one served base."""
         ...
 
-    def unload_versions(self, versions: list[int]) -> None:
-        """Stop serving `versions` (a forgotten user's); streams already running finish."""
+    async def unload_versions(self, versions: list[int]) -> None:
+        """Stop serving `versions` (a forgotten user's) on every engine and delete what was written
+        to serve them (adapter folders); returns once nothing new can be sampled from them."""
         ...
 
 
@@ -209,7 +214,7 @@ class UserLanes:
             backend = _lane_backend(loop) if loop is not None else self.backend.user_lane(user)
             versions = VersionStore(self.store, user)
             rows = await asyncio.to_thread(versions.listing, 1_000_000, False)
-            self.backend.unload_versions([r.version for r in rows])
+            await self.backend.unload_versions([r.version for r in rows])
             owed, objects = None, []
             if isinstance(backend, RemoteCheckpoints) and isinstance(self.backend, RemoteCheckpoints):
                 await backend.close()  # trainers released first: what is left on the service is owed

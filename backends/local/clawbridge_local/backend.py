@@ -159,7 +159,7 @@ class LocalBackend:
         try:
             self._engine = await SGLangEngine.connect(
                 url, lora=lora, max_in_flight=o.max_running_requests + o.max_queued_requests,
-                read_timeout_s=s.request_timeout_s,
+                read_timeout_s=s.request_timeout_s, held=self._versions.holds,
             )
         except BaseException:
             await self.close()
@@ -233,11 +233,12 @@ class LocalBackend:
         return sampler
 
     async def _drop_version(self, version: int) -> None:
-        """A version left the `max_loaded_versions` cache: unpin its SGLang adapter and delete the folder
-        written for it (the torch engine frees its copy when its last stream ends)."""
+        """A version left the cache of loaded versions (the LRU, or a forgotten user's): SGLang
+        unloads its adapter (now, or when its last stream ends) and the folder written for it is
+        deleted (the torch engine frees its copy when its last stream ends)."""
         engine = self._engine
         if isinstance(engine, SGLangEngine) and engine.lora:
-            await engine.unpin(version)
+            await engine.release(version)
             await asyncio.to_thread(shutil.rmtree, self.version_dir(version), True)
 
     @property
@@ -278,9 +279,20 @@ class LocalBackend:
             self._lane_base = model.to(resolve_device(cfg, 0))
         return self._lane_base
 
-    def unload_versions(self, versions: list[int]) -> None:
-        """Stop serving `versions` (a forgotten user's adapters); streams already running finish."""
-        self._versions.discard(versions)
+    async def unload_versions(self, versions: list[int]) -> None:
+        """Stop serving `versions` (a forgotten user's adapters) and delete every folder written
+        for them: those kept are dropped from the cache as the LRU drops one (`_drop_version`);
+        a folder an earlier process left (a kill) is unloaded from SGLang too, which may have
+        outlived that process. A stream still running on one ends first."""
+        await self._versions.discard(versions)
+        engine = self._engine
+        for version in versions:
+            folder = self.version_dir(version)
+            if not folder.exists():
+                continue
+            if isinstance(engine, SGLangEngine) and engine.lora:
+                await engine.unload_unknown(version)
+            await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def version_dir(self, version: int) -> Path:
         """Where a LoRA version's adapter folder is written for SGLang to load."""

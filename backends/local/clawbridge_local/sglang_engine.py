@@ -22,10 +22,14 @@ Invariants:
   inside SGLang (it holds SGLang's model-update reader lock).
 - Policy version per stream: fixed in `sample`. LoRA: version v is adapter `v{v}` (`lora_path`);
   version 0 (and full fine-tuning) is the served base path. Streams are counted per version; a
-  LoRA version is unloaded once it is neither current, nor pinned, nor used by a stream.
-- `load_lora_version` pins a committed LoRA version (`NAME@N`) beside the current one: loaded once,
-  kept until `unpin`; its sampler's streams run on that adapter. Full fine-tuning serves one set of
-  weights per server, so only the current version is servable there.
+  LoRA version is unloaded once it is neither current, nor held (`held`), nor used by a stream.
+- Which versions are kept beside the current one is recorded once, by their owner
+  (`clawbridge.versions.LoadedVersions`, which the engine asks through `held`); the engine keeps
+  only what the server has loaded (`loaded_versions`) and the streams per version.
+  `load_lora_version` loads a committed LoRA version (`NAME@N`, a user's adapter) beside the current
+  one, once; its sampler's streams run on that adapter; the owner `release`s it when it stops
+  holding it. Full fine-tuning serves one set of weights per server, so only the current version
+  is servable there.
 - Full publish drains: new streams wait (no error) while `/update_weights_from_disk` runs; SGLang
   itself lets in-flight requests finish on the old weights before loading (its writer lock), so
   every stream finishes on the weights it started on. The wait is bounded by the longest stream.
@@ -51,7 +55,7 @@ import dataclasses
 import functools
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,7 @@ class SGLangEngine:
         retry_after_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
         served_path: str | None = None,
+        held: Callable[[int], bool] | None = None,
     ) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
@@ -149,8 +154,9 @@ class SGLangEngine:
         self._idle.set()
         self._publish_lock = asyncio.Lock()
         self._unloads: set[asyncio.Task[None]] = set()
-        self._pinned: set[int] = set()
-        """LoRA versions kept loaded for `load_lora_version` samplers (until `unpin`)."""
+        self._held: Callable[[int], bool] = held if held is not None else (lambda _version: False)
+        """Whether the owner of the versions served beside the current one keeps `version` loaded
+        (`clawbridge.versions.LoadedVersions.holds`); such a version is never unloaded."""
         self._closed = False
 
     @classmethod
@@ -286,7 +292,7 @@ class SGLangEngine:
         self._users[version] -= 1
         if self._users[version] <= 0:
             del self._users[version]
-            if version in self._loaded and version != self._version and version not in self._pinned \
+            if version in self._loaded and version != self._version and not self._held(version) \
                     and not self._closed:
                 task = asyncio.get_running_loop().create_task(self._unload(version))
                 self._unloads.add(task)
@@ -294,7 +300,7 @@ class SGLangEngine:
 
     async def _unload(self, version: int) -> None:
         if version not in self._loaded or self._users[version] > 0 or version == self._version \
-                or version in self._pinned:
+                or self._held(version):
             return
         self._loaded.discard(version)
         failed = await self._post_each("/unload_lora_adapter", {"lora_name": lora_name(version)})
@@ -375,8 +381,9 @@ class SGLangEngine:
         self._loaded.add(version)
 
     async def load_lora_version(self, adapter_dir: str | Path | None, version: int) -> SGLangVersionSampler:
-        """Pin committed LoRA `version` (its peft adapter folder; None for version 0, the base) and
-        return a sampler of it; the adapter stays loaded until `unpin(version)`."""
+        """A sampler of committed LoRA `version` (its peft adapter folder; None for version 0, the
+        base), loaded unless it is. Called by the owner of the versions kept (`held`), which
+        `release`s it when it stops holding it."""
         if not self.lora:
             raise ValueError("this engine serves full weights: only the current version can be sampled")
         async with self._publish_lock:
@@ -386,14 +393,22 @@ class SGLangEngine:
                 if adapter_dir is None:
                     raise ValueError(f"LoRA version {version} needs its adapter folder")
                 await self._load_adapter(adapter_dir, version)
-            self._pinned.add(version)
         return SGLangVersionSampler(self, version, lora_name(version) if version > 0 else None)
 
-    async def unpin(self, version: int) -> None:
-        """A pinned version is no longer kept: unload it once no stream uses it."""
-        self._pinned.discard(version)
+    async def release(self, version: int) -> None:
+        """The owner no longer holds `version`: unload it now, or when its last stream ends."""
         if not self._closed and self._users[version] == 0:
             await self._unload(version)
+
+    async def unload_unknown(self, version: int) -> None:
+        """Unload LoRA `version` from every replica although this engine did not load it (an
+        earlier process may have, on a server that outlived it: a forgotten user's adapter).
+        A replica that does not hold it answers an error, which is the expected answer."""
+        if self._closed or version == self._version or version in self._loaded:
+            return
+        failed = await self._post_each("/unload_lora_adapter", {"lora_name": lora_name(version)})
+        for i, exc in failed.items():
+            log.debug("LoRA %s was not loaded on %s (%s)", lora_name(version), self.base_urls[i], exc)
 
     async def publish_full(self, model_dir: str | Path, version: int) -> int:
         """Load full weights from a transformers folder; new streams wait meanwhile; return `version`."""

@@ -32,13 +32,15 @@ from typing import Any, TypeVar
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
+from clawbridge.durable import replace_dir
 from clawbridge.store.users import USER_NAME_RE
 from clawbridge_local.lora_serving import LoraAdapter
 from clawbridge_local.settings import local_settings
 from clawbridge_local.trainer.client import FsdpTrainerClient, Launcher, Nodes
 from clawbridge_local.trainer.config import LoraSettings, TrainerConfig
+from clawbridge_local.trainer.intact import STATE_FILE
 
-CHECKPOINT_STATE = "trainer_state.json"
+CHECKPOINT_STATE = STATE_FILE
 """The file every complete checkpoint folder holds (written last, atomically)."""
 
 T = TypeVar("T")
@@ -215,12 +217,15 @@ class LocalTrainer:
                    for k, v in tensors.items() if ".lora_A." in k or ".lora_B." in k}
         if not adapter:
             raise ValueError(f"{checkpoint} has no LoRA weights")
-        out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in adapter.items()}, str(out / "adapter_model.safetensors"),
+        tmp = out.with_name(f".{out.name}.writing")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in adapter.items()}, str(tmp / "adapter_model.safetensors"),
                   metadata={"format": "pt"})
         lcfg = lora_config(cfg)
         lcfg.base_model_name_or_path = str(self.model_dir)
-        lcfg.save_pretrained(str(out))
+        lcfg.save_pretrained(str(tmp))
+        replace_dir(tmp, out)  # SGLang never loads half a folder
         return out
 
     def save_checkpoint(self, name: str, policy_version: int) -> Path:

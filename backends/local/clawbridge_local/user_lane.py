@@ -11,8 +11,8 @@ Invariants:
   optimizer state and a step's activations, never a copy of the model.
 - `publish(v)` hands the engine the lane's adapter as version v (torch: `TorchEngine.load_version`,
   beside the shared base, no copy; SGLang: the exported adapter folder copied to the version's
-  folder and loaded as `v{v}`, which calls name as their `lora_path`), and keeps it in the
-  backend's cache of loaded versions (the least
+  folder and loaded as `v{v}`, which calls name as their `lora_path`), loaded through the
+  backend's cache of loaded versions (`LoadedVersions.adopt`; the least
   recently used are unloaded past the cache's size; the router reloads one from its checkpoint
   when its user calls again). The lane itself keeps only the number (`LaneVersion`), never the
   sampler, so an unloaded adapter is freed once its last stream ends. The engine's published
@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
+from clawbridge.durable import replace_dir
 from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
 from clawbridge.versions import LoadedVersions
 from clawbridge_local.engine import TorchEngine
@@ -87,17 +88,22 @@ class UserLaneBackend:
 
     async def _serve(self, version: int) -> None:
         engine = self.parent.sampler()
-        sampler: Sampler
+        load: Callable[[], Awaitable[Sampler]]
         if isinstance(engine, TorchEngine):
-            update = await on_training_thread(self.trainer.weight_update)
-            sampler = await engine.load_version(update, version)
+            torch_engine = engine
+
+            async def load() -> Sampler:
+                update = await on_training_thread(self.trainer.weight_update)
+                return await torch_engine.load_version(update, version)
         elif isinstance(engine, SGLangEngine) and engine.lora:
-            folder = self.parent.version_dir(version)
-            await on_training_thread(lambda: _copy_export(self.trainer.export(), folder))
-            sampler = await engine.load_lora_version(folder, version)
+            sglang, folder = engine, self.parent.version_dir(version)
+
+            async def load() -> Sampler:
+                await on_training_thread(lambda: _copy_export(self.trainer.export(), folder))
+                return await sglang.load_lora_version(folder, version)
         else:
             raise RuntimeError("per-user adapters need LoRA on the torch engine or on SGLang")
-        await self.parent.loaded_versions.put(version, sampler)
+        await self.parent.loaded_versions.adopt(version, load)  # held while it loads: never unloaded under it
         self._version = version
         self.trainer.client.policy_version = version
 
@@ -157,6 +163,9 @@ class LaneVersion:
 
 
 def _copy_export(export: Path, folder: Path) -> None:
-    """The trainer's newest export (replaced at its next export) copied to a version's own folder."""
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(export, folder)
+    """The trainer's newest export (replaced at its next export) copied to a version's own folder,
+    whole or not at all (`clawbridge.durable.replace_dir`)."""
+    tmp = folder.with_name(f".{folder.name}.copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(export, tmp)
+    replace_dir(tmp, folder)

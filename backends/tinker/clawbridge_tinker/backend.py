@@ -176,8 +176,8 @@ class TinkerBackend:
         """`user`'s own adapter: a training and sampling client of its own over this session."""
         return TinkerBackend(self.settings, lane=user, parent=self)
 
-    def unload_versions(self, versions: list[int]) -> None:
-        self._served.discard(versions)
+    async def unload_versions(self, versions: list[int]) -> None:
+        await self._served.discard(versions)
 
     async def forget(self) -> int:
         """A user lane: release its training client and delete its folder here; how many

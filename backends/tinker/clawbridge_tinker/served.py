@@ -93,9 +93,9 @@ class ServedVersions:
         """`lane` stopped (its training client is released): its version loads like any other."""
         self.live.pop(lane, None)
 
-    def discard(self, versions: Sequence[int]) -> None:
+    async def discard(self, versions: Sequence[int]) -> None:
         """Stop serving `versions` (a forgotten user's) and release training clients loaded for them."""
-        self.cache.discard(versions)
+        await self.cache.discard(versions)
         for version in versions:
             tc = self._clients.pop(version, None)
             if tc is not None:

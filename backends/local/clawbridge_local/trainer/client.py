@@ -39,6 +39,7 @@ from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge_local.trainer import protocol
 from clawbridge_local.trainer.batch import validate_datum, write_batch
 from clawbridge_local.trainer.config import TrainerConfig
+from clawbridge_local.trainer.intact import check_intact
 from clawbridge_local.trainer.protocol import TrainerError
 
 if TYPE_CHECKING:
@@ -350,10 +351,10 @@ class FsdpTrainerClient:
         return target
 
     def restore_checkpoint(self, path: str | Path) -> CheckpointInfo:
-        """Load a checkpoint written by any world size; sets `step` and `policy_version`."""
+        """Load a checkpoint written by any world size; sets `step` and `policy_version`. Raises
+        `clawbridge.backend.CheckpointDamaged` (nothing loaded) when its files are torn."""
         target = Path(path).resolve()
-        if not (target / "trainer_state.json").exists():
-            raise TrainerError(f"{target} is not a trainer checkpoint (no trainer_state.json)")
+        check_intact(target)  # CheckpointDamaged (a file missing or cut short) before any rank loads half of it
         info = self._call("restore_checkpoint", {"path": str(target)})
         self.step, self.policy_version = int(info["step"]), int(info["policy_version"])
         self.last_checkpoint = target

@@ -219,15 +219,3 @@ def write_lora_export(model: nn.Module, sd: dict[str, torch.Tensor], out: Path) 
         metadata={"format": "pt"},
     )
     peft_model.peft_config["default"].save_pretrained(str(out))
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Move the finished `tmp` directory to `final` atomically (replacing an old `final`)."""
-    old = final.with_name(f".{final.name}.old")
-    if final.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        final.rename(old)
-    tmp.rename(final)
-    if old.exists():
-        shutil.rmtree(old)

@@ -25,9 +25,10 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from clawbridge.durable import write_atomic
 
 OPS = ("train_step", "export", "save_checkpoint", "restore_checkpoint", "shutdown")
 """Operations a request may name."""
@@ -38,13 +39,9 @@ class TrainerError(RuntimeError):
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to `path` so that readers see either nothing or the whole file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write JSON to `path` so that readers see either nothing or the whole file
+    (`clawbridge.durable.write_atomic`)."""
+    write_atomic(path, json.dumps(obj), mode=0o644)
 
 
 def request_path(run_dir: Path, seq: int) -> Path:

@@ -34,11 +34,13 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from clawbridge.backend import Datum, LossConfig
+from clawbridge.durable import replace_dir
 from clawbridge.faults import fault_point_sync
 from clawbridge_local.losses import LossInputs, LossSums, compute_loss, finalize_metrics
 from clawbridge_local.trainer import model as model_io
 from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum
 from clawbridge_local.trainer.config import TrainerConfig
+from clawbridge_local.trainer.intact import OPTIMIZER_FILE, STATE_FILE, WEIGHTS_FILE
 from clawbridge_local.trainer.logprobs import token_logprobs
 
 
@@ -196,7 +198,7 @@ class TrainerCore:
                     model_io.write_lora_export(self.model, sd, tmp)
                 else:
                     model_io.write_full_export(self.model, sd, self.config, tmp)
-                model_io.replace_dir(tmp, final)
+                replace_dir(tmp, final)
         return final
 
     def save_checkpoint(self, path: Path, policy_version: int) -> Path:
@@ -209,26 +211,26 @@ class TrainerCore:
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _tmp_dir(path.parent, path.name) as tmp:
-                save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
+                save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / WEIGHTS_FILE))
                 fault_point_sync("checkpoint.mid")
-                torch.save(osd, tmp / "optimizer.pt")
+                torch.save(osd, tmp / OPTIMIZER_FILE)
                 state = {
                     "step": self.step,
                     "policy_version": policy_version,
                     "lora": self.config.lora is not None,
                 }
-                (tmp / "trainer_state.json").write_text(json.dumps(state))
-                model_io.replace_dir(tmp, path)
+                (tmp / STATE_FILE).write_text(json.dumps(state))
+                replace_dir(tmp, path)
         return path
 
     def restore_checkpoint(self, path: Path) -> dict[str, int]:
         """Load what `save_checkpoint` wrote (by any world size); returns step and policy version."""
         from safetensors.torch import load_file
 
-        state = json.loads((path / "trainer_state.json").read_text())
+        state = json.loads((path / STATE_FILE).read_text())
         if bool(state["lora"]) != (self.config.lora is not None):
             raise ValueError(f"checkpoint {path} is {'LoRA' if state['lora'] else 'full'}; trainer is not")
-        sd = load_file(str(path / "model.safetensors"))
+        sd = load_file(str(path / WEIGHTS_FILE))
         expected = {n for n, p in self.model.named_parameters() if p.requires_grad}
         if set(sd) != expected:
             missing, extra = sorted(expected - set(sd))[:3], sorted(set(sd) - expected)[:3]
@@ -237,7 +239,7 @@ class TrainerCore:
             )
         loaded: dict[str, Any] = dict(sd)
         set_model_state_dict(self.model, loaded, options=StateDictOptions(full_state_dict=True, strict=False))
-        osd = torch.load(path / "optimizer.pt", weights_only=True)
+        osd = torch.load(path / OPTIMIZER_FILE, weights_only=True)
         set_optimizer_state_dict(
             self.model, self.optimizer, osd, options=StateDictOptions(full_state_dict=True)
         )
