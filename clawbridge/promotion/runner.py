@@ -93,17 +93,22 @@ class VersionScorer(Protocol):
 
 
 class FakeEvaluator:
-    """A `VersionScorer` without a model: version v passes the first `passed[v]` items."""
+    """A `VersionScorer` without a model: version v passes the first `passed[v]` items (of a set
+    named in `by_set`, the first `by_set[source][v]`)."""
 
-    def __init__(self, passed: dict[int, int]) -> None:
+    def __init__(self, passed: dict[int, int], by_set: dict[str, dict[int, int]] | None = None) -> None:
         self.passed = passed
+        self.by_set = by_set or {}
         self.judge: JudgeModel | None = None
         self.calls: list[int] = []
         """The versions evaluated, in order (a cached figure is not asked for again)."""
+        self.asked: list[tuple[int, str]] = []
+        """(version, set source) of each evaluation, in order."""
 
     async def evaluate(self, version: int, eval_set: EvalSet) -> VersionEval:
         self.calls.append(version)
-        n, k = len(eval_set.items), self.passed[version]
+        self.asked.append((version, eval_set.source))
+        n, k = len(eval_set.items), self.by_set.get(eval_set.source, self.passed)[version]
         low, high = wilson(k, n)
         failed = [it.id for it in eval_set.items[k:]]
         return VersionEval(version, eval_set.source, eval_set.digest, n, k, k / n, low, high, k / n, None, 0.0, 0.0,
