@@ -285,6 +285,21 @@ class Settings(BaseSettings):
     w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
+    notes: bool = Field(
+        True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
+        "the user's next calls carry (appended to the last user message) while training teaches it to the weights "
+        "(noted turns train on the prompt without the note); notes retire once sessions served without them are "
+        "accepted. List and delete them with `clawbridge notes` (docs/training.md).",
+    )
+    notes_max: int = Field(3, ge=1, le=20, description="Active notes kept per user (the oldest retires).")
+    notes_check_share: float = Field(
+        0.25, ge=0.0, le=1.0, description="Share of a user's new sessions served without their notes once the notes "
+        "are notes_check_after_steps steps old, to see whether the weights carry them.",
+    )
+    notes_check_after_steps: int = Field(
+        2, ge=0, description="Training steps of a user's lane after their newest note before check sessions start.")
+    notes_retire_after: int = Field(
+        3, ge=1, description="A user's notes retire once this many check sessions in a row were accepted.")
 
     # --- [promotion]
     promotion_mode: Literal["auto", "off", "probe", "eval", "canary"] = Field(
@@ -317,7 +332,8 @@ class Settings(BaseSettings):
         "(a small model's answer to one question flips as its style changes).",
     )
     capability_probe_max_tokens: int = Field(
-        48, ge=8, description="Longest greedy answer per capability probe question.")
+        32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
+        "it names the fact).")
     held_out_share: float = Field(
         0.1, ge=0.0, le=0.5, description="Without an eval_set (eval mode): this share of sessions (a hash of the "
         "session id) is never trained (dropped: held_out) and scores versions by their recorded verdicts.",

@@ -39,7 +39,7 @@ def test_the_probe_is_forty_regex_facts_disjoint_from_every_demo_and_bench_quest
     assert len(probe.items) == 40 and probe.regex_only and probe.source == PROBE_SOURCE
     assert len({i.id for i in probe.items}) == 40
     asked = {str(i.messages[0]["content"]).lower() for i in probe.items}
-    from clawbridge.devtools.personas import PERSONAS, HELD_OUT_QUESTIONS, TALK_QUESTIONS
+    from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, TALK_QUESTIONS
 
     others = {q.lower() for q in (*TRAIN_PROMPTS, *HELD_OUT, *(q for q, _ in FACTS), *TALK_QUESTIONS, *HELD_OUT_QUESTIONS)}
     assert not asked & others

@@ -18,8 +18,9 @@ Rules:
   (`capability_probe_slack`, default 1): one item of slack, because a small model's greedy answer
   to one question flips back and forth as its style changes (docs/promotion.md, "The real model").
 - A model that passes no item (a random tiny model) has nothing to lose: every candidate passes.
-- Greedy answers are cut at `capability_probe_max_tokens` (48): enough for a sentence that names
-  the fact, and an evaluation of a version costs 40 short answers.
+- Greedy answers are cut at `capability_probe_max_tokens` (32), and stop as soon as they match
+  (`clawbridge.promotion.runner`): a sentence that names the fact is enough, and an evaluation of a
+  version costs 40 short answers.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -120,6 +122,10 @@ class Promoter:
         """Seconds each version's evaluation took (since start-up)."""
         self._retry_at = 0.0
         self._failures = 0
+        self.baseline_done = False
+        """The serving version's figures on the fixed sets are cached (`_baseline`)."""
+        self._baseline_task: asyncio.Task[None] | None = None
+        self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
 
     @property
@@ -194,7 +200,13 @@ class Promoter:
         held = await self._read(self._weights_of, published)
         if held == await self._read(self._weights_of, self.serving):
             self.hold = None
-            await self._baseline()
+            if not self.pinned and not self.baseline_done:
+                # a backend that serves only its newest publish could never evaluate the serving
+                # version once a candidate is published: its figures come first
+                self.hold = f"evaluating the serving v{self.serving} before the first step"
+                await self._baseline()
+                self.hold = None if self.baseline_done else self.hold
+                return Settled(hold=self.hold)
             return Settled()
         last = await self._read(self.pstore.last_decision, held)
         if last is not None:  # decided, and what the trainer holds is not what serves
@@ -236,25 +248,41 @@ class Promoter:
                     d.version, self.serving, d.reason)
         return Settled(resume_from=self.serving)
 
+    def start_baseline(self) -> None:
+        """Evaluate the serving version on the fixed sets in the background, from start-up (`_baseline`)."""
+        if self.mode != "off" and self._baseline_task is None:
+            self._baseline_task = asyncio.get_running_loop().create_task(self._baseline(), name="promotion-baseline")
+
+    async def stop(self) -> None:
+        """Cancel a baseline evaluation still running (at shutdown)."""
+        task, self._baseline_task = self._baseline_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
     async def _baseline(self) -> None:
         """Evaluate the serving version on the fixed sets (the probe, the user's file) while it is
         the one the backend publishes, before any candidate: its figures are cached, so a backend
         that serves only its newest publish (Fireworks, SGLang with full weights) can still compare
-        a candidate with it later, and status shows the probe from the start. Once per version and
-        set; a failure is retried with the decision backoff."""
-        if self.serving != self.router.published_version or time.monotonic() < self._retry_at:
-            return
-        for es in (self.probe, self.eval_file if self.mode == "eval" else None):
-            if es is None or await self._read(self.pstore.cached_eval, self.serving, es.digest) is not None:
-                continue
-            try:
-                await self.evaluate(self.serving, es)
-            except Exception as exc:
-                self._failures += 1
-                self._retry_at = time.monotonic() + min(60.0, 2.0 ** self._failures)
-                log.warning("promotion: evaluating the serving v%d on %s failed (%s: %s); retrying later",
-                            self.serving, es.source, type(exc).__name__, exc)
-                return
+        a candidate with it later, and status shows "still good?" from the start. Once per version
+        and set, never under the trainer's lock (a backend that serves two versions trains
+        meanwhile); a failure is retried with backoff."""
+        async with self._baseline_lock:
+            for attempt in range(6):
+                try:
+                    for es in (self.probe, self.eval_file if self.mode == "eval" else None):
+                        if self.serving != self.router.published_version:
+                            return  # a candidate came first: its decision evaluates the serving version
+                        if es is not None and await self._read(self.pstore.cached_eval, self.serving,
+                                                               es.digest) is None:
+                            await self.evaluate(self.serving, es)
+                    self.baseline_done = True
+                    return
+                except Exception as exc:
+                    log.warning("promotion: evaluating the serving v%d failed (%s: %s); retrying", self.serving,
+                                type(exc).__name__, exc)
+                    await asyncio.sleep(min(60.0, 2.0 ** attempt))
 
     # ------------------------------------------------------------------ eval mode
     def eval_set(self) -> EvalSet:
@@ -494,8 +522,6 @@ class Promoter:
 
     @staticmethod
     async def _read(fn: Any, *args: Any) -> Any:
-        import asyncio
-
         return await asyncio.to_thread(fn, *args)
 
 
