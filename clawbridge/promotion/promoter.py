@@ -183,6 +183,10 @@ class Promoter:
         log.info("promotion %s: serving v%d%s%s", self.mode, serving, "" if self.pinned else
                  " (the backend serves one version: candidates serve until decided)",
                  f", v{candidate} on canary" if candidate is not None else "")
+        # Before any traffic, while the engine is idle: the serving version's figures on the fixed
+        # sets (the probe), so no candidate waits for them behind a busy engine, and a model that
+        # knows no probe fact never evaluates a candidate on it (`_check`). Later, in the background.
+        await self._baseline(attempts=1)
 
     def held_out(self, session_id: str) -> bool:
         """Whether this session's turns are kept out of training to evaluate versions."""
@@ -261,7 +265,7 @@ class Promoter:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _baseline(self) -> None:
+    async def _baseline(self, attempts: int = 6) -> None:
         """Evaluate the serving version on the fixed sets (the probe, the user's file) while it is
         the one the backend publishes, before any candidate: its figures are cached, so a backend
         that serves only its newest publish (Fireworks, SGLang with full weights) can still compare
@@ -269,7 +273,7 @@ class Promoter:
         and set, never under the trainer's lock (a backend that serves two versions trains
         meanwhile); a failure is retried with backoff."""
         async with self._baseline_lock:
-            for attempt in range(6):
+            for attempt in range(attempts):
                 try:
                     for es in (self.probe, self.eval_file if self.mode == "eval" else None):
                         if self.serving != self.router.published_version:
@@ -280,9 +284,10 @@ class Promoter:
                     self.baseline_done = True
                     return
                 except Exception as exc:
-                    log.warning("promotion: evaluating the serving v%d failed (%s: %s); retrying", self.serving,
-                                type(exc).__name__, exc)
-                    await asyncio.sleep(min(60.0, 2.0 ** attempt))
+                    log.warning("promotion: evaluating the serving v%d failed (%s: %s)%s", self.serving,
+                                type(exc).__name__, exc, "; retrying" if attempt + 1 < attempts else "")
+                    if attempt + 1 < attempts:
+                        await asyncio.sleep(min(60.0, 2.0 ** attempt))
 
     # ------------------------------------------------------------------ eval mode
     def eval_set(self) -> EvalSet:
