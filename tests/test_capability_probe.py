@@ -158,3 +158,17 @@ def test_a_model_that_knows_no_fact_has_nothing_to_lose(tmp_path: Path) -> None:
     promoter, store = _promoter(tmp_path, Settings(), FakeEvaluator({0: 0, 1: 0}))
     assert _decide(promoter, 1).verdict == "promoted"
     store.close()
+
+
+def test_a_chain_of_versions_promoted_unevaluated_stays_unevaluated(tmp_path: Path) -> None:
+    """When the anchor knows no probe fact, a candidate is promoted without evaluating it, and so
+    is the next one: the serving version (promoted unevaluated) is not evaluated for it either. In
+    the tiny judge demo that evaluation waited behind the agents' calls and training stopped."""
+    fake = FakeEvaluator({0: 0, 1: 5, 2: 5})
+    promoter, store = _promoter(tmp_path, Settings(), fake)
+    asyncio.run(promoter._baseline(attempts=1))
+    assert fake.asked == [(0, PROBE_SOURCE)]
+    assert _decide(promoter, 1).verdict == "promoted" and _decide(promoter, 2).verdict == "promoted"
+    assert fake.asked == [(0, PROBE_SOURCE)]  # v1 and v2 never evaluated
+    assert "nothing to lose" in (PromotionStore(store).last_decision(2).reason)  # type: ignore[union-attr]
+    store.close()

@@ -328,7 +328,17 @@ class Promoter:
         """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
         check that cannot fail is not run: when the floor is at or below 0 (the serving version and
         the anchor pass nothing, e.g. a random tiny model on the probe) the candidate passes
-        unevaluated, so such a model pays for the probe once, not per version."""
+        unevaluated, so such a model pays for the probe once, not per version. The probe protects
+        what the anchor knows: when the anchor passes no more than the slack, nothing is evaluated
+        (the serving version may be one promoted so, never evaluated itself)."""
+        if es is self.probe:
+            anchor_version = await self._read(self.pstore.anchor_version)
+            anchor_version = self.serving if anchor_version is None else anchor_version
+            known = await self._read(self.pstore.cached_eval, anchor_version, es.digest)
+            if known is not None and float(known["score"]) <= tol:
+                return Check(es.source, True, f"anchor v{anchor_version} answers {known['passed']} of {known['items']} "
+                             f"on {es.source}: nothing to lose, not evaluated", None, float(known["score"]),
+                             {"anchor": known, "tolerance": tol})
         inc = await self.evaluate(self.serving, es)
         figures: dict[str, Any] = {"incumbent": inc.as_dict(), "tolerance": tol}
         floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
