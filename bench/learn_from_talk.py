@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import set_threads_from_argv  # noqa: E402
+from bench_common import set_threads_from_argv
 
 set_threads_from_argv(1)
 

@@ -31,6 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, 
 from clawbridge.devtools.realdemo import FACTS
 
 Say = Callable[[str], None]
+EVAL_CONCURRENCY = 8
+"""Evaluation calls in flight at once (the engine batches them; the talking is one call at a time)."""
 
 
 @dataclass(frozen=True)
@@ -166,12 +169,15 @@ def preference_rate(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, n
     call its own one-call session (never judged, never trained)."""
     client = proxy.openai(key)
     headers = {} if notes else {"X-Clawbridge-Notes": "off"}
-    met = []
-    for k in range(cfg.held_out_samples):
-        for i, q in enumerate(HELD_OUT_QUESTIONS):
-            messages = [{"role": "system", "content": persona.system_prompt()}, {"role": "user", "content": q}]
-            text, _ = _ask(client, messages, cfg.max_tokens, 1_000_003 * cfg.seed + 7919 * k + i, headers)
-            met.append(persona.meets(text))
+    jobs = [(q, 1_000_003 * cfg.seed + 7919 * k + i) for k in range(cfg.held_out_samples)
+            for i, q in enumerate(HELD_OUT_QUESTIONS)]
+
+    def one(job: tuple[str, int]) -> bool:
+        messages = [{"role": "system", "content": persona.system_prompt()}, {"role": "user", "content": job[0]}]
+        return persona.meets(_ask(client, messages, cfg.max_tokens, job[1], headers)[0])
+
+    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:  # the engine batches them
+        met = list(pool.map(one, jobs))
     return sum(met) / len(met)
 
 
@@ -179,17 +185,14 @@ def capability(proxy: Proxy, version: int | None) -> float:
     """Share of FACTS whose greedy answer names the fact (`default@N`, or the serving version)."""
     client = proxy.openai(proxy.client)
     model = "default" if version is None else f"default@{version}"
-    hits = 0
-    for q, names in FACTS:
-        text, _ = _ask(client, [{"role": "user", "content": q}], 32, None, {"X-Clawbridge-Notes": "off"}, model)
-        hits += any(n in text.lower() for n in names)
+
+    def one(fact: tuple[str, tuple[str, ...]]) -> bool:
+        text, _ = _ask(client, [{"role": "user", "content": fact[0]}], 32, None, {"X-Clawbridge-Notes": "off"}, model)
+        return any(n in text.lower() for n in fact[1])
+
+    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:
+        hits = sum(pool.map(one, FACTS))
     return hits / len(FACTS)
-
-
-def _judged(proxy: Proxy, sessions: int) -> bool:
-    judge = proxy.status().get("judge") or {}
-    done = sum(int(v) for k, v in (judge.get("judgements") or {}).items() if k in ("done", "failed"))
-    return done >= sessions
 
 
 def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: PersonaResult, judged: Callable[[], int],
