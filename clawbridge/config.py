@@ -285,11 +285,28 @@ class Settings(BaseSettings):
     w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
+    notes: bool = Field(
+        True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
+        "the user's next calls carry (appended to the last user message) while training teaches it to the weights "
+        "(noted turns train on the prompt without the note); notes retire once sessions served without them are "
+        "accepted. List and delete them with `clawbridge notes` (docs/training.md).",
+    )
+    notes_max: int = Field(3, ge=1, le=20, description="Active notes kept per user (the oldest retires).")
+    notes_check_share: float = Field(
+        0.25, ge=0.0, le=1.0, description="Share of a user's new sessions served without their notes once the notes "
+        "are notes_check_after_steps steps old, to see whether the weights carry them.",
+    )
+    notes_check_after_steps: int = Field(
+        2, ge=0, description="Training steps of a user's lane after their newest note before check sessions start.")
+    notes_retire_after: int = Field(
+        3, ge=1, description="A user's notes retire once this many check sessions in a row were accepted.")
 
     # --- [promotion]
-    promotion_mode: Literal["auto", "off", "eval", "canary"] = Field(
-        "auto", description="auto: eval when eval_set names a file, else off; off: every trained version serves at "
-        "once; eval: a new version is evaluated "
+    promotion_mode: Literal["auto", "off", "probe", "eval", "canary"] = Field(
+        "auto", description="auto: eval when eval_set names a file, else probe; off: every trained version serves at "
+        "once; probe: a new version serves only if it still passes the built-in capability probe about as well as the "
+        "serving version and the anchor (capability_probe_slack), else training resumes from the serving version; "
+        "eval: a new version is evaluated "
         "on the eval set (or held-out sessions) and serves only if it is not worse than the serving one by more than "
         "promotion_tolerance, else training resumes from the serving version; canary: it answers canary_share of new "
         "sessions until a sequential test of their rewards decides (docs/promotion.md). TOML: also `[promotion] mode`.",
@@ -304,6 +321,19 @@ class Settings(BaseSettings):
         "and still be promoted (unset: 0 for an eval set of regex lines only, 0.05 for rubric lines, held-out sessions "
         "and canary rewards, which are noisier).",
     )
+    capability_probe: bool = Field(
+        True, description="Every candidate (modes probe, eval and canary) must also pass the built-in capability "
+        "probe: 40 short factual questions, greedy, each passed when its answer names the fact; a candidate that "
+        "scores more than capability_probe_slack items below the serving version or the anchor is rejected "
+        "(docs/promotion.md).",
+    )
+    capability_probe_slack: int = Field(
+        1, ge=0, description="Capability probe items a candidate may score below the serving version and the anchor "
+        "(a small model's answer to one question flips as its style changes).",
+    )
+    capability_probe_max_tokens: int = Field(
+        32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
+        "it names the fact).")
     held_out_share: float = Field(
         0.1, ge=0.0, le=0.5, description="Without an eval_set (eval mode): this share of sessions (a hash of the "
         "session id) is never trained (dropped: held_out) and scores versions by their recorded verdicts.",
@@ -363,10 +393,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _resolve_promotion_mode(self) -> Settings:
-        """`promotion_mode = "auto"` is read once here: an eval set of the user's own turns the gate on
-        (`eval`), none leaves it `off`; every reader sees only off, eval or canary."""
+        """`promotion_mode = "auto"` is read once here: an eval set of the user's own makes it `eval`,
+        none makes it `probe` (the built-in capability probe: never worse by default); every reader
+        sees only off, probe, eval or canary."""
         if self.promotion_mode == "auto":
-            self.promotion_mode = "eval" if self.eval_set else "off"
+            self.promotion_mode = "eval" if self.eval_set else "probe"
         return self
 
     @field_validator("privacy_detectors", "privacy_patterns", "privacy_phone_regions")

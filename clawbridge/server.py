@@ -173,6 +173,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         else:
             state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
     state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
+    state.notes = state.judge.notes if state.judge is not None else None
     try:
         state.promotion = build_promoter(settings, state.store, state.router, renderer,
                                          state.judge.judge if state.judge is not None else None)

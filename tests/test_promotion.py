@@ -148,11 +148,11 @@ def test_promotion_table_in_toml_and_env_precedence(tmp_path: Path, monkeypatch:
     s = load_settings(cfg)
     assert (s.promotion_mode, s.eval_set) == ("canary", "other.jsonl")
     monkeypatch.delenv("CLAWBRIDGE_PROMOTION_MODE")
-    # the default, auto: an eval set of your own turns the gate on, none leaves it off
+    # the default, auto: an eval set of your own gates on it, none gates on the built-in probe
     cfg.write_text("")
     assert load_settings(cfg).promotion_mode == "eval"  # CLAWBRIDGE_EVAL_SET is still set
     monkeypatch.delenv("CLAWBRIDGE_EVAL_SET")
-    assert load_settings(cfg).promotion_mode == "off"
+    assert load_settings(cfg).promotion_mode == "probe"
     cfg.write_text('[promotion]\nmode = "sometimes"\n')
     with pytest.raises(ValueError, match="promotion_mode"):
         load_settings(cfg)
@@ -200,7 +200,8 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     evals = tmp_path / "facts.jsonl"
     evals.write_text(_lines(*({"id": f"f{i}", "messages": MSG, "expect": "x"} for i in range(12))))
     store = Store(tmp_path / "db.sqlite")
-    settings = Settings(promotion_mode="eval", eval_set=str(evals), promotion_tolerance=1 / 12 + 1e-9)
+    settings = Settings(promotion_mode="eval", eval_set=str(evals), promotion_tolerance=1 / 12 + 1e-9,
+                        capability_probe=False)  # the anchor on the user's set alone (the probe: test_capability_probe)
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     fake = FakeEvaluator({0: 9, 1: 8, 2: 7, 3: 8, 4: 9})
     promoter = Promoter(settings, store, VersionRouter(backend, VersionStore(store)), fake)
@@ -222,7 +223,7 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     status = promoter.status()
     assert status["anchor_version"] == 0 and status["serving_version"] == 3
     assert "(tolerance 0.0833333 against the serving version and anchor v0): serving v3" in promotion_lines(status)[0]
-    assert fake.calls == [1, 0, 2, 3]  # v0's and v1's figures came from the cache once known
+    assert fake.calls == [0, 1, 2, 3]  # v0's and v1's figures came from the cache once known
     # the admin puts v2 to serve: it is the new anchor, so v4 is compared with v2 and v3 only
     assert PromotionStore(store).decide(Decision(2, "promoted", "admin", "promote by the admin", 3), "eval")
     promoter.serving = 2

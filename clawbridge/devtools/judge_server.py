@@ -7,7 +7,9 @@ labels it as such, and `bench/judge_agreement.py` measures how far it agrees wit
 
 Rule-based judge rules (on the "What happened next" section):
 - a user message with a correction marker ("no", "wrong", "instead", "redo", "try again", "too
-  long", "keep it short", ...)
+  long", "keep it short", ...) or a request about how to answer ("please call me ...", "start
+  with ...", "I want ...", "next time ...": what a person says when an answer missed what they
+  want, as a capable judge reads it)
   -> -1, hint = the user's message;
 - else a user message with an acceptance marker ("thanks", "great", "works", "perfect", ...) -> +1;
 - else, when tool results came back: any error marker ("error", "traceback", "not found",
@@ -32,6 +34,13 @@ CORRECTION = re.compile(
     r"too (long|verbose|wordy|much)|(keep it|be|make it) (short|shorter|brief)|shorter|tl;?dr)\b",
     re.IGNORECASE,
 )
+REQUEST = re.compile(
+    r"(\bplease (call|use|say|write|answer|start|put|give|keep|be|stop|avoid|address|don'?t|no)\b|"
+    r"\bcall me\b|\baddress me\b|\bstart with\b|\bi (want|wanted|need|prefer|asked)\b|\bi'?d (like|prefer)\b|"
+    r"\bnext time\b|\bonly\b.*\bplease\b)",
+    re.IGNORECASE,
+)
+"""A request about how to answer: after an answer, a correction in polite words."""
 ACCEPTANCE = re.compile(
     r"\b(thanks|thank you|thx|great|perfect|works|worked|working|good|nice|exactly|awesome|lgtm|"
     r"looks good|correct|yes|ok|okay|cool|excellent|love it|that'?s it|helpful|done|brilliant|fixed)\b",
@@ -55,7 +64,7 @@ def rule_based_verdict(prompt: str) -> tuple[int, str | None, str]:
     users = [line[len("[user] "):] for line in nxt.splitlines() if line.startswith("[user] ")]
     tools = [line for line in nxt.splitlines() if line.startswith("[tool result")]
     user_text = " ".join(users).strip()
-    if user_text and CORRECTION.search(user_text):
+    if user_text and (CORRECTION.search(user_text) or REQUEST.search(user_text)):
         return -1, user_text[:300], "the user corrected the turn"
     if user_text and ACCEPTANCE.search(user_text):
         return 1, None, "the user accepted the turn"

@@ -23,6 +23,9 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     head += (f"; candidate v{p['candidate_version']} on trial" if p.get("candidate_version") is not None
              else "; no candidate on trial")
     lines = [head]
+    probe = p.get("capability_probe")
+    if probe:
+        lines.append("  " + probe_line(probe))
     if p.get("holding"):
         lines.append(f"  training waits: {p['holding']}")
     for d in p["decisions"][:5]:
@@ -37,3 +40,17 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
         lines.append(f"  {p['rejected_samples']} trained turn(s) built rejected versions (kept, marked, never "
                      "trained again)")
     return lines
+
+
+def probe_line(probe: dict[str, Any]) -> str:
+    """"Still good?" in one line: the capability probe of the serving version against the anchor."""
+    serving, anchor = probe.get("serving"), probe.get("anchor")
+    if serving is None:
+        return f"capability probe ({probe['items']} facts): the serving version is not evaluated yet"
+    line = f"capability probe: serving v{serving['version']} answers {serving['passed']} of {serving['items']} facts"
+    if anchor is not None:
+        diff = serving["passed"] - anchor["passed"]
+        line += f" (anchor v{anchor['version']}: {anchor['passed']}; {diff:+d})"
+    if serving.get("failed"):
+        line += f"; misses {', '.join(serving['failed'][:5])}"
+    return line

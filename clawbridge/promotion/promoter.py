@@ -3,12 +3,18 @@
 Modes (`promotion_mode`):
 - off: every version the trainer publishes serves at once (the router follows the backend);
   the store's serving version follows it, so turning promotion on later starts from it.
+- probe (what `auto` means without an eval set): a version a step committed is a CANDIDATE; before
+  the next step it must pass the built-in capability probe (`clawbridge.promotion.capability`)
+  within `capability_probe_slack` items of the serving version and the anchor, else it is
+  rejected as below. Never worse by default, with nothing written by the user.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
   sessions) and PROMOTED when `score >= serving score - tolerance` (and, with a tolerance, within it
   of the anchor version too, so promotions cannot drift down step by step), else REJECTED: the serving
   version stays and the trainer resumes from its committed state (weights and optimizer, a
   `rollback` version of it), so training goes on from what serves.
+- The capability probe is also a floor in eval and canary modes (unless `capability_probe` is off):
+  a candidate that fails it is rejected whatever else it scores, and never goes on canary.
 - canary: the candidate answers `canary_share` of NEW sessions (sticky, `VersionRouter`); the
   trainer waits while it is on trial; the rewards of its sessions and of the incumbent's
   (explicit, else judged) are compared by the sequential test of `clawbridge.promotion.stats`
@@ -31,12 +37,15 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.faults import fault_point
+from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
@@ -73,6 +82,19 @@ class Settled:
     """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
 
 
+@dataclass(frozen=True)
+class Check:
+    """A candidate against the serving version (and the anchor) on one evaluation set."""
+
+    source: str
+    passed: bool
+    reason: str
+    score: float | None
+    """The candidate's score (None: not evaluated, the check could not fail)."""
+    incumbent_score: float
+    figures: dict[str, Any]
+
+
 class Promoter:
     """Promotion for one running server (module invariants)."""
 
@@ -87,6 +109,10 @@ class Promoter:
         self.eval_file: EvalSet | None = (
             load_eval_set(settings.eval_set, settings.eval_max_tokens) if settings.eval_set else None)
         """The user's eval set (loaded once at start-up: a bad line refuses to start)."""
+        self.probe: EvalSet | None = (
+            capability_probe(settings.capability_probe_max_tokens)
+            if self.mode != "off" and (settings.capability_probe or self.mode == "probe") else None)
+        """The built-in capability probe: the whole check in probe mode, a floor in eval and canary."""
         self.pinned = isinstance(router.backend, VersionedServing)
         """The router pins plain traffic to the serving version (module invariants)."""
         self.serving: int = router.published_version
@@ -96,10 +122,21 @@ class Promoter:
         """Seconds each version's evaluation took (since start-up)."""
         self._retry_at = 0.0
         self._failures = 0
+        self.baseline_done = False
+        """The serving version's figures on the fixed sets are cached (`_baseline`)."""
+        self._baseline_task: asyncio.Task[None] | None = None
+        self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
 
     @property
+    def probe_tolerance(self) -> float:
+        """The probe's tolerance: `capability_probe_slack` of its items."""
+        return probe_tolerance(self.probe, self.settings.capability_probe_slack) if self.probe is not None else 0.0
+
+    @property
     def tolerance(self) -> float:
+        if self.mode == "probe":
+            return self.probe_tolerance
         if self.settings.promotion_tolerance is not None:
             return self.settings.promotion_tolerance
         if self.mode == "eval" and self.eval_file is not None and self.eval_file.regex_only:
@@ -146,6 +183,10 @@ class Promoter:
         log.info("promotion %s: serving v%d%s%s", self.mode, serving, "" if self.pinned else
                  " (the backend serves one version: candidates serve until decided)",
                  f", v{candidate} on canary" if candidate is not None else "")
+        # Before any traffic, while the engine is idle: the serving version's figures on the fixed
+        # sets (the probe), so no candidate waits for them behind a busy engine, and a model that
+        # knows no probe fact never evaluates a candidate on it (`_check`). Later, in the background.
+        await self._baseline(attempts=1)
 
     def held_out(self, session_id: str) -> bool:
         """Whether this session's turns are kept out of training to evaluate versions."""
@@ -163,6 +204,13 @@ class Promoter:
         held = await self._read(self._weights_of, published)
         if held == await self._read(self._weights_of, self.serving):
             self.hold = None
+            if not self.pinned and not self.baseline_done:
+                # a backend that serves only its newest publish could never evaluate the serving
+                # version once a candidate is published: its figures come first
+                self.hold = f"evaluating the serving v{self.serving} before the first step"
+                await self._baseline()
+                self.hold = None if self.baseline_done else self.hold
+                return Settled(hold=self.hold)
             return Settled()
         last = await self._read(self.pstore.last_decision, held)
         if last is not None:  # decided, and what the trainer holds is not what serves
@@ -171,7 +219,7 @@ class Promoter:
         if time.monotonic() < self._retry_at:
             return Settled(hold=self.hold)
         try:
-            decision = await (self._evaluate(held) if self.mode == "eval" else self._canary(held))
+            decision = await (self._canary(held) if self.mode == "canary" else self._evaluate(held))
         except Exception as exc:
             self._failures += 1
             wait = min(60.0, 2.0 ** self._failures)
@@ -204,9 +252,49 @@ class Promoter:
                     d.version, self.serving, d.reason)
         return Settled(resume_from=self.serving)
 
+    def start_baseline(self) -> None:
+        """Evaluate the serving version on the fixed sets in the background, from start-up (`_baseline`)."""
+        if self.mode != "off" and self._baseline_task is None:
+            self._baseline_task = asyncio.get_running_loop().create_task(self._baseline(), name="promotion-baseline")
+
+    async def stop(self) -> None:
+        """Cancel a baseline evaluation still running (at shutdown)."""
+        task, self._baseline_task = self._baseline_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _baseline(self, attempts: int = 6) -> None:
+        """Evaluate the serving version on the fixed sets (the probe, the user's file) while it is
+        the one the backend publishes, before any candidate: its figures are cached, so a backend
+        that serves only its newest publish (Fireworks, SGLang with full weights) can still compare
+        a candidate with it later, and status shows "still good?" from the start. Once per version
+        and set, never under the trainer's lock (a backend that serves two versions trains
+        meanwhile); a failure is retried with backoff."""
+        async with self._baseline_lock:
+            for attempt in range(attempts):
+                try:
+                    for es in (self.probe, self.eval_file if self.mode == "eval" else None):
+                        if self.serving != self.router.published_version:
+                            return  # a candidate came first: its decision evaluates the serving version
+                        if es is not None and await self._read(self.pstore.cached_eval, self.serving,
+                                                               es.digest) is None:
+                            await self.evaluate(self.serving, es)
+                    self.baseline_done = True
+                    return
+                except Exception as exc:
+                    log.warning("promotion: evaluating the serving v%d failed (%s: %s)%s", self.serving,
+                                type(exc).__name__, exc, "; retrying" if attempt + 1 < attempts else "")
+                    if attempt + 1 < attempts:
+                        await asyncio.sleep(min(60.0, 2.0 ** attempt))
+
     # ------------------------------------------------------------------ eval mode
     def eval_set(self) -> EvalSet:
-        """The set versions are scored on now: the user's file, else the held-out sessions."""
+        """The set versions are scored on now: the probe (probe mode), the user's file, else the
+        held-out sessions."""
+        if self.mode == "probe" and self.probe is not None:
+            return self.probe
         if self.eval_file is not None:
             return self.eval_file
         return held_out_set(self.store, self.settings.eval_max_items, self.settings.eval_max_tokens)
@@ -227,25 +315,63 @@ class Promoter:
     async def _evaluate(self, candidate: int) -> Decision:
         self.hold = f"evaluating candidate v{candidate} against the serving v{self.serving}"
         es = await self._read(self.eval_set)
-        tol = self.tolerance
         if not es.items:
             return Decision(candidate, "promoted", "eval", "no evaluation items yet (no held-out session has a "
                             "verdict): promoted unevaluated", self.serving)
-        cand = await self.evaluate(candidate, es)
+        main = await self._check(candidate, es, self.tolerance)
+        checks = [main]
+        if self.probe is not None and es is not self.probe:
+            checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
+        return self._decision(candidate, checks)
+
+    async def _check(self, candidate: int, es: EvalSet, tol: float) -> Check:
+        """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
+        check that cannot fail is not run: when the floor is at or below 0 (the serving version and
+        the anchor pass nothing, e.g. a random tiny model on the probe) the candidate passes
+        unevaluated, so such a model pays for the probe once, not per version. The probe protects
+        what the anchor knows: when the anchor passes no more than the slack, nothing is evaluated
+        (the serving version may be one promoted so, never evaluated itself)."""
+        if es is self.probe:
+            anchor_version = await self._read(self.pstore.anchor_version)
+            anchor_version = self.serving if anchor_version is None else anchor_version
+            known = await self._read(self.pstore.cached_eval, anchor_version, es.digest)
+            if known is not None and float(known["score"]) <= tol:
+                return Check(es.source, True, f"anchor v{anchor_version} answers {known['passed']} of {known['items']} "
+                             f"on {es.source}: nothing to lose, not evaluated", None, float(known["score"]),
+                             {"anchor": known, "tolerance": tol})
         inc = await self.evaluate(self.serving, es)
-        figures: dict[str, Any] = {"candidate": cand.as_dict(), "incumbent": inc.as_dict(), "tolerance": tol}
+        figures: dict[str, Any] = {"incumbent": inc.as_dict(), "tolerance": tol}
         floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
         anchor = await self._anchor(es, tol)
         if anchor is not None:
             figures["anchor"] = anchor[1].as_dict()
             if anchor[1].score - tol > floor:
                 floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
-        verdict: Verdict = "promoted" if cand.score >= floor else "rejected"
-        cmp = ">=" if verdict == "promoted" else "<"
-        failed = f"; failed: {', '.join(cand.failed[:5])}" if verdict == "rejected" and cand.failed else ""
-        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} {against} - tolerance {tol:g} "
-                  f"on {es.source}{failed}")
-        return Decision(candidate, verdict, "eval", reason, self.serving, cand.score, inc.score, figures)
+        if floor <= 0:
+            return Check(es.source, True, f"{against} on {es.source} leaves nothing to lose: not evaluated",
+                         None, inc.score, figures)
+        cand = await self.evaluate(candidate, es)
+        figures["candidate"] = cand.as_dict()
+        passed = cand.score >= floor
+        cmp = ">=" if passed else "<"
+        failed = f"; failed: {', '.join(cand.failed[:5])}" if not passed and cand.failed else ""
+        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} {against} - tolerance "
+                  f"{tol:.3g} on {es.source}{failed}")
+        return Check(es.source, passed, reason, cand.score, inc.score, figures)
+
+    def _decision(self, candidate: int, checks: list[Check]) -> Decision:
+        """One decision from the checks: promoted only when every check passed. The first check's
+        figures stay at the top of `figures` (the shape status and the dashboard read); each
+        check's are under `checks`."""
+        main = checks[0]
+        verdict: Verdict = "promoted" if all(c.passed for c in checks) else "rejected"
+        figures = dict(main.figures)
+        if len(checks) > 1:
+            figures["checks"] = [{"source": c.source, "passed": c.passed, "reason": c.reason, **c.figures}
+                                 for c in checks]
+        shown = [c for c in checks if not c.passed] if verdict == "rejected" else checks
+        reason = "; and ".join(c.reason for c in shown)
+        return Decision(candidate, verdict, "eval", reason, self.serving, main.score, main.incumbent_score, figures)
 
     async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval] | None:
         """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
@@ -264,6 +390,10 @@ class Promoter:
     # ------------------------------------------------------------------ canary mode
     async def _canary(self, candidate: int) -> Decision | None:
         share = self.settings.canary_share
+        if self.router.candidate_version != candidate and self.probe is not None:
+            probe = await self._check(candidate, self.probe, self.probe_tolerance)
+            if not probe.passed:  # a floor: a candidate that lost capability never answers anyone
+                return self._decision(candidate, [probe])
         if self.router.candidate_version != candidate:
             since = self.store.clock.now()
             await self._read(self.pstore.set_state, self.mode, self.serving, candidate, since, share)
@@ -336,8 +466,11 @@ class Promoter:
     def status(self) -> dict[str, Any]:
         """`/rl/status`' `promotion` object (reads the store: call it off the event loop)."""
         state = self.pstore.state()
-        es = self.eval_file.source if self.eval_file is not None else (
-            f"held-out sessions ({self.settings.held_out_share:.0%})" if self.mode == "eval" else None)
+        if self.mode == "probe" and self.probe is not None:
+            es: str | None = self.probe.source
+        else:
+            es = self.eval_file.source if self.eval_file is not None else (
+                f"held-out sessions ({self.settings.held_out_share:.0%})" if self.mode == "eval" else None)
         return {
             "mode": self.mode,
             "serving_version": self.serving if self.mode != "off" else self.router.serving_version,
@@ -346,13 +479,33 @@ class Promoter:
             "pinned": self.pinned,
             "eval_set": es,
             "tolerance": self.tolerance if self.mode != "off" else None,
-            "anchor_version": self._anchor_version() if self.mode == "eval" and self.tolerance > 0 else None,
+            "anchor_version": self._anchor_version() if self.mode in ("eval", "probe") and self.tolerance > 0 else None,
+            "capability_probe": self._probe_status(),
             "holding": self.hold,
             "canary": self.canary.as_dict() if self.canary is not None else None,
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
             "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
         }
+
+    def _probe_status(self) -> dict[str, Any] | None:
+        """The capability probe's figures for status: the serving version's and the anchor's (the
+        base until an admin chooses another) from the cache, so a person sees "still good?" at a
+        glance. None when the probe is off."""
+        if self.probe is None:
+            return None
+        anchor = self._anchor_version()
+
+        def score(version: int) -> dict[str, Any] | None:
+            cached = self.pstore.cached_eval(version, self.probe.digest) if self.probe is not None else None
+            if cached is None:
+                return None
+            return {"version": version, "passed": cached["passed"], "items": cached["items"],
+                    "score": cached["score"], "failed": cached["failed"][:10]}
+
+        return {"items": len(self.probe.items), "slack_items": self.settings.capability_probe_slack,
+                "floor": self.mode != "probe", "serving": score(self.serving),
+                "anchor": score(anchor) if anchor != self.serving else None}
 
     def _anchor_version(self) -> int:
         """The drift guard's anchor (`_anchor`): the serving version before any decision."""
@@ -384,8 +537,6 @@ class Promoter:
 
     @staticmethod
     async def _read(fn: Any, *args: Any) -> Any:
-        import asyncio
-
         return await asyncio.to_thread(fn, *args)
 
 
@@ -401,11 +552,18 @@ def build_promoter(settings: Settings, store: Store, router: VersionRouter, rend
 def promotion_line(settings: Settings) -> str:
     """What `clawbridge up` says about promotion."""
     mode = settings.promotion_mode
+    floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"
+             if settings.capability_probe else "")
     if mode == "off":
-        return ("promotion: off (every trained version serves at once; name an eval set, CLAWBRIDGE_EVAL_SET, "
-                "and each one is checked first: docs/promotion.md)")
+        return ("promotion: off (every trained version serves at once, even one that lost capability; the default "
+                "gate is promotion_mode = auto: docs/promotion.md)")
+    if mode == "probe":
+        return ("promotion: probe (a new version serves only if it still answers the built-in capability probe within "
+                f"{settings.capability_probe_slack} item(s) of the serving version and the base; name your own eval "
+                "set, CLAWBRIDGE_EVAL_SET, to gate on it too; `clawbridge status` shows decisions)")
     if mode == "eval":
         where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"
-        return f"promotion: eval (a new version serves only if not worse on {where}; `clawbridge status` shows decisions)"
+        return (f"promotion: eval (a new version serves only if not worse on {where}{floor}; `clawbridge status` "
+                "shows decisions)")
     return (f"promotion: canary (a new version answers {settings.canary_share:.0%} of new sessions until a sequential "
-            "test of their rewards promotes or rolls it back)")
+            f"test of their rewards promotes or rolls it back{floor})")

@@ -5,6 +5,8 @@ Invariants:
   gets, so what is evaluated is exactly what would serve. Answers are greedy (temperature 0), so
   a version's figures on a set are fixed and may be cached (`clawbridge.store.promotion`).
 - Evaluation never records a turn: nothing it samples is trained on or shown as a session.
+- An `expect` item's greedy answer stops as soon as it matches: it would pass whatever followed,
+  so the figures are those of the whole answer, at the cost of its first tokens.
 - At most `concurrency` items are sampled at once, so evaluating never takes every engine slot
   from the agent; an overloaded sampler is retried after its Retry-After, a bounded number of times.
 - `VersionEval.score` is the mean item score in [0, 1] (expect and held-out items: 1 pass, 0 fail;
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,17 +96,22 @@ class VersionScorer(Protocol):
 
 
 class FakeEvaluator:
-    """A `VersionScorer` without a model: version v passes the first `passed[v]` items."""
+    """A `VersionScorer` without a model: version v passes the first `passed[v]` items (of a set
+    named in `by_set`, the first `by_set[source][v]`)."""
 
-    def __init__(self, passed: dict[int, int]) -> None:
+    def __init__(self, passed: dict[int, int], by_set: dict[str, dict[int, int]] | None = None) -> None:
         self.passed = passed
+        self.by_set = by_set or {}
         self.judge: JudgeModel | None = None
         self.calls: list[int] = []
         """The versions evaluated, in order (a cached figure is not asked for again)."""
+        self.asked: list[tuple[int, str]] = []
+        """(version, set source) of each evaluation, in order."""
 
     async def evaluate(self, version: int, eval_set: EvalSet) -> VersionEval:
         self.calls.append(version)
-        n, k = len(eval_set.items), self.passed[version]
+        self.asked.append((version, eval_set.source))
+        n, k = len(eval_set.items), self.by_set.get(eval_set.source, self.passed)[version]
         low, high = wilson(k, n)
         failed = [it.id for it in eval_set.items[k:]]
         return VersionEval(version, eval_set.source, eval_set.digest, n, k, k / n, low, high, k / n, None, 0.0, 0.0,
@@ -144,8 +152,10 @@ class Evaluator:
             seconds=seconds, failed=[r.id for r in results if not r.passed][:20],
             failed_answers=[r.answer[:200] for r in results if not r.passed][:5])
 
-    async def answer(self, sampler: Sampler, prompt_ids: list[int], max_tokens: int) -> list[int]:
-        """The greedy completion ids of `prompt_ids` (stop token included when one ended it)."""
+    async def answer(self, sampler: Sampler, prompt_ids: list[int], max_tokens: int,
+                     done: Callable[[list[int]], bool] | None = None) -> list[int]:
+        """The greedy completion ids of `prompt_ids` (stop token included when one ended it), cut
+        short as soon as `done(ids so far)` says the item's outcome is known."""
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                 stop_token_ids=tuple(self.renderer.stop_token_ids))
         async with self.slots:
@@ -157,7 +167,13 @@ class Evaluator:
                     if attempt == OVERLOAD_RETRIES:
                         raise
                     await asyncio.sleep(min(5.0, max(0.1, exc.retry_after_s)))
-            return [t.token_id async for t in stream]
+            ids: list[int] = []
+            async for t in stream:
+                ids.append(t.token_id)
+                if done is not None and done(ids):
+                    await stream.aclose()
+                    break
+            return ids
 
     async def _item(self, sampler: Sampler, item: EvalItem) -> ItemResult:
         if item.kind == "held_out":
@@ -166,7 +182,11 @@ class Evaluator:
             passed = same if item.verdict > 0 else not same
             return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
         prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
-        ids = await self.answer(sampler, prompt, self.max_tokens)
+        matched = None
+        if item.kind == "expect":  # a greedy answer that matched passes whatever follows: stop there
+            pattern = re.compile(item.expect, re.IGNORECASE)
+            matched = lambda ids: pattern.search(self._text(ids)) is not None  # noqa: E731
+        ids = await self.answer(sampler, prompt, self.max_tokens, matched)
         text = self._text(ids)
         if item.kind == "expect":
             passed = re.search(item.expect, text, re.IGNORECASE) is not None

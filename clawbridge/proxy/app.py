@@ -24,6 +24,7 @@ from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
 from clawbridge.proxy.inflight import InFlightMiddleware
 from clawbridge.proxy.model_routes import add_model_routes
+from clawbridge.proxy.notes_routes import build_notes_router
 from clawbridge.proxy.openapi import openapi_document
 from clawbridge.proxy.promotion_routes import build_promotion_router
 from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
@@ -53,6 +54,8 @@ def build_app(state: ProxyState) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(_reap_idle(state))
         if state.trainer is not None:
+            if state.promotion is not None and state.trainer.gate is state.promotion:
+                state.promotion.start_baseline()  # "still good?" from the start, never under the trainer's lock
             await state.trainer.start()
         if state.lanes is not None:
             await state.lanes.start()
@@ -75,6 +78,8 @@ def build_app(state: ProxyState) -> FastAPI:
                 await state.lanes.stop()
             if state.trainer is not None:
                 await state.trainer.stop()
+            if state.promotion is not None:
+                await state.promotion.stop()
             reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
@@ -121,6 +126,7 @@ def build_app(state: ProxyState) -> FastAPI:
 
     app.include_router(build_user_router(state, [state.lanes] if state.lanes is not None else []))  # before /rl/*: its own prefix
     app.include_router(build_promotion_router(state))
+    app.include_router(build_notes_router(state))
     app.include_router(build_rl_router(state))
     app.include_router(build_anthropic_router(state))
     add_model_routes(app, state, "chat/completions", ChatApi())

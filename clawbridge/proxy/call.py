@@ -49,6 +49,7 @@ from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.stops import StopMatcher
 from clawbridge.render import RenderError
+from clawbridge.rewards.notes import CHECK_META, NOTES_HEADER, note_hint, noted_messages
 from clawbridge.sampler import (
     PromptTooLong,
     SampledToken,
@@ -61,6 +62,7 @@ from clawbridge.sampler import (
     SamplingParams,
 )
 from clawbridge.store import TurnRecord
+from clawbridge.store.notes import Note
 from clawbridge.store.tombstones import UserForgotten
 from clawbridge.versions import VersionNotFound, parse_versioned
 
@@ -194,6 +196,12 @@ class SampledCall:
         self.prompt: Prompt | None = None
         """The rendered prompt (after `start`): its ids, and any forced call its end opens."""
         self.prompt_ids: list[int] = []
+        self.train_prompt_ids: list[int] | None = None
+        """The prompt without the user's notes when the call carried some (`clawbridge.rewards.notes`)."""
+        self.notes_meta: list[int] | str | None = None
+        """The ids of the notes the call carried, 'check' for a check session, or None."""
+        self.notes_off = False
+        """`X-Clawbridge-Notes: off`: serve this call without notes."""
         self._stream_parser: StreamParser | None = None
         self.policy_version = 0
         self.stream: SampleStream | None = None
@@ -227,9 +235,18 @@ class SampledCall:
     async def start(self) -> None:
         # Rendering and tokenizing grow with the prompt: off the loop when it is large.
         req = self.req
-        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, req.messages,
+        notes, check = self.notes()
+        messages = noted_messages(req.messages, note_hint(notes)) if notes else req.messages
+        self.prompt = await self.state.compute(len(self.stored), render_request, self.state, messages,
                                                req.tools, req.tool_choice, reads_store=self.with_history)
         self.prompt_ids = self.prompt.ids
+        if notes:  # what the model sees carries the notes; what it trains on is the call without them
+            plain = await self.state.compute(len(self.stored), render_request, self.state, req.messages,
+                                             req.tools, req.tool_choice, reads_store=self.with_history)
+            self.train_prompt_ids = plain.ids
+            self.notes_meta = [n.note_id for n in notes]
+        elif check:
+            self.notes_meta = CHECK_META
         if self.prompt.forced is not None or (self.req.parallel_tool_calls is False and self.data.get("tools")):
             # A forced call is the whole answer (as OpenAI answers a named tool_choice), and with
             # parallel_tool_calls false the first call is the last: sampling ends where it closes.
@@ -249,6 +266,14 @@ class SampledCall:
     def _close_stream(self) -> None:
         if self.stream is not None and self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(self.stream.aclose())
+
+    def notes(self) -> tuple[list[Note], bool]:
+        """The user's notes this call carries, and whether it is a check session (module rules of
+        `clawbridge.rewards.notes`): none for a `NAME@N` call or one that turned them off."""
+        book = self.state.notes
+        if book is None or self.notes_off or parse_versioned(self.req.model, self.state.router.model_names) is not None:
+            return [], False
+        return book.for_call(self.call.caller, self.call.session_id, self.call.turn_type)
 
     def parser(self) -> StreamParser:
         """A new parser for this call's completion: the chat format's, continuing any forced call."""
@@ -312,6 +337,8 @@ class SampledCall:
         client gets the same bytes)."""
         meta = dict(self.call.meta)
         meta["stream"] = self.req.stream
+        if self.notes_meta is not None:
+            meta["notes"] = self.notes_meta
         return TurnRecord(
             session_id=self.call.session_id, turn_type=self.call.turn_type, status=status,
             model=self.state.model_info.name, prompt_token_ids=self.prompt_ids,
@@ -322,7 +349,7 @@ class SampledCall:
             response_json=response_json,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
             meta=meta, turn_id=self.turn_id, user_id=self.call.user, caller=self.call.caller,
-            epoch=self.ticket.epoch,
+            epoch=self.ticket.epoch, train_prompt_token_ids=self.train_prompt_ids,
         )
 
     async def record(self, status: str, response_json: str | None) -> None:
@@ -444,6 +471,7 @@ class SampledCall:
 
     async def respond(self, request: Request, shape: ApiShape) -> Response:
         """Start sampling, then answer streamed or whole as the request asked."""
+        self.notes_off = request.headers.get(NOTES_HEADER, "").strip().lower() in ("off", "0", "false", "no")
         await self.start()
         if self.req.stream:
             return self.streaming_response(shape)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.promotion.promoter import Promoter
     from clawbridge.reporting import StepReporter
+    from clawbridge.rewards.notes import NoteBook
     from clawbridge.rewards.worker import RewardWorker
     from clawbridge.trainer.deletions import DeletionRetrier
     from clawbridge.trainer.lanes import UserLanes
@@ -202,6 +203,8 @@ class ProxyState:
     """Users' own adapters' trainer lanes with `per_user_adapters` (clawbridge.trainer.lanes)."""
     judge: RewardWorker | None = None
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
+    notes: NoteBook | None = None
+    """Users' notes from talk when a judge is configured and notes are on (clawbridge.rewards.notes)."""
     privacy: PrivacyGuard | None = None
     """The privacy filter where it is on (clawbridge.privacy): counts shown in status and metrics."""
     promotion: Promoter | None = None

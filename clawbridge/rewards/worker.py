@@ -19,6 +19,9 @@ Invariants:
   are sent (`clawbridge.privacy`); the votes stored are the judge's answers to the masked prompt.
 - A session is finished only when every main turn with a next state is done or given up; teacher
   scoring failures are logged and leave that turn RL-only.
+- With notes on, a verdict of -1 with a hint becomes a note of the session's user before the
+  session is finished, so a session that starts after it was judged carries it
+  (`clawbridge.rewards.notes`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from clawbridge.rewards.judge import (
     last_user_text,
 )
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
+from clawbridge.rewards.notes import CHECK_META, NoteBook, NotesConfig
 from clawbridge.rewards.opd import request_tools, teacher_input
 from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
@@ -51,6 +55,9 @@ if TYPE_CHECKING:
     from clawbridge.render import Renderer
 
 log = logging.getLogger("clawbridge.rewards")
+
+NOTES_REFRESH_S = 5.0
+"""How often the worker reloads the notes book (which users' notes are trained enough for checks)."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,11 @@ class RewardWorker:
 
     def __init__(self, store: Store, judge: JudgeModel, config: WorkerConfig | None = None,
                  renderer: Renderer | None = None, scorer: LogprobScorer | None = None,
-                 privacy: PrivacyGuard | None = None) -> None:
+                 privacy: PrivacyGuard | None = None, notes: NoteBook | None = None) -> None:
         self.rstore = RewardStore(store)
+        self.notes = notes
+        """Users' notes from talk: a correction's hint becomes one (`clawbridge.rewards.notes`)."""
+        self._notes_refreshed = float("-inf")
         self.privacy = privacy if privacy is not None and privacy.judge else None
         """Masks each judge prompt before it is sent (`clawbridge.privacy`); None: off."""
         self.clock = store.clock
@@ -150,6 +160,9 @@ class RewardWorker:
         """Process the pending ended sessions once; returns how many were finished."""
         await self._recover()
         now = self.clock.monotonic()
+        if self.notes is not None and now - self._notes_refreshed >= NOTES_REFRESH_S:
+            self._notes_refreshed = now  # which users' notes are trained enough for check sessions
+            await asyncio.to_thread(self.notes.refresh)
         pending = await asyncio.to_thread(self.rstore.pending_sessions, self.config.sessions_per_pass * 4)
         todo = [s for s in pending if self._retry_at.get(s, 0.0) <= now][: self.config.sessions_per_pass]
         done = await asyncio.gather(*(self.process_session(s) for s in todo))
@@ -204,7 +217,19 @@ class RewardWorker:
             self.rstore.finish_judgement, view.turn_id, attempt, verdict.votes, float(verdict.score),
             verdict.mean_vote, verdict.hint,
         )
+        if self.notes is not None:
+            await asyncio.to_thread(self._take_notes, session_id, view.turn_id, verdict.score, verdict.hint)
         return True
+
+    def _take_notes(self, session_id: str, turn_id: str, score: int, hint: str | None) -> None:
+        """A correction's hint becomes a note of the session's user; a judged check session may
+        retire their notes (`clawbridge.rewards.notes`)."""
+        assert self.notes is not None
+        user, noted = self.rstore.turn_notes_context(session_id, turn_id)
+        if score < 0 and hint:
+            self.notes.add_from_hint(user, hint, turn_id)
+        elif noted == CHECK_META:
+            self.notes.observe_check(user)
 
     async def _score_hinted(self, session_id: str, turns: dict[str, StoredTurn]) -> None:
         assert self.scorer is not None and self.renderer is not None
@@ -281,4 +306,7 @@ async def build_reward_worker(settings: Settings, store: Store, backend: Serving
     if settings.method != "rl" and scorer is None:
         log.warning("method %s: the %s backend cannot score logprobs; turns get no OPD part",
                     settings.method, backend.name)
-    return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer, privacy)
+    notes = NoteBook(store, NotesConfig.from_settings(settings)) if settings.notes else None
+    if notes is not None:
+        notes.refresh()
+    return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer, privacy, notes)

@@ -142,6 +142,14 @@ class RewardStore:
             )
             return attempt
 
+    def turn_notes_context(self, session_id: str, turn_id: str) -> tuple[str, Any]:
+        """(the session's user, '' without one; the turn's `meta.notes`) for the notes book."""
+        with self.store.read() as c:
+            r = c.execute("SELECT COALESCE(s.user_id, '') AS user_id, json_extract(t.meta_json, '$.notes') AS noted "
+                          "FROM sessions s LEFT JOIN turns t ON t.turn_id = ? WHERE s.session_id = ?",
+                          (turn_id, session_id)).fetchone()
+        return ("", None) if r is None else (str(r["user_id"]), r["noted"])
+
     def finish_judgement(
         self, turn_id: str, attempt: int, votes: Sequence[VoteRow], score: float, mean_vote: float,
         hint: str | None,

@@ -250,7 +250,27 @@ MIGRATIONS: list[str] = [
         SELECT MAX(version) AS v FROM policy_versions UNION ALL SELECT MAX(policy_version) FROM turns
         UNION ALL SELECT MAX(policy_version) FROM steps);
     INSERT INTO counters(name, value) SELECT 'step', COALESCE(MAX(step), 0) FROM steps;
-
+    """,
+    # v10: notes from talk (clawbridge.rewards.notes): what the judge read in a user's corrections,
+    # put in that user's next calls at once while training teaches it to the weights; a turn served
+    # with notes keeps the prompt the model saw (prompt_token_ids) and the prompt it trains on
+    # (train_prompt_token_ids, the same call without the notes), so the weights learn to answer as
+    # the note asked without it. `turn_id` is the corrected turn, so forgetting its user deletes it.
+    """
+    CREATE TABLE notes (
+        note_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+        user_id      TEXT NOT NULL DEFAULT '',   -- '' : calls made without a user (the shared client key)
+        text         TEXT NOT NULL,
+        turn_id      TEXT,                       -- the corrected turn it came from (its hint)
+        status       TEXT NOT NULL,              -- active | retired
+        corrections  INTEGER NOT NULL DEFAULT 1, -- corrections with this same text
+        created_at   REAL NOT NULL,
+        updated_at   REAL NOT NULL,
+        retired_at   REAL,
+        retired_reason TEXT
+    );
+    CREATE INDEX notes_user ON notes(user_id, status);
+    ALTER TABLE turns ADD COLUMN train_prompt_token_ids BLOB;
     """,
 ]
 

@@ -367,7 +367,7 @@ class Store:
             "INSERT INTO turns(turn_id, session_id, seq, turn_type, status, model, prompt_token_ids, "
             "completion_token_ids, completion_logprobs, policy_version, finish_reason, request_json, "
             "response_json, meta_json, prompt_tokens, completion_tokens, created_at, first_token_at, "
-            "completed_at) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "completed_at, train_prompt_token_ids) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 turn.turn_id,
                 turn.session_id,
@@ -388,6 +388,7 @@ class Store:
                 turn.created_at,
                 turn.first_token_at,
                 turn.completed_at,
+                None if turn.train_prompt_token_ids is None else encode_ids(turn.train_prompt_token_ids),
             ),
         )
         c.execute("UPDATE sessions SET updated_at=? WHERE session_id=?", (turn.completed_at, turn.session_id))

@@ -52,6 +52,9 @@ class TurnRecord:
     """Whose call it was (also for a session key: its session's user), for the tombstone check."""
     epoch: int | None = None
     """The forget epoch when the call began (`clawbridge.store.tombstones`; None: now)."""
+    train_prompt_token_ids: Sequence[int] | None = None
+    """The prompt this turn trains on when it differs from what the model saw (a call that carried
+    its user's notes: the same call without them, `clawbridge.rewards.notes`); None: the same."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,13 @@ class StoredTurn:
     created_at: float
     first_token_at: float | None
     completed_at: float
+    train_prompt_ids: list[int] | None = None
+    """The prompt training uses instead of `prompt_ids` (a noted call without its notes), or None."""
+
+    @property
+    def trained_prompt_ids(self) -> list[int]:
+        """The prompt this turn trains on: `train_prompt_ids` when recorded, else what the model saw."""
+        return self.train_prompt_ids if self.train_prompt_ids is not None else self.prompt_ids
 
     @property
     def api(self) -> str:
@@ -134,4 +144,5 @@ def decode_turn(row: sqlite3.Row) -> StoredTurn:
         created_at=float(row["created_at"]),
         first_token_at=row["first_token_at"],
         completed_at=float(row["completed_at"]),
+        train_prompt_ids=decode_ids(row["train_prompt_token_ids"]) if row["train_prompt_token_ids"] else None,
     )

@@ -159,7 +159,7 @@ def prepare_batch(
         per_token, opd = token_advantages(adv, teacher, t.completion_logprobs, mix)
         opd_values.extend(opd or [])
         pieces[s.turn_id] = TurnPiece(
-            s.turn_id, s.session_id, t.prompt_ids, t.completion_ids, t.completion_logprobs,
+            s.turn_id, s.session_id, t.trained_prompt_ids, t.completion_ids, t.completion_logprobs,
             [a * scale for a in per_token], t.policy_version,
         )
     first_of_session: dict[str, int] = {}

@@ -91,9 +91,10 @@ def per_user_problem(settings: Settings, backend: object) -> str | None:
         name = getattr(backend, "name", "this backend")
         return (f"per_user_adapters: backend {name} cannot train an adapter per user yet; use --backend local or "
                 "tinker with LoRA")
-    if settings.promotion_mode != "off":
-        return ("per_user_adapters with promotion is not supported yet (each user would need their own evaluation); "
-                "set promotion_mode = \"off\"")
+    if settings.promotion_mode in ("eval", "canary"):
+        return (f"per_user_adapters with promotion_mode {settings.promotion_mode} is not supported yet (each user "
+                "would need their own evaluation); set promotion_mode = \"probe\" (the shared policy's gate) or "
+                "\"off\"")
     return backend.user_lanes_unsupported()
 
 

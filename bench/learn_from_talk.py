@@ -1,0 +1,165 @@
+"""Train it by talking: simulated people teach a running `clawbridge up` their preference in words.
+
+    python bench/learn_from_talk.py                                   # SmolLM2, the 4 personas alone, seeds 0-2, defaults
+    python bench/learn_from_talk.py --persona brief,name --seeds 0 --method rl --notes off
+    python bench/learn_from_talk.py --together                        # the personas at once, each its own user
+    python bench/learn_from_talk.py --baseline                        # what the defaults were before: no notes, no gate
+
+Each (persona, method, seed) is one `clawbridge up --backend local` (LoRA, the settings' defaults
+except what the flags name) with the rule-based judge as an endpoint (it reads only what the
+person said next; it never sees the persona's rule) and the person talking in OpenClaw-style
+sessions through the `openai` SDK (`clawbridge.devtools.talk` says what is measured and how).
+Prints one row per run as it ends and a table of medians over seeds per persona x method, and
+writes each run's JSON (every session, every served version's capability) under --out.
+
+Columns: `3-in-a-row` sessions talked until three first answers in a row met the preference (-:
+never); `held-out` the preference rate on held-out questions before -> after as the person gets it
+(notes included) [from the weights alone]; `capability` the fact check (12 facts the gate never
+sees) of the base -> the final serving version (the lowest of every served version); `steps`,
+versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
+logprob on hinted turns; `wall`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import set_threads_from_argv
+
+set_threads_from_argv(1)
+
+METHODS = ("combine", "rl", "opd")
+
+
+def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gate: bool, seed: int, sessions: int,
+            out: Path, extra: dict[str, str]) -> dict[str, Any]:
+    from clawbridge.devtools.demo import free_port, launch_proxy, stop_proxy, wait_healthy
+    from clawbridge.devtools.judge_server import JudgeServer
+    from clawbridge.devtools.talk import Proxy, TalkConfig, run_talk, save
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = out / "state"
+    state.mkdir(exist_ok=True)
+    env = {"CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_MODEL": "rule-based",
+           "CLAWBRIDGE_METHOD": method, "CLAWBRIDGE_NOTES": "true" if notes else "false",
+           "CLAWBRIDGE_TRAIN_LAUNCHER": "torchrun", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5"}
+    if not gate:
+        env["CLAWBRIDGE_PROMOTION_MODE"] = "off"
+    env.update(extra)
+    with JudgeServer(model="rule-based") as judge:
+        env["CLAWBRIDGE_JUDGE_BASE_URL"] = judge.base_url
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = launch_proxy(Path(model), state, port, env, served_name="talk")
+        try:
+            wait_healthy(base, proc, timeout_s=900)
+            proxy = Proxy(base, (state / "admin_key").read_text().strip(), (state / "client_key").read_text().strip())
+            cfg = TalkConfig(personas=personas, sessions=sessions, seed=seed)
+            result = run_talk(proxy, state, cfg, say=lambda line: print(f"  [{'+'.join(personas)} {method} "
+                                                                         f"s{seed}] {line}", flush=True))
+        finally:
+            stop_proxy(proc)
+    save(result, out / "result.json")
+    return result.as_json()
+
+
+def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
+    p = r["personas"][persona]
+    return {"stable": p["stable_after"], "before": p["before_rate"], "served": p["after_served"],
+            "weights": p["after_weights"], "cap0": r["capability_before"],
+            "cap": r["capability_by_version"].get(str(r["final_version"]), r["capability_by_version"].get(
+                r["final_version"], r["capability_before"])), "capmin": r["capability_min"], "steps": r["steps"],
+            "promoted": r["promoted"], "rejected": r["rejected"],
+            "notes": sum(1 for n in r["notes"] if (n.get("user") or persona) in (persona, None)),
+            "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
+            "gap": r["teacher_gap"], "wall": r["seconds"]}
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def median(values: list[Any]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    print("\n| persona | method | seeds | 3-in-a-row (median; each) | held-out before -> after [weights] | "
+          "capability base -> final (min served) | steps | promoted/rejected | notes | gap | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (persona, method), rs in sorted(rows.items()):
+        stable = [r["stable"] for r in rs]
+        each = ", ".join("-" if s is None else str(s) for s in stable)
+        never = sum(s is None for s in stable)
+        med = median([s if s is not None else 10**6 for s in stable])
+        med_s = "-" if med is None or med >= 10**6 else f"{med:g}"
+        print(f"| {persona} | {method} | {len(rs)} | {med_s} ({each}{'; never: ' + str(never) if never else ''}) | "
+              f"{fmt(median([r['before'] for r in rs]))} -> {fmt(median([r['served'] for r in rs]))} "
+              f"[{fmt(median([r['weights'] for r in rs]))}] | "
+              f"{fmt(median([r['cap0'] for r in rs]))} -> {fmt(median([r['cap'] for r in rs]))} "
+              f"({fmt(min(r['capmin'] for r in rs))}) | {fmt(median([r['steps'] for r in rs]), 'g')} | "
+              f"{fmt(median([r['promoted'] for r in rs]), 'g')}/{fmt(median([r['rejected'] for r in rs]), 'g')} | "
+              f"{fmt(median([r['notes'] for r in rs]), 'g')}/{fmt(median([r['retired'] for r in rs]), 'g')} | "
+              f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {fmt(median([r['wall'] for r in rs]), '.0f')} s |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="smollm2 (the real model) or a model folder")
+    ap.add_argument("--persona", default="brief,name,lead,plain", help="comma-separated (clawbridge.devtools.personas)")
+    ap.add_argument("--method", default="combine", help=f"comma-separated: {', '.join(METHODS)}")
+    ap.add_argument("--notes", choices=("on", "off"), default="on", help="notes from talk (the default: on)")
+    ap.add_argument("--gate", choices=("on", "off"), default="on", help="the promotion gate (default: on, the probe)")
+    ap.add_argument("--baseline", action="store_true", help="the defaults before notes and the probe: notes off, gate off")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--together", action="store_true", help="the personas talk at once in one server, each a user")
+    ap.add_argument("--set", action="append", default=[], metavar="CLAWBRIDGE_X=V", help="extra settings for up")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    from clawbridge.models import cached_model
+
+    model = str(cached_model("smollm2-135m-instruct")) if args.model == "smollm2" else args.model
+    notes, gate = args.notes == "on", args.gate == "on"
+    if args.baseline:
+        notes, gate = False, False
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    out = args.out or Path(tempfile.mkdtemp(prefix="clawbridge-talk-"))
+    personas = [p.strip() for p in args.persona.split(",") if p.strip()]
+    groups = [tuple(personas)] if args.together else [(p,) for p in personas]
+    label = ("notes" if notes else "no notes") + (", gate" if gate else ", no gate")
+    print(f"learn from talk: {args.model}, {args.sessions} sessions per person, {label}, load {os.getloadavg()[0]:.1f}; "
+          f"runs under {out}", flush=True)
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for method in args.method.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for group in groups:
+                name = f"{'+'.join(group)}-{method}-{'notes' if notes else 'plain'}-{'gate' if gate else 'nogate'}-s{seed}"
+                t0 = time.monotonic()
+                r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra)
+                for p in group:
+                    rw = row(r, p)
+                    rows.setdefault((p + (" (together)" if args.together else ""), f"{method}, {label}"), []).append(rw)
+                    print(f"{name} {p}: 3-in-a-row {rw['stable']}, held-out {rw['before']:.2f} -> {rw['served']:.2f} "
+                          f"[{rw['weights']:.2f}], capability {rw['cap0']:.2f} -> {rw['cap']:.2f} (min {rw['capmin']:.2f}), "
+                          f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
+                          f"gap {fmt(rw['gap'], '.3f')}, {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}",
+                          flush=True)
+    print_table(rows)
+    (out / "table.json").write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in rows.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""People teaching their agent by talking, through a running `clawbridge up` (`bench/learn_from_talk.py`).
+
+One run: a `clawbridge up` (any model; SmolLM2 for the figures) with the judge as an endpoint (the
+rule-based judge, reading only what happened next), and one or more personas
+(`clawbridge.devtools.personas`) who talk to it through the real `openai` SDK in OpenClaw-style
+sessions: the agent's system prompt, the person's question, the answer, what the person says to it
+(thanks, or what they want instead, in words), the agent's reply; `X-Session-Id`, `X-Turn-Type:
+main`, the last call `X-Session-Done`. Nobody sets a reward.
+
+Measured per persona:
+- `stable_after`: sessions talked until three in a row showed the preference (their first answers);
+- the held-out preference rate before and after (temperature 1, the same seeds), as the person gets
+  it (`served`: their notes included) and from the weights alone (`X-Clawbridge-Notes: off`);
+- the capability check (`realdemo.FACTS`, greedy; a set the gate never sees) of the base and of
+  every version that served plain calls during the run (`NAME@N`);
+- steps, versions promoted and rejected, notes made and retired, the mean teacher-minus-sampler
+  logprob on hinted turns (does the judge's hint move the teacher?), wall time.
+
+Rules: a person talks one session at a time, and starts the next once the judge has read the last
+one (a person's next conversation comes minutes later; the judge takes seconds); personas in one
+run talk at once, each as their own user (their own key: notes are per user) over the one shared
+policy (per-user adapters stay as configured).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, question_order
+from clawbridge.devtools.realdemo import FACTS
+
+Say = Callable[[str], None]
+EVAL_CONCURRENCY = 8
+"""Evaluation calls in flight at once (the engine batches them; the talking is one call at a time)."""
+
+
+@dataclass(frozen=True)
+class TalkConfig:
+    """One run's knobs."""
+
+    personas: tuple[str, ...] = ("brief",)
+    sessions: int = 32
+    """Sessions each persona talks."""
+    seed: int = 0
+    max_tokens: int = 64
+    """Cap on the agent's first answer of a session."""
+    reply_max_tokens: int = 16
+    """Cap on the agent's answer to what the person said (it has no next state: never judged)."""
+    held_out_samples: int = 2
+    """Sampled answers per held-out question (temperature 1, fixed seeds)."""
+    settings: dict[str, str] = field(default_factory=dict)
+    """CLAWBRIDGE_* values for `clawbridge up` beyond the run's own (method, notes, promotion, ...)."""
+    judge_wait_s: float = 120.0
+    """The longest a person waits for the judge to read their last session."""
+    settle_s: float = 900.0
+    """After talking: the longest to wait for the judge and the trainer to finish."""
+
+
+@dataclass
+class SessionLog:
+    persona: str
+    index: int
+    question: str
+    answer: str
+    met: bool
+    policy_version: int
+
+
+@dataclass
+class PersonaResult:
+    persona: str
+    wants: str
+    sessions: list[SessionLog] = field(default_factory=list)
+    before_rate: float = 0.0
+    after_served: float = 0.0
+    after_weights: float = 0.0
+
+    @property
+    def stable_after(self) -> int | None:
+        return stable_after([s.met for s in sorted(self.sessions, key=lambda s: s.index)])
+
+
+@dataclass
+class TalkResult:
+    config: dict[str, Any]
+    personas: dict[str, PersonaResult]
+    capability_before: float = 0.0
+    capability_by_version: dict[int, float] = field(default_factory=dict)
+    """Every version that served plain calls during the run, and the final serving one."""
+    served_versions: list[int] = field(default_factory=list)
+    final_version: int = 0
+    steps: int = 0
+    promoted: int = 0
+    rejected: int = 0
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    teacher_gap: float | None = None
+    """Mean teacher-minus-sampler logprob over the completion tokens of hinted turns."""
+    hinted_turns: int = 0
+    seconds: float = 0.0
+
+    @property
+    def capability_min(self) -> float:
+        return min(self.capability_by_version.values(), default=self.capability_before)
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["capability_min"] = self.capability_min
+        for name, p in self.personas.items():
+            out["personas"][name]["stable_after"] = p.stable_after
+        return out
+
+
+def stable_after(met: Sequence[bool], run: int = 3) -> int | None:
+    """Sessions talked until `run` in a row met the preference (1-based count), or None."""
+    streak = 0
+    for i, ok in enumerate(met):
+        streak = streak + 1 if ok else 0
+        if streak >= run:
+            return i + 1
+    return None
+
+
+class Proxy:
+    """What the run needs of a running `clawbridge up`."""
+
+    def __init__(self, base: str, admin: str, client: str) -> None:
+        self.base, self.admin, self.client = base, admin, client
+
+    def status(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.base}/rl/status", headers={"Authorization": f"Bearer {self.admin}"}, timeout=120)
+        r.raise_for_status()
+        return dict(r.json())
+
+    def openai(self, key: str) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=5, timeout=900)
+
+    def add_user(self, name: str) -> str:
+        r = httpx.post(f"{self.base}/rl/users", json={"user": name}, timeout=60,
+                       headers={"Authorization": f"Bearer {self.admin}"})
+        r.raise_for_status()
+        return str(r.json()["api_key"])
+
+
+def _ask(client: Any, messages: list[dict[str, Any]], max_tokens: int, seed: int | None, headers: dict[str, str],
+         model: str = "default") -> tuple[str, int]:
+    """(text, policy version) of one call; greedy when `seed` is None."""
+    resp = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
+                                          temperature=0 if seed is None else 1.0, seed=seed, extra_headers=headers)
+    version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
+    return resp.choices[0].message.content or "", version
+
+
+def preference_rate(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, notes: bool) -> float:
+    """Share of sampled answers to HELD_OUT_QUESTIONS (fixed seeds) that meet the preference; each
+    call its own one-call session (never judged, never trained)."""
+    client = proxy.openai(key)
+    headers = {} if notes else {"X-Clawbridge-Notes": "off"}
+    jobs = [(q, 1_000_003 * cfg.seed + 7919 * k + i) for k in range(cfg.held_out_samples)
+            for i, q in enumerate(HELD_OUT_QUESTIONS)]
+
+    def one(job: tuple[str, int]) -> bool:
+        messages = [{"role": "system", "content": persona.system_prompt()}, {"role": "user", "content": job[0]}]
+        return persona.meets(_ask(client, messages, cfg.max_tokens, job[1], headers)[0])
+
+    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:  # the engine batches them
+        met = list(pool.map(one, jobs))
+    return sum(met) / len(met)
+
+
+def capability(proxy: Proxy, version: int | None) -> float:
+    """Share of FACTS whose greedy answer names the fact (`default@N`, or the serving version)."""
+    client = proxy.openai(proxy.client)
+    model = "default" if version is None else f"default@{version}"
+
+    def one(fact: tuple[str, tuple[str, ...]]) -> bool:
+        text, _ = _ask(client, [{"role": "user", "content": fact[0]}], 32, None, {"X-Clawbridge-Notes": "off"}, model)
+        return any(n in text.lower() for n in fact[1])
+
+    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:
+        hits = sum(pool.map(one, FACTS))
+    return hits / len(FACTS)
+
+
+def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: PersonaResult, judged: Callable[[], int],
+         say: Say) -> None:
+    """One person's sessions, one at a time (module rules)."""
+    client = proxy.openai(key)
+    rng = random.Random(f"{persona.key}:{cfg.seed}")
+    order = question_order(cfg.seed)
+    system = {"role": "system", "content": persona.system_prompt()}
+    for i in range(cfg.sessions):
+        sid = f"{persona.key}-{cfg.seed}-{i}"
+        q = {"role": "user", "content": order[i % len(order)]}
+        head = {"X-Session-Id": sid, "X-Turn-Type": "main"}
+        answer, version = _ask(client, [system, q], cfg.max_tokens, cfg.seed * 100_003 + i, head)
+        reply, met = persona.reply(answer, rng)
+        _ask(client, [system, q, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}],
+             cfg.reply_max_tokens, cfg.seed * 100_003 + i + 7, {**head, "X-Session-Done": "true"})
+        result.sessions.append(SessionLog(persona.key, i, q["content"], answer, met, version))
+        say(f"{persona.key} session {i + 1}/{cfg.sessions} (v{version}): {'met' if met else 'missed'}: "
+            f"{answer[:70]!r} -> {reply!r}")
+        before = judged()
+        deadline = time.monotonic() + cfg.judge_wait_s
+        while judged() <= before and time.monotonic() < deadline:  # the judge reads it before the next one
+            time.sleep(0.5)
+
+
+def settle(proxy: Proxy, cfg: TalkConfig, say: Say) -> dict[str, Any]:
+    """Until the judge is idle and the trainer has trained what it has and the gate decided."""
+    deadline = time.monotonic() + cfg.settle_s
+    while True:
+        st = proxy.status()
+        trainer, judge, promo = st.get("trainer") or {}, st.get("judge") or {}, st.get("promotion") or {}
+        pending_judge = int((judge.get("judgements") or {}).get("running", 0))
+        unrewarded = int((trainer.get("waiting") or {}).get("unrewarded_turns", 0))
+        untrained = int(trainer.get("backlog", 0)) - unrewarded
+        if not pending_judge and not trainer.get("in_step") and untrained <= 0 and not promo.get("holding"):
+            return st
+        if time.monotonic() > deadline:
+            say(f"not settled after {cfg.settle_s:.0f} s (backlog {untrained}, holding {promo.get('holding')})")
+            return st
+        time.sleep(2.0)
+
+
+def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
+    """(mean teacher - sampler logprob over hinted turns' completion tokens, hinted turns scored)."""
+    from clawbridge.store.codec import decode_floats
+
+    db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT t.completion_logprobs, tl.logprobs FROM teacher_logprobs tl "
+                          "JOIN turns t ON t.turn_id = tl.turn_id").fetchall()
+    except sqlite3.Error:
+        return None, 0
+    finally:
+        db.close()
+    gaps = [te - sa for sampler, teacher in rows
+            for sa, te in zip(decode_floats(sampler), decode_floats(teacher), strict=False)]
+    return (statistics.fmean(gaps) if gaps else None), len(rows)
+
+
+def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -> TalkResult:
+    """Measure before, let the personas talk, settle, measure after (module docstring)."""
+    t0 = time.monotonic()
+    personas = [PERSONAS[p] for p in cfg.personas]
+    together = len(personas) > 1
+    keys = {p.key: (proxy.add_user(p.key) if together else proxy.client) for p in personas}
+    result = TalkResult(asdict(cfg), {p.key: PersonaResult(p.key, p.wants) for p in personas})
+    result.capability_before = capability(proxy, None)
+    for p in personas:
+        result.personas[p.key].before_rate = preference_rate(proxy, keys[p.key], p, cfg, notes=False)
+        say(f"before: {p.key} preference {result.personas[p.key].before_rate:.2f}")
+    say(f"before: capability {result.capability_before:.2f}")
+    lock = threading.Lock()
+    counted = {"n": 0}
+
+    def judged() -> int:
+        with lock:
+            judge = proxy.status().get("judge") or {}
+            counted["n"] = sum(int(v) for k, v in (judge.get("judgements") or {}).items() if k in ("done", "failed"))
+            return counted["n"]
+
+    threads = [threading.Thread(target=talk, args=(proxy, p, keys[p.key], cfg, result.personas[p.key], judged, say))
+               for p in personas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    st = settle(proxy, cfg, say)
+    promo = st.get("promotion") or {}
+    decisions = promo.get("decisions") or []
+    result.promoted = sum(1 for d in decisions if d.get("verdict") == "promoted" and d.get("source") != "admin")
+    result.rejected = sum(1 for d in decisions if d.get("verdict") == "rejected")
+    result.steps = int(((st.get("trainer") or {}).get("steps") or {}).get("ok", 0))
+    serving = promo.get("serving_version")
+    result.final_version = int(serving if serving is not None else st.get("policy_version") or 0)
+    served = sorted({s.policy_version for p in result.personas.values() for s in p.sessions} | {result.final_version})
+    result.served_versions = served
+    for v in served:
+        result.capability_by_version[v] = result.capability_before if v == 0 else capability(proxy, v)
+    for p in personas:
+        pr = result.personas[p.key]
+        pr.after_served = preference_rate(proxy, keys[p.key], p, cfg, notes=True)
+        pr.after_weights = preference_rate(proxy, keys[p.key], p, cfg, notes=False)
+        say(f"after: {p.key} preference served {pr.after_served:.2f}, weights alone {pr.after_weights:.2f}; "
+            f"three in a row after {pr.stable_after} sessions")
+    r = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {proxy.admin}"}, timeout=60)
+    result.notes = r.json().get("notes", []) if r.status_code == 200 else []
+    result.teacher_gap, result.hinted_turns = teacher_gap(state_dir)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def save(result: TalkResult, path: Path) -> None:
+    path.write_text(json.dumps(result.as_json(), indent=1, default=str))

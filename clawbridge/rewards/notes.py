@@ -1,0 +1,209 @@
+"""Notes from talk: learn at once what a user asked for, keep it for good in the weights.
+
+When the judge reads a correction in what a user said next ("Too long. Keep it under 30 words",
+"Please call me Sam"), its hint becomes a NOTE of that user. From then on each of the user's main
+calls carries the user's active notes, appended to its last user message exactly as on-policy
+distillation's teacher sees a hint (`clawbridge.rewards.opd.HINT_TEMPLATE`): the next answer can
+already follow it, without waiting for a training step. Training meanwhile teaches the weights to
+answer that way WITHOUT the note: a noted turn trains on the prompt the call would have had without
+its notes (`train_prompt_token_ids`), so the loss pulls the plain prompt toward what the noted
+context sampled (context distillation through the recorded, rewarded samples). Once the weights
+carry it, the notes retire.
+
+Rules:
+- A note belongs to one user ('' for calls without a user: the shared client key) and is only put
+  in that user's calls: main turns only, never side turns, never a `NAME@N` call, never a call that
+  says `X-Clawbridge-Notes: off`.
+- Token exact where it matters: `prompt_token_ids` are what the model saw (notes included) and the
+  completion ids and logprobs are what it sampled; the request recorded is the client's own. Only
+  the prompt a turn TRAINS on differs from what was seen, and only by the notes.
+- Retiring: once the user's notes are `check_after_steps` training steps old (the lane trained on
+  the noted turns), a share `check_share` of the user's NEW sessions (a stable hash of the session
+  id) are check sessions, served without notes. When the last `retire_after` check sessions' first
+  answers were all accepted (judge verdict > 0), the weights carry the notes: they retire (kept and
+  listed as retired, no longer put in calls). A correction in a check session becomes a note again.
+- The user sees and deletes every note (`clawbridge notes`, `/rl/notes`, the dashboard); a deleted
+  note is gone from the store and from the next call.
+- The proxy reads notes from memory (`NoteBook.for_call`), never from the store on a model call's
+  path; the book is reloaded off the loop after every change (`refresh`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clawbridge.config import Settings, default_of
+from clawbridge.messages import ChatMessage
+from clawbridge.rewards.opd import HINT_TEMPLATE
+from clawbridge.store import Store
+from clawbridge.store.notes import Note, NoteStore
+
+log = logging.getLogger("clawbridge.notes")
+
+NOTES_HEADER = "x-clawbridge-notes"
+"""`X-Clawbridge-Notes: off` serves a call without its user's notes (an evaluation, a check)."""
+CHECK_META = "check"
+"""A turn's `meta.notes`: 'check' (a check session, served without notes) or the note ids it carried."""
+
+
+@dataclass(frozen=True)
+class NotesConfig:
+    """The `[rewards]` notes options (`from_settings`)."""
+
+    enabled: bool = default_of("notes")
+    max_active: int = default_of("notes_max")
+    check_share: float = default_of("notes_check_share")
+    check_after_steps: int = default_of("notes_check_after_steps")
+    retire_after: int = default_of("notes_retire_after")
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> NotesConfig:
+        return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_retire_after)
+
+
+def note_hint(notes: Sequence[Note]) -> str:
+    """The text a call carries for `notes` (one hint, oldest note first)."""
+    return " ".join(n.text for n in notes)
+
+
+def noted_messages(messages: Sequence[ChatMessage], hint: str) -> list[ChatMessage]:
+    """`messages` with `hint` appended to the last user message as `HINT_TEMPLATE` (a user message
+    is added when there is none): what a noted call renders."""
+    out = list(messages)
+    suffix = HINT_TEMPLATE.format(hint=hint.strip())
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].role == "user":
+            out[i] = out[i].model_copy(update={"content": f"{out[i].content or ''}{suffix}"})
+            return out
+    out.append(ChatMessage(role="user", content=suffix.lstrip()))
+    return out
+
+
+def is_check_session(session_id: str, share: float) -> bool:
+    """Whether a session of a user with trained notes is a check session (stable hash)."""
+    if share <= 0:
+        return False
+    digest = hashlib.blake2b(f"notes-check:{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < share
+
+
+class NoteBook:
+    """The notes of one server: the store's table, and the active notes in memory for the proxy."""
+
+    def __init__(self, store: Store, config: NotesConfig | None = None) -> None:
+        self.store = store
+        self.notes = NoteStore(store)
+        self.config = config or NotesConfig()
+        self._active: dict[str, list[Note]] = {}
+        self._checking: set[str] = set()
+        """Users whose notes are trained enough for check sessions."""
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ the proxy's side (memory only)
+    def for_call(self, user: str | None, session_id: str, turn_type: str) -> tuple[list[Note], bool]:
+        """(the notes this call carries, whether it is a check session served without them)."""
+        if not self.config.enabled or turn_type != "main":
+            return [], False
+        key = user or ""
+        notes = self._active.get(key, [])
+        if not notes:
+            return [], False
+        if key in self._checking and is_check_session(session_id, self.config.check_share):
+            return [], True
+        return notes, False
+
+    # ------------------------------------------------------------------ changes (worker threads)
+    def refresh(self) -> None:
+        """Reload the active notes and which users are due for check sessions (off the loop)."""
+        active = self.notes.active()
+        checking = {user for user, notes in active.items()
+                    if self._steps_since(user, min(n.created_at for n in notes)) >= self.config.check_after_steps}
+        with self._lock:
+            self._active, self._checking = active, checking
+
+    def add_from_hint(self, user: str, hint: str, turn_id: str) -> Note | None:
+        """A correction's hint becomes (or counts on) a note of `user`; None when notes are off."""
+        if not self.config.enabled or not hint.strip():
+            return None
+        note, new = self.notes.add(user, hint, turn_id, self.config.max_active)
+        if new:
+            log.info("note %d for %s from a correction: %r", note.note_id, user or "the shared key", note.text)
+        self.refresh()
+        return note
+
+    def delete(self, note_id: int, user: str | None = None) -> bool:
+        gone = self.notes.delete(note_id, user)
+        self.refresh()
+        return gone
+
+    def observe_check(self, user: str) -> bool:
+        """After a check session of `user` was judged: retire their notes when the last
+        `retire_after` check sessions since their newest note were all accepted. Whether it did."""
+        active = self.notes.active().get(user, [])
+        n = self.config.retire_after
+        if not active or n <= 0:
+            return False
+        since = max(x.created_at for x in active)
+        verdicts = self._check_verdicts(user, since, n)
+        if len(verdicts) < n or not all(v > 0 for v in verdicts):
+            return False
+        count = self.notes.retire(user, f"the weights carry it: the last {n} sessions served without notes "
+                                        "were accepted")
+        log.info("retired %d note(s) of %s: %d check sessions in a row were accepted without them", count,
+                 user or "the shared key", n)
+        self.refresh()
+        return count > 0
+
+    # ------------------------------------------------------------------ queries
+    def _steps_since(self, user: str, since: float) -> int:
+        with self.store.read() as c:
+            return int(c.execute(
+                "SELECT COUNT(*) FROM policy_versions WHERE lane=? AND kind='step' AND status='committed' "
+                "AND committed_at > ?", (user, since)).fetchone()[0])
+
+    def _check_verdicts(self, user: str, since: float, n: int) -> list[float]:
+        """Judge scores of the first main turns of `user`'s newest `n` check sessions after `since`."""
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT j.score FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "JOIN judgements j ON j.turn_id = t.turn_id "
+                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at > ? "
+                "AND json_extract(t.meta_json, '$.notes') = ? AND j.status = 'done' AND j.score IS NOT NULL "
+                "ORDER BY t.created_at DESC LIMIT ?", (user, since, CHECK_META, n)).fetchall()
+        return [float(r[0]) for r in rows]
+
+    def status(self, user: str | None = None) -> list[dict[str, Any]]:
+        """Every note (of `user`, or everyone's) with how the user's sessions met it since: for
+        `/rl/status`, `clawbridge status` and the dashboard ("is it learning what I asked?")."""
+        out = []
+        for note in self.notes.listing(user):
+            out.append({**note.as_dict(), **self._since(note)})
+        return out
+
+    def _since(self, note: Note) -> dict[str, Any]:
+        """Judged first answers of the note's user since it was made: how many, how many accepted,
+        and when three in a row were first accepted (the effect became stable)."""
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT t.session_id, j.score, t.created_at, json_extract(t.meta_json, '$.notes') AS noted "
+                "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "JOIN judgements j ON j.turn_id = t.turn_id "
+                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
+                "AND j.status = 'done' AND j.score IS NOT NULL AND t.seq = (SELECT MIN(seq) FROM turns x "
+                "WHERE x.session_id = t.session_id AND x.turn_type = 'main') ORDER BY t.created_at",
+                (note.user_id, note.created_at)).fetchall()
+        scores = [float(r["score"]) for r in rows]
+        run, stable_after = 0, None
+        for i, s in enumerate(scores):
+            run = run + 1 if s > 0 else 0
+            if run == 3 and stable_after is None:
+                stable_after = i + 1
+        plain = [float(r["score"]) for r in rows if r["noted"] == CHECK_META]
+        return {"sessions_since": len(scores), "accepted_since": sum(1 for s in scores if s > 0),
+                "stable_after_sessions": stable_after, "check_sessions": len(plain),
+                "check_accepted": sum(1 for s in plain if s > 0)}

@@ -1,0 +1,190 @@
+"""Notes from talk: a correction's hint is carried by the same user's next calls at once.
+
+The real app (uvicorn, SQLite, the tiny model's tokenizer) over a scripted sampler, the real
+`openai` SDK as the client, and the rule-based judge endpoint reading what the user said next.
+Asserted on what the store recorded: the prompt the model saw carries the note, the prompt the turn
+trains on does not, the client's request is its own; another user's calls, side turns, `NAME@N` and
+`X-Clawbridge-Notes: off` calls carry nothing; a deleted note is gone from the next call; check
+sessions retire notes once the weights carry them. (Learning with notes through `clawbridge up`:
+`bench/learn_from_talk.py`.)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from clawbridge.devtools.judge_server import JudgeServer
+from clawbridge.render import Renderer
+from clawbridge.rewards.notes import NoteBook, NotesConfig, is_check_session
+from clawbridge.sampler import FakeSampler
+from clawbridge.store import Store, TurnRecord
+from clawbridge.store.notes import NoteStore
+from tests.fake_proxy import script_for, start_fake_proxy
+from tests.support import wait_for
+
+COMPLAINT = "You didn't use my name. Please call me Sam."
+
+
+def test_note_store_counts_the_same_correction_once_and_keeps_the_newest(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    notes = NoteStore(store)
+    first, new = notes.add("", "Too long. Keep it short.", "t1", max_active=2)
+    assert new and first.corrections == 1
+    again, new = notes.add("", "too long.  keep it short", "t2", max_active=2)
+    assert not new and again.note_id == first.note_id and again.corrections == 2
+    notes.add("", "Call me Sam.", "t3", max_active=2)
+    notes.add("", "No lists.", "t4", max_active=2)  # a third: the oldest retires
+    active = NoteStore(store).active()[""]
+    assert [n.text for n in active] == ["Call me Sam.", "No lists."]
+    assert notes.get(first.note_id).status == "retired"  # type: ignore[union-attr]
+    assert notes.add("bob", "x" * 1000, None, 3)[0].text.endswith("…")  # a long one is cut
+    assert set(notes.active()) == {"", "bob"}
+    assert notes.delete(first.note_id, user="bob") is False  # not bob's
+    assert notes.delete(first.note_id) is True and notes.get(first.note_id) is None
+    store.close()
+
+
+def _turns(state_dir: Path) -> list[sqlite3.Row]:
+    db = sqlite3.connect(state_dir / "clawbridge.db")
+    db.row_factory = sqlite3.Row
+    try:
+        return db.execute("SELECT t.*, s.user_id FROM turns t JOIN sessions s USING(session_id) "
+                          "ORDER BY t.created_at").fetchall()
+    finally:
+        db.close()
+
+
+def _decode(renderer: Renderer, blob: bytes | None) -> str:
+    from clawbridge.store.codec import decode_ids
+
+    return "" if blob is None else str(renderer.decode(decode_ids(blob)))
+
+
+def test_a_correction_becomes_a_note_the_same_users_next_call_carries(tiny_model_dir: Path, tmp_path: Path) -> None:
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    sampler = FakeSampler(script=script_for(renderer, "Hello there, how can I help?"))
+    with JudgeServer() as judge:
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, judge="endpoint",
+                                 judge_base_url=judge.base_url, judge_model="rule-based", judge_votes=1,
+                                 judge_poll_interval_s=0.05)
+        try:
+            _run(proxy, renderer, tmp_path / "state")
+        finally:
+            proxy.stop()
+
+
+def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
+    admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+    shared = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=proxy.state.keys.client)
+    alice_key = httpx.post(f"{proxy.base}/rl/users", json={"user": "alice"}, headers=admin).json()["api_key"]
+    alice = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=alice_key)
+    system = {"role": "system", "content": "You are Claw. The user's name is Sam."}
+    question = {"role": "user", "content": "How do I make tea?"}
+
+    def talk(client: openai.OpenAI, sid: str, **extra: Any) -> str:
+        first = client.chat.completions.create(model=extra.pop("model", "tiny"), messages=[system, question],
+                                               extra_headers={"X-Session-Id": sid, **extra.pop("headers", {})})
+        answer = first.choices[0].message.content or ""
+        client.chat.completions.create(
+            model="tiny", messages=[system, question, {"role": "assistant", "content": answer},
+                                    {"role": "user", "content": COMPLAINT}],
+            extra_headers={"X-Session-Id": sid, "X-Session-Done": "true"})
+        return answer
+
+    talk(shared, "s1")
+    notes = wait_for(lambda: httpx.get(f"{proxy.base}/rl/notes", headers=admin).json()["notes"], 30, "a note")
+    assert [(n["user"], n["text"], n["status"]) for n in notes] == [(None, COMPLAINT, "active")]
+    # the shared key's next session carries it: the model saw it, training will not
+    talk(shared, "s2")
+    talk(alice, "a1")  # alice is another person: her calls carry nothing of the shared key's notes
+    talk(shared, "s3", headers={"X-Turn-Type": "side"})  # a side turn (a title, a summary) carries nothing
+    talk(shared, "s4", model="default@0")  # a pinned version is an evaluation: nothing
+    talk(shared, "s5", headers={"X-Clawbridge-Notes": "off"})
+    rows = {(r["session_id"], r["seq"]): r for r in _turns(state_dir)}
+    noted = rows[("s2", 0)]
+    seen, trains = _decode(renderer, noted["prompt_token_ids"]), _decode(renderer, noted["train_prompt_token_ids"])
+    assert f"How do I make tea?\n\n[Hint: {COMPLAINT}]" in seen
+    assert "[Hint:" not in trains and "How do I make tea?" in trains
+    assert json.loads(noted["request_json"])["messages"][-1] == question  # the client's own request
+    assert json.loads(noted["meta_json"])["notes"] == [notes[0]["note_id"]]
+    for key in (("s1", 0), ("alice:a1", 0), ("s3", 0), ("s4", 0), ("s5", 0)):
+        row = rows[key]
+        assert "[Hint:" not in _decode(renderer, row["prompt_token_ids"]), key
+        assert row["train_prompt_token_ids"] is None, key
+    # alice's correction is her own note; the admin sees both, alice only hers, the shared key only its own
+    wait_for(lambda: len(httpx.get(f"{proxy.base}/rl/notes", headers=admin).json()["notes"]) == 2, 30, "alice's note")
+    mine = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {alice_key}"}).json()["notes"]
+    assert [n["user"] for n in mine] == ["alice"]
+    client_hdr = {"Authorization": f"Bearer {proxy.state.keys.client}"}
+    theirs = httpx.get(f"{proxy.base}/rl/notes", headers=client_hdr).json()["notes"]
+    assert [n["user"] for n in theirs] == [None]
+    # alice cannot see or delete the shared key's note (404, as if it did not exist), nor ask for another's list
+    assert httpx.delete(f"{proxy.base}/rl/notes/{theirs[0]['note_id']}",
+                        headers={"Authorization": f"Bearer {alice_key}"}).status_code == 404
+    assert httpx.get(f"{proxy.base}/rl/notes?user=", headers={"Authorization": f"Bearer {alice_key}"}).status_code == 403
+    # the person deletes their note: the next call carries nothing
+    assert httpx.delete(f"{proxy.base}/rl/notes/{theirs[0]['note_id']}", headers=client_hdr).json()["deleted"]
+    shared.chat.completions.create(model="tiny", messages=[system, question], extra_headers={"X-Session-Id": "s6"})
+    last = next(r for r in _turns(state_dir) if r["session_id"] == "s6")
+    assert "[Hint:" not in _decode(renderer, last["prompt_token_ids"]) and last["train_prompt_token_ids"] is None
+    assert httpx.get(f"{proxy.base}/rl/notes", headers=client_hdr).json()["notes"] == []
+    # bad input: an empty note and an unknown field are 422, an unknown id 404
+    assert httpx.post(f"{proxy.base}/rl/notes", json={"text": ""}, headers=client_hdr).status_code == 422
+    assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "x", "rule": 1}, headers=client_hdr).status_code == 422
+    assert httpx.delete(f"{proxy.base}/rl/notes/999999", headers=client_hdr).status_code == 404
+
+
+def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_path: Path) -> None:
+    """Check sessions start once the user's lane trained `check_after_steps` steps after the note;
+    the notes retire when the last `retire_after` check sessions' first answers were accepted."""
+    from clawbridge.store.rewards import RewardStore, VoteRow
+    from clawbridge.store.versions import VersionStore
+
+    store = Store(tmp_path / "db.sqlite")
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, retire_after=2))
+    book.add_from_hint("", "Call me Sam.", "t0")
+    assert book.for_call(None, "any", "main")[0] and not book.for_call(None, "any", "main")[1]
+    versions = VersionStore(store)
+    versions.commit_base("ck0", None)
+    store.clock.now()  # a step after the note: check sessions begin
+    v = versions.reserve("step")
+    versions.commit(v, "ck1", None)
+    book.refresh()
+    notes, check = book.for_call(None, "sess-x", "main")
+    assert notes == [] and check  # check_share 1.0: every session is a check
+    rstore = RewardStore(store)
+
+    def judged_check(session: str, score: float) -> None:
+        now = store.clock.now()
+        tid = store.record_turn(TurnRecord(session, "main", "ok", "m", [1], [2], [-0.1], v, "stop", "{}", None,
+                                           now, now, meta={"notes": "check"}), end_reason="end_session")
+        attempt = rstore.begin_judgement(tid, session, "rule-based")
+        rstore.finish_judgement(tid, attempt, [VoteRow(0, int(score), None, "SCORE", None)], score, score, None)
+
+    judged_check("c1", 1.0)
+    assert not book.observe_check("")  # one accepted check: not yet
+    judged_check("c2", -1.0)
+    judged_check("c3", 1.0)
+    assert not book.observe_check("")  # the last two: -1, +1
+    judged_check("c4", 1.0)
+    assert book.observe_check("")  # the last two accepted: the weights carry it
+    assert book.for_call(None, "sess-y", "main") == ([], False)
+    listed = book.status()
+    assert listed[0]["status"] == "retired" and "weights carry it" in listed[0]["retired_reason"]
+    assert listed[0]["check_sessions"] == 4 and listed[0]["check_accepted"] == 3
+    store.close()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 1.0])
+def test_check_sessions_are_a_stable_share(share: float) -> None:
+    ids = [f"s{i}" for i in range(2000)]
+    got = sum(is_check_session(i, share) for i in ids) / len(ids)
+    assert abs(got - share) < 0.04
+    assert [is_check_session(i, share) for i in ids[:30]] == [is_check_session(i, share) for i in ids[:30]]
