@@ -139,6 +139,16 @@ def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
     assert httpx.post(f"{proxy.base}/rl/notes", json={"text": ""}, headers=client_hdr).status_code == 422
     assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "x", "rule": 1}, headers=client_hdr).status_code == 422
     assert httpx.delete(f"{proxy.base}/rl/notes/999999", headers=client_hdr).status_code == 404
+    # forgetting alice deletes her notes (also one she wrote by hand) and a new alice carries none of them
+    alice_hdr = {"Authorization": f"Bearer {alice_key}"}
+    assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "Answer in French."}, headers=alice_hdr).status_code == 200
+    assert httpx.post(f"{proxy.base}/rl/users/alice/forget", headers=admin).json()["forgotten"]
+    assert [n for n in httpx.get(f"{proxy.base}/rl/notes", headers=admin).json()["notes"] if n["user"] == "alice"] == []
+    new_key = httpx.post(f"{proxy.base}/rl/users", json={"user": "alice"}, headers=admin).json()["api_key"]
+    openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=new_key).chat.completions.create(
+        model="tiny", messages=[system, question], extra_headers={"X-Session-Id": "fresh"})
+    fresh = next(r for r in _turns(state_dir) if r["session_id"] == "alice:fresh")
+    assert "[Hint:" not in _decode(renderer, fresh["prompt_token_ids"]) and fresh["train_prompt_token_ids"] is None
 
 
 def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_path: Path) -> None:

@@ -82,6 +82,8 @@ async def forget_user(state: ProxyState, user: str, hooks: list[ForgetHook]) -> 
         for hook in hooks:
             hook.forgotten(user)
         state.inflight.sweep()
+    if state.notes is not None:  # her notes left the store: the proxy's copy in memory goes too
+        await state.read(state.notes.refresh)
     deleted = dict(report.deleted)
     for name, n in hooked.items():  # a hook may have deleted rows of a table the store counts too
         deleted[name] = deleted.get(name, 0) + n

@@ -235,16 +235,17 @@ class UserStore:
             if table in _KEEP_TABLES:
                 continue
             cols = {str(r[1]) for r in c.execute(f'PRAGMA table_info("{table}")')}
+            conditions: list[str] = []
             if "session_id" in cols:
-                where, args = f"session_id IN ({sessions})", [name]
-                if "turn_id" in cols:  # a row may name a turn of the user under another session id
-                    where = f"({where} OR turn_id IN ({turns}))"
-                    args = [name, name]
-            elif "turn_id" in cols:
-                where, args = f"turn_id IN ({turns})", [name]
-            else:
+                conditions.append(f"session_id IN ({sessions})")
+            if "turn_id" in cols:  # a row may name a turn of the user under another session id
+                conditions.append(f"turn_id IN ({turns})")
+            if "user_id" in cols:  # a row of hers that names no turn (a note she wrote by hand)
+                conditions.append("user_id = ?")
+            if not conditions:
                 continue
-            deleted[table] = c.execute(f'DELETE FROM "{table}" WHERE {where}', args).rowcount
+            where = " OR ".join(conditions)
+            deleted[table] = c.execute(f'DELETE FROM "{table}" WHERE {where}', [name] * len(conditions)).rowcount
         deleted["turns"] = c.execute(f"DELETE FROM turns WHERE session_id IN ({sessions})", (name,)).rowcount
         deleted["sessions"] = c.execute("DELETE FROM sessions WHERE user_id=?", (name,)).rowcount
         deleted["users"] = c.execute("DELETE FROM users WHERE user_id=?", (name,)).rowcount
