@@ -125,16 +125,52 @@ def test_a_decision_is_taken_once_and_marks_the_rejected_samples(tmp_path: Path)
     store.close()
 
 
-def test_the_serving_checkpoint_is_never_pruned(tmp_path: Path) -> None:
+def test_the_serving_the_base_and_the_anchor_checkpoints_are_never_pruned(tmp_path: Path) -> None:
     store = Store(tmp_path / "db.sqlite")
     vs, ps = VersionStore(store), PromotionStore(store)
     vs.commit_base("ck0", None)
-    for _ in range(5):
+    for _ in range(6):
         v = vs.reserve("step")
         vs.commit(v, f"ck{v}", None)
-    assert "ck0" in vs.prunable(keep=2)
-    ps.set_state("eval", 0)
-    assert "ck0" not in vs.prunable(keep=2) and "ck1" in vs.prunable(keep=2)
+    assert vs.prunable(keep=2) == ["ck1", "ck2", "ck3", "ck4"]  # the base is kept however old
+    ps.set_state("eval", 2)
+    assert vs.prunable(keep=2) == ["ck1", "ck3", "ck4"]  # and the serving version
+    # the drift guard's anchor: the version serving at the first automatic decision
+    assert ps.decide(Decision(3, "promoted", "eval", "ok", 2, 1.0, 1.0), "eval")
+    assert ps.anchor_version() == 2
+    ps.set_state("eval", 3)
+    assert vs.prunable(keep=2) == ["ck1", "ck4"]  # v2 anchors, v3 serves
+    store.close()
+
+
+def test_rollback_to_the_base_works_after_many_steps(tmp_path: Path) -> None:
+    """`clawbridge rollback 0` after more than keep_checkpoints steps: the base's checkpoint is
+    still there (it used to be pruned after `keep` steps: "checkpoint was pruned")."""
+    from clawbridge.backend import ModelInfo
+    from clawbridge.sampler import FakeSampler
+    from clawbridge.trainer.checkpoints import CheckpointKeeper
+    from clawbridge.trainer.fake import FakeTrainingBackend
+
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    keeper = CheckpointKeeper(store, backend, keep=2)
+
+    async def steps() -> int:
+        await keeper.ensure_base()
+        for step in range(1, 6):
+            v = keeper.reserve_step(step)
+            await keeper.publish(v)
+            path = await keeper.save(v)
+            VersionStore(store).commit(v, path, None)
+            keeper.committed(v, path)
+            await keeper.prune()
+        return await keeper.rollback(0)
+
+    rolled = asyncio.run(steps())
+    row = VersionStore(store).get(rolled)
+    assert row is not None and row.kind == "rollback" and row.source_version == 0
+    assert backend.restores[-1] == ("fake://v00000000-base", rolled)
+    assert "v00000003-step" not in backend.disk  # retention still prunes the old steps
     store.close()
 
 

@@ -26,7 +26,8 @@ Invariants:
   anywhere (before the evaluation, between it and the decision, between the decision and the
   rollback) ends, after restart, with exactly the last promoted version serving and each candidate
   decided once (`PromotionStore.decide` refuses a second automatic decision).
-- The serving version's checkpoint is never pruned (`VersionStore.prunable`).
+- The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
+  (`VersionStore.prunable`).
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ class Promoter:
         figures: dict[str, Any] = {"candidate": cand.as_dict(), "incumbent": inc.as_dict(), "tolerance": tol}
         floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
         anchor = await self._anchor(es, tol)
-        if anchor is not None:
+        if anchor is not None and anchor[1] is None:
+            figures["anchor_unavailable"] = anchor[0]
+        elif anchor is not None and anchor[1] is not None:
             figures["anchor"] = anchor[1].as_dict()
             if anchor[1].score - tol > floor:
                 floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
@@ -247,18 +250,22 @@ class Promoter:
                   f"on {es.source}{failed}")
         return Decision(candidate, verdict, "eval", reason, self.serving, cand.score, inc.score, figures)
 
-    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval] | None:
+    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
         """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
         may lose up to `tol` against the serving version, so a chain of them could drift far below
         where the gate started; a candidate must also score within `tol` of the anchor
-        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then), when
-        the anchor serves, or when it has neither a cached evaluation nor a checkpoint."""
+        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then) or
+        when the anchor serves. Retention never prunes the anchor's checkpoint; one pruned before
+        that rule (an older state dir) gives (anchor, None), said in the log and the decision's
+        figures, never silently."""
         anchor = await self._read(self.pstore.anchor_version)
         if tol <= 0 or anchor is None or anchor == self.serving:
             return None
         cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
         if cached is None and not await self._servable(anchor):
-            return None
+            log.warning("promotion: the drift guard's anchor v%d has no checkpoint left and no evaluation on %s; "
+                        "candidates are compared with the serving version only", anchor, es.source)
+            return anchor, None
         return anchor, await self.evaluate(anchor, es)
 
     # ------------------------------------------------------------------ canary mode
