@@ -246,7 +246,8 @@ class Settings(BaseSettings):
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
     keep_checkpoints: int = Field(
         3, ge=1, description="Checkpoints kept: those of the newest N committed policy versions (older ones are "
-        "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one always stays).",
+        "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one, the base and "
+        "promotion's anchor always stay).",
     )
     per_user_adapters: bool = Field(
         False, description="Train an adapter per user: each user's rewarded turns train their own LoRA adapter "

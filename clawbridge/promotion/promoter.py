@@ -26,6 +26,8 @@ Invariants:
   anywhere (before the evaluation, between it and the decision, between the decision and the
   rollback) ends, after restart, with exactly the last promoted version serving and each candidate
   decided once (`PromotionStore.decide` refuses a second automatic decision).
+- A server that does not train (`--no-train`) starts serving the store's serving version, not a
+  newer candidate (`promoted_version`): nothing would ever decide that candidate.
 - The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
   (`VersionStore.prunable`).
 """
@@ -61,7 +63,18 @@ NOISY_TOLERANCE = 0.05
 
 
 class PromotionError(ValueError):
-    """An admin action that cannot be done (unknown or pruned version, no trainer)."""
+    """An admin action that cannot be done (unknown or pruned version): answered 404."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class CheckpointUnavailable(PromotionError):
+    """The store keeps the version's checkpoint but the backend could not load it (e.g. a hosted
+    service lost it): nothing changed; answered 409."""
+
+    status = 409
+    code = "checkpoint_unavailable"
 
 
 @dataclass(frozen=True)
@@ -154,7 +167,14 @@ class Promoter:
 
     # ------------------------------------------------------------------ the trainer's gate
     async def settle(self) -> Settled:
-        """Decide what is pending (module invariants); run by the trainer loop before each step."""
+        """Decide what is pending (module invariants); run by the trainer loop before each step.
+        While the admin's rollback holds (`PromotionStore.release_hold`), it holds training."""
+        state = await self._read(self.pstore.state)
+        if state is not None and state.held_version is not None:
+            self.hold = held_words(state.held_version)
+            return Settled(hold=self.hold)
+        if self.hold is not None and self.hold.startswith(HELD_PREFIX):
+            self.hold = None
         published = self.router.published_version
         if self.mode == "off":
             if published != self.serving:
@@ -300,44 +320,71 @@ class Promoter:
     # ------------------------------------------------------------------ admin actions
     async def set_serving(self, version: int, action: str, trainer: TrainerLoop | None) -> dict[str, Any]:
         """`clawbridge promote N` / `rollback N`: `version` serves from now on and the trainer goes
-        on from it (under the trainer's lock, so no step or pending decision runs meanwhile).
-        Raises `PromotionError` when it cannot serve."""
+        on from it (under the trainer's lock, so no step or pending decision runs meanwhile); a
+        rollback also holds training until `resume`. The decision is recorded only once it took
+        effect: `PromotionError` (404) when the version cannot serve, `CheckpointUnavailable` (409)
+        when the backend could not load its checkpoint; either way nothing changed."""
         if trainer is None:
             return await self._set_serving(version, action, None)
         async with trainer.lock:
             return await self._set_serving(version, action, trainer.keeper)
 
     async def _set_serving(self, version: int, action: str, keeper: CheckpointKeeper | None) -> dict[str, Any]:
+        from clawbridge.trainer.checkpoints import NoCheckpoint, no_checkpoint_message
+
         if not await self._servable(version):
             row = await self._read(self.versions.get, version)
-            from clawbridge.trainer.checkpoints import no_checkpoint_message
-
             raise PromotionError(no_checkpoint_message(version, row))
-        previous = self.serving
-        if self.mode != "off" and self.pinned:
+        previous = self.serving if self.mode != "off" else self.router.serving_version
+        if (self.mode != "off" and self.pinned) or keeper is None:  # served beside the published version
             try:
                 await self.router.sampler_for(version)
             except VersionNotFound as exc:
                 raise PromotionError(str(exc)) from None
-        d = Decision(version, "promoted", "admin", f"{action} by the admin (serving was v{previous})", previous)
-        await self._read(self.pstore.decide, d, self.mode)
-        self.router.set_candidate(None)
-        self.canary = None
-        self.hold = None
-        self.serving = version
         resumed: int | None = None
         if keeper is not None and await self._read(self._weights_of, self.router.published_version) != \
                 await self._read(self._weights_of, version):
-            resumed = await keeper.rollback(version)
+            try:
+                resumed = await keeper.rollback(version)
+            except NoCheckpoint as exc:
+                raise PromotionError(str(exc)) from None
+            except Exception as exc:
+                log.error("promotion: %s to v%d failed, nothing changed: %s", action, version, exc)
+                raise CheckpointUnavailable(
+                    f"the {self.router.backend.name} backend could not load policy version {version}'s checkpoint "
+                    f"({type(exc).__name__}: {exc}); nothing changed: v{previous} still serves") from None
+        hold = action == "rollback"
+        reason = f"{action} by the admin (serving was v{previous})"
+        if hold:
+            reason += "; training holds until `clawbridge resume`"
+        d = Decision(version, "promoted", "admin", reason, previous)
+        await self._read(self.pstore.decide, d, self.mode, hold)
+        self.router.set_candidate(None)
+        self.canary = None
+        self.hold = held_words(version) if hold else None
+        self.serving = version
         if self.mode == "off":
             self.router.set_serving(None if keeper is not None else version)
             self.serving = self.router.serving_version
             await self._read(self.pstore.set_state, "off", self.serving)
         else:
             self.router.set_serving(version if self.pinned else None)
-        log.warning("promotion: %s to v%d by the admin (was v%d)%s", action, version, previous,
-                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "")
-        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed}
+        log.warning("promotion: %s to v%d by the admin (was v%d)%s%s", action, version, previous,
+                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "",
+                    "; training holds until `clawbridge resume`" if hold else "")
+        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed,
+                "held": hold}
+
+    async def resume(self) -> dict[str, Any]:
+        """`clawbridge resume`: end the hold of an admin's rollback, so training goes on from the
+        serving version (later versions are gated as the mode says)."""
+        held = await self._read(self.pstore.release_hold)
+        if self.hold is not None and self.hold.startswith(HELD_PREFIX):
+            self.hold = None
+        log.warning("promotion: training resumed by the admin%s", f" (v{held} was held)" if held is not None else
+                    " (nothing was held)")
+        return {"resumed": held is not None, "held_version": held,
+                "serving_version": self.serving if self.mode != "off" else self.router.serving_version}
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -354,7 +401,10 @@ class Promoter:
             "eval_set": es,
             "tolerance": self.tolerance if self.mode != "off" else None,
             "anchor_version": self._anchor_version() if self.mode == "eval" and self.tolerance > 0 else None,
-            "holding": self.hold,
+            "holding": self.hold or (held_words(state.held_version) if state is not None
+                                     and state.held_version is not None else None),
+            "held_version": state.held_version if state is not None else None,
+            "held_since": state.held_since if state is not None else None,
             "canary": self.canary.as_dict() if self.canary is not None else None,
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
@@ -394,6 +444,26 @@ class Promoter:
         import asyncio
 
         return await asyncio.to_thread(fn, *args)
+
+
+def promoted_version(settings: Settings, store: Store) -> int | None:
+    """The version a server that does not train serves at start-up: the last promoted (the store's
+    serving version) when promotion is on, so a candidate that was rejected or never decided does
+    not serve from a backend that publishes one version only (Fireworks, SGLang with full weights);
+    None (the newest committed) when promotion is off."""
+    if settings.promotion_mode == "off":
+        return None
+    state = PromotionStore(store).state()
+    return state.serving_version if state is not None and state.mode != "off" else None
+
+
+HELD_PREFIX = "rolled back to v"
+
+
+def held_words(version: int) -> str:
+    """Why training waits while the admin's rollback holds."""
+    return (f"{HELD_PREFIX}{version} by the admin: v{version} keeps serving and no training step runs until "
+            "`clawbridge resume`")
 
 
 def build_promoter(settings: Settings, store: Store, router: VersionRouter, renderer: ChatFormat,

@@ -15,6 +15,10 @@ Invariants:
   `rollback` (source `admin`) may name a version again (it is a new decision each time).
 - Samples that built a rejected version stay consumed (they are never trained twice) and carry
   `rejected_version`, so `status` can say how many turns went into rejected versions.
+- A rollback by the admin HOLDS: `held_version` is set in the same transaction as its decision,
+  and while it is set no training step runs (`Promoter.settle`), so the version rolled back to
+  keeps serving until the admin resumes (`release_hold`) or promotes a version (which clears it).
+  Every other write of the state row leaves the hold as it is.
 - `promotion_evals` caches a version's figures per evaluation set digest: greedy answers of a
   version do not change, so the serving version is evaluated once per set, not once per candidate.
 """
@@ -41,6 +45,9 @@ class PromotionState:
     candidate_since: float | None
     canary_share: float | None
     updated_at: float
+    held_version: int | None = None
+    """The version the admin rolled back to, while training waits for `clawbridge resume`."""
+    held_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class PromotionStore:
         if r is None:
             return None
         return PromotionState(str(r["mode"]), r["serving_version"], r["candidate_version"], r["candidate_since"],
-                              r["canary_share"], float(r["updated_at"]))
+                              r["canary_share"], float(r["updated_at"]), r["held_version"], r["held_since"])
 
     def set_state(self, mode: str, serving: int | None, candidate: int | None = None,
                   candidate_since: float | None = None, canary_share: float | None = None) -> None:
@@ -88,11 +95,12 @@ class PromotionStore:
             _write_state(c, mode, serving, candidate, candidate_since, canary_share, self.store.clock.now())
 
     # ------------------------------------------------------------------ decisions
-    def decide(self, d: Decision, mode: str) -> bool:
+    def decide(self, d: Decision, mode: str, hold: bool | None = None) -> bool:
         """Record `d` and apply it in ONE transaction (module invariants): promoted -> `d.version`
         serves; either way the candidate is cleared; rejected -> the samples of the steps that
-        produced `d.version` are marked. False (nothing written) when an automatic decision about
-        `d.version` exists already."""
+        produced `d.version` are marked; `hold` True (an admin's rollback) holds `d.version`,
+        False (an admin's promote) clears a hold, None leaves it. False (nothing written) when an
+        automatic decision about `d.version` exists already."""
         now = self.store.clock.now()
         with self.store.write() as c:
             if d.source != "admin" and c.execute(
@@ -113,7 +121,17 @@ class PromotionStore:
                     "UPDATE samples SET rejected_version=? WHERE consumed_step IN "
                     "(SELECT step FROM steps WHERE policy_version=? AND status='ok')", (d.version, d.version))
             _write_state(c, mode, serving, None, None, None, now)
+            if hold is not None:
+                c.execute("UPDATE promotion_state SET held_version=?, held_since=? WHERE id=1",
+                          (d.version, now) if hold else (None, None))
         return True
+
+    def release_hold(self) -> int | None:
+        """Clear the admin's hold (`clawbridge resume`); the version that was held, or None."""
+        with self.store.write() as c:
+            r = c.execute("SELECT held_version FROM promotion_state WHERE id=1").fetchone()
+            c.execute("UPDATE promotion_state SET held_version=NULL, held_since=NULL WHERE id=1")
+        return None if r is None or r[0] is None else int(r[0])
 
     def decision_for(self, version: int) -> Decision | None:
         """The automatic decision about `version`, if one was taken."""

@@ -222,6 +222,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX policy_versions_lane ON policy_versions(lane, status, version);
     CREATE INDEX steps_lane ON steps(lane, step);
     """,
+    # v8: a rollback by the admin holds (clawbridge.store.promotion): the version rolled back to
+    # serves and no training step runs until the admin resumes.
+    """
+    ALTER TABLE promotion_state ADD COLUMN held_version INTEGER;
+    ALTER TABLE promotion_state ADD COLUMN held_since REAL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
