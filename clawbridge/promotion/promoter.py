@@ -11,8 +11,9 @@ Modes (`promotion_mode`):
   `rollback` version of it), so training goes on from what serves.
 - canary: the candidate answers `canary_share` of NEW sessions (sticky, `VersionRouter`); the
   trainer waits while it is on trial; the rewards of its sessions and of the incumbent's
-  (explicit, else judged) are compared by the sequential test of `clawbridge.promotion.stats`
-  until it promotes or rolls back.
+  (explicit, else judged) are compared by the anytime-valid sequential test of
+  `clawbridge.promotion.stats` (its error rates hold however often it looks) until it promotes or
+  rolls back.
 
 Invariants:
 - Plain traffic moves only through `VersionRouter.set_serving` (pinned to the serving version
@@ -303,11 +304,12 @@ class Promoter:
         self._canary_at = time.monotonic() + self.settings.promotion_poll_interval_s
         state = await self._read(self.pstore.state)
         since = state.candidate_since if state is not None and state.candidate_since is not None else 0.0
-        counts = await self._read(self.pstore.canary_counts, candidate, self.serving, since)
-        (cn, cw), (inn, iw) = counts[candidate], counts[self.serving]
+        outcomes = await self._read(self.pstore.canary_outcomes, candidate, self.serving, since)
         s = self.settings
-        test = canary_test(cw, cn, iw, inn, tolerance=self.tolerance, min_sessions=s.canary_min_sessions,
-                           max_sessions=s.canary_max_sessions, confidence=s.canary_confidence)
+        test = canary_test(outcomes[candidate], outcomes[self.serving], share=share, tolerance=self.tolerance,
+                           min_sessions=s.canary_min_sessions, max_sessions=s.canary_max_sessions,
+                           confidence=s.canary_confidence)
+        cn, cw, inn, iw = test.cand_n, test.cand_successes, test.inc_n, test.inc_successes
         self.canary = test
         self.hold = f"canary of v{candidate}: {test.why}"
         if test.outcome == "continue":

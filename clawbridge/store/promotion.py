@@ -176,14 +176,17 @@ class PromotionStore:
         ]
 
     # ------------------------------------------------------------------ canary
-    def canary_counts(self, candidate: int, incumbent: int, since: float) -> dict[int, tuple[int, int]]:
-        """{version: (sessions, sessions rewarded > 0)} for `candidate` and `incumbent`, over the
-        sessions created at or after `since`, ended, whose main turns were all answered by that one
-        version, and that have a reward: their explicit rewards' mean (any source but the judge),
-        else the mean of the judge's verdicts (rewards with source `judge`)."""
+    def canary_outcomes(self, candidate: int, incumbent: int, since: float) -> dict[int, list[bool]]:
+        """{version: successes} for `candidate` and `incumbent`: per ended session created at or
+        after `since` whose main turns were all answered by that one version and that has a reward,
+        whether that reward is > 0 (its explicit rewards' mean, any source but the judge, else the
+        mean of the judge's verdicts), in the order the sessions became countable (the later of
+        its end and its first reward; then the session id), which a later reward does not change:
+        the order the canary's sequential test reads them in (`clawbridge.promotion.stats`)."""
         with self.store.read() as c:
             rows = c.execute(
-                "SELECT MIN(t.policy_version) AS v, "
+                "SELECT MIN(t.policy_version) AS v, s.session_id AS sid, s.ended_at AS ended, "
+                "(SELECT MIN(r.created_at) FROM rewards r WHERE r.session_id = s.session_id) AS first, "
                 "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source != 'judge') AS ex, "
                 "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source = 'judge') AS jd "
                 "FROM sessions s JOIN turns t ON t.session_id = s.session_id AND t.turn_type = 'main' "
@@ -191,13 +194,12 @@ class PromotionStore:
                 "HAVING MIN(t.policy_version) = MAX(t.policy_version) AND MIN(t.policy_version) IN (?, ?)",
                 (since, candidate, incumbent),
             ).fetchall()
-        out = {candidate: (0, 0), incumbent: (0, 0)}
-        for r in rows:
+        out: dict[int, list[bool]] = {candidate: [], incumbent: []}
+        counted = [r for r in rows if r["ex"] is not None or r["jd"] is not None]
+        counted.sort(key=lambda r: (max(float(r["ended"] or 0.0), float(r["first"] or 0.0)), str(r["sid"])))
+        for r in counted:
             value = r["ex"] if r["ex"] is not None else r["jd"]
-            if value is None:
-                continue
-            n, wins = out[int(r["v"])]
-            out[int(r["v"])] = (n + 1, wins + (float(value) > 0))
+            out[int(r["v"])].append(float(value) > 0)
         return out
 
     # ------------------------------------------------------------------ evaluation cache
