@@ -284,3 +284,48 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     assert PromotionStore(store).anchor_version() == 2
     assert asyncio.run(decide(4)).verdict == "promoted"
     store.close()
+
+
+def test_held_out_items_are_scored_by_how_the_likelihood_moved_toward_the_verdict(tiny_model_dir: Path) -> None:
+    """Held-out evaluation without an eval set: each recorded answer is scored under the version
+    (`SequenceScorer`) against the logprobs it was sampled with. A version that made accepted
+    answers likelier and rejected ones less likely scores above the policy that sampled them (0.5),
+    a poisoned one below; a greedy replay (what held-out items were scored by before) passes no
+    item for any of them, so it could not tell them apart."""
+    from dataclasses import dataclass
+
+    from clawbridge.promotion.evalset import EvalItem, EvalSet
+    from clawbridge.promotion.runner import Evaluator
+    from clawbridge.render import Renderer
+    from clawbridge.sampler import FakeSampler
+
+    @dataclass
+    class Scoring(FakeSampler):
+        shift: float = 0.0
+        """Added to every recorded logprob of an accepted answer, taken from a rejected one's."""
+
+        async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+            sign = 1.0 if prompt_ids[0] == 1 else -1.0  # prompt [1, ...]: the user accepted the answer
+            return [-1.0 + sign * self.shift for _ in completion_ids]
+
+    class Router:
+        def __init__(self, samplers: dict[int, FakeSampler]) -> None:
+            self.samplers = samplers
+
+        async def sampler_for(self, version: int) -> FakeSampler:
+            return self.samplers[version]
+
+    items = tuple(EvalItem("held_out", f"t{i}", prompt_ids=(1 if i % 2 == 0 else 2, 5, 6), completion_ids=(7, 8, 9),
+                           completion_logprobs=(-1.0, -1.0, -1.0), verdict=1 if i % 2 == 0 else -1)
+                  for i in range(6))
+    es = EvalSet(items, "held-out sessions", "d")
+    versions = {0: Scoring(script=[3], shift=0.0), 1: Scoring(script=[3], shift=0.3), 2: Scoring(script=[3], shift=-0.3)}
+    ev = Evaluator(Router(versions), Renderer.from_pretrained(str(tiny_model_dir)))  # type: ignore[arg-type]
+    base, toward, poisoned = (asyncio.run(ev.evaluate(v, es)) for v in (0, 1, 2))
+    assert base.score == pytest.approx(0.5) and base.passed == 0
+    assert toward.score > 0.75 and toward.passed == 6
+    assert poisoned.score < 0.25 and poisoned.passed == 0
+    # a sampler that cannot score replays greedily: the version that answers the recorded [7, 8, 9] keeps
+    # what was accepted and repeats what was rejected
+    replay = Evaluator(Router({3: FakeSampler(script=[7, 8, 9])}), Renderer.from_pretrained(str(tiny_model_dir)))  # type: ignore[arg-type]
+    assert asyncio.run(replay.evaluate(3, es)).passed == 3
