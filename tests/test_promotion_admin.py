@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,10 +105,18 @@ def test_a_rollback_holds_until_resumed_and_a_failed_one_is_not_recorded(tiny_mo
 
         assert any("rollback holds: v1" in line for line in dashboard_promotion(overview)["lines"])
 
-        # resume: training goes on from v1's weights
-        r = admin.post("/rl/resume")
+        # resume (the dashboard's button: a login, and the CSRF token on the write): training goes
+        # on from v1's weights
+        page = httpx.Client(base_url=proxy.base, follow_redirects=False, timeout=60)
+        assert page.post("/dashboard/login", data={"key": proxy.state.keys.admin}).status_code == 303
+        m = re.search(r'<meta name="csrf-token" content="([^"]+)">', page.get("/dashboard").text)
+        assert m is not None
+        assert page.post("/dashboard/api/promotion/resume", json={}).status_code == 403  # no CSRF token
+        assert promotion()["held_version"] == 1
+        r = page.post("/dashboard/api/promotion/resume", json={}, headers={"X-CSRF-Token": m.group(1)})
         assert r.status_code == 200 and r.json() == {"resumed": True, "held_version": 1,
                                                      "serving_version": rolled}, r.text
+        page.close()
         wait_for(lambda: len(backend.published) > len(published), 30, "a step after resume")
         assert promotion()["held_version"] is None
         r = admin.post("/rl/resume")
