@@ -246,7 +246,8 @@ class Settings(BaseSettings):
     trainer_poll_interval_s: float = Field(1.0, gt=0, description="How often the trainer loop looks for a ready batch.")
     keep_checkpoints: int = Field(
         3, ge=1, description="Checkpoints kept: those of the newest N committed policy versions (older ones are "
-        "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one always stays).",
+        "deleted after each step and shown as pruned by `clawbridge checkpoints list`; the served one, the base and "
+        "promotion's anchor always stay).",
     )
     per_user_adapters: bool = Field(
         False, description="Train an adapter per user: each user's rewarded turns train their own LoRA adapter "
@@ -345,11 +346,12 @@ class Settings(BaseSettings):
     canary_min_sessions: int = Field(
         20, ge=1, description="canary: rewarded sessions each side needs before the test may decide.")
     canary_max_sessions: int = Field(
-        200, ge=1, description="canary: once both sides have this many rewarded sessions the test decides on the "
-        "posterior mean (no longer waits for canary_confidence).")
+        200, ge=1, description="canary: once both sides have this many rewarded sessions and the test has not shown "
+        "the candidate not worse, it is rolled back (never worse by default).")
     canary_confidence: float = Field(
-        0.95, gt=0.5, lt=1.0, description="canary: promote once P(candidate not worse) reaches this, roll back once it "
-        "falls to 1 - this (beta-binomial posterior of the share of sessions rewarded > 0).")
+        0.95, gt=0.5, lt=1.0, description="canary: the sequential test (by betting, valid however often it looks) "
+        "promotes a candidate worse by the tolerance or more, or rolls back one that is not worse, with probability "
+        "at most 1 - this; it decides once its evidence reaches 1 / (1 - this).")
     promotion_poll_interval_s: float = Field(
         2.0, gt=0, description="canary: how often the rewards of the candidate's and the incumbent's sessions are tested.")
 

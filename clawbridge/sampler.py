@@ -236,6 +236,22 @@ class FakeSampler:
 
 
 @runtime_checkable
+class SequenceScorer(Protocol):
+    """Optional: a sampler that scores given tokens under its own weights, without sampling
+    (check with `isinstance(sampler, SequenceScorer)`). Promotion scores held-out turns with it
+    (`clawbridge.promotion.runner`).
+
+    Invariant: token exact, like `clawbridge.backend.LogprobScorer` but for THIS sampler's
+    version: logprob(completion[i] | prompt + completion[:i]) for every i, in order, untempered
+    (temperature 1, no truncation): the numbers sampling at temperature 1 would report.
+
+    Implemented by the local torch engine (`TorchEngine`, `TorchVersionSampler`); tested by
+    tests/test_engine.py::test_score_equals_the_sampled_logprobs."""
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]: ...
+
+
+@runtime_checkable
 class EngineStatus(Protocol):
     """Optional: a serving engine that can say how full its KV budget is (status pages show it)."""
 

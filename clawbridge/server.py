@@ -43,7 +43,7 @@ from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
-from clawbridge.promotion.promoter import build_promoter, promotion_line
+from clawbridge.promotion.promoter import build_promoter, promoted_version, promotion_line
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -151,7 +151,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
             # Serve the newest committed version, with or without training: checkpoints belong to
             # the trainer loop (clawbridge.trainer.checkpoints), never to the backend's start().
             keeper = CheckpointKeeper(store, backend, identity, keep=settings.keep_checkpoints)
-            await keeper.resume()
+            await keeper.resume(None if settings.train else promoted_version(settings, store))
     except BaseException:
         store.close()
         if backend is not None:

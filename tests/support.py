@@ -126,6 +126,8 @@ class InProcessProxy:
         self.state: Any = None
         self.app: Any = None
         """The FastAPI app once started (its `state.dashboard` is the dashboard's login manager)."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the app runs on (to call the app as ASGI from a test)."""
 
     @property
     def base(self) -> str:
@@ -141,6 +143,7 @@ class InProcessProxy:
         def run() -> None:
             async def main() -> None:
                 try:
+                    self.loop = asyncio.get_running_loop()
                     self.state = await build_state(self.settings, self.backend, self.clock)
                     app = self.app = build_app(self.state)
                     cfg = uvicorn_config(app, self.settings, log_level="warning")

@@ -237,9 +237,9 @@ def test_retention_keeps_the_newest_and_what_a_rollback_serves(tmp_path: Path) -
     for i in range(3):
         rewarded_session(store, f"s{i}")
         assert asyncio.run(proc.loop.run_once()).ok
-    # v0 (base) v1 v2 v3 committed; the newest two keep their checkpoints
-    assert sorted(disk) == ["v00000002-step", "v00000003-step"]
-    assert _pruned(store) == {0: True, 1: True, 2: False, 3: False}
+    # v0 (base) v1 v2 v3 committed; the newest two keep their checkpoints, and the base is never pruned
+    assert sorted(disk) == ["v00000000-base", "v00000002-step", "v00000003-step"]
+    assert _pruned(store) == {0: False, 1: True, 2: False, 3: False}
     with pytest.raises(NoCheckpoint, match="pruned"):
         asyncio.run(proc.loop.rollback(1))
 
@@ -247,11 +247,11 @@ def test_retention_keeps_the_newest_and_what_a_rollback_serves(tmp_path: Path) -
     rewarded_session(store, "s3")
     assert asyncio.run(proc.loop.run_once()).policy_version == 5
     # newest two: v5 and v4 (= v2's checkpoint): v3 goes, v2's checkpoint stays for the rollback
-    assert sorted(disk) == ["v00000002-step", "v00000005-step"]
-    assert _pruned(store) == {0: True, 1: True, 2: False, 3: True, 4: False, 5: False}
+    assert sorted(disk) == ["v00000000-base", "v00000002-step", "v00000005-step"]
+    assert _pruned(store) == {0: False, 1: True, 2: False, 3: True, 4: False, 5: False}
     rewarded_session(store, "s4")
     assert asyncio.run(proc.loop.run_once()).policy_version == 6
-    assert sorted(disk) == ["v00000005-step", "v00000006-step"]  # the rollback is old now
+    assert sorted(disk) == ["v00000000-base", "v00000005-step", "v00000006-step"]  # the rollback is old now
     # a restart restores the newest committed version, whose checkpoint was never pruned
     again = Process(store, disk)
     assert again.backend.sampler().policy_version == 6
@@ -266,7 +266,7 @@ def test_retention_never_deletes_the_checkpoint_being_restored(tmp_path: Path) -
     for i in range(2):
         rewarded_session(store, f"s{i}")
         asyncio.run(proc.loop.run_once())
-    assert sorted(disk) == ["v00000002-step"]
+    assert sorted(disk) == ["v00000000-base", "v00000002-step"]  # the base is never pruned
     proc.keeper.restoring = "fake://v00000002-step"  # as during a restore of it
     versions = VersionStore(store)
     versions.commit(versions.reserve("rollback", None, 2), "fake://v00000002-step", None)
@@ -280,8 +280,8 @@ def test_retention_never_deletes_the_checkpoint_being_restored(tmp_path: Path) -
 
 
 def test_retention_deletes_local_checkpoint_folders(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Real files: after three steps with keep_checkpoints 2, only the newest two folders are on
-    disk; the store marks the others pruned and `checkpoints list` says so."""
+    """Real files: after three steps with keep_checkpoints 2, only the newest two folders and the
+    base's are on disk; the store marks the others pruned and `checkpoints list` says so."""
     from tests.test_cli import cli
 
     state = tmp_path / "state"
@@ -300,14 +300,14 @@ def test_retention_deletes_local_checkpoint_folders(tiny_model_dir: Path, tmp_pa
 
     asyncio.run(train())
     root = state / "checkpoints" / "local"
-    assert sorted(p.name for p in root.iterdir()) == ["v00000002-step", "v00000003-step"]
+    assert sorted(p.name for p in root.iterdir()) == ["v00000000-base", "v00000002-step", "v00000003-step"]
     store = Store.open(state)
-    assert _pruned(store) == {0: True, 1: True, 2: False, 3: False}
+    assert _pruned(store) == {0: False, 1: True, 2: False, 3: False}  # the base is never pruned
     store.close()
     listed = json.loads(cli("checkpoints", "list", "--json", "--state-dir", str(state)).stdout)
-    assert [(r["version"], r["pruned_at"] is not None) for r in listed] == [(3, False), (2, False), (1, True), (0, True)]
+    assert [(r["version"], r["pruned_at"] is not None) for r in listed] == [(3, False), (2, False), (1, True), (0, False)]
     table = cli("checkpoints", "list", "--state-dir", str(state)).stdout
-    assert "pruned" in table and "2 pruned" in table
+    assert "pruned" in table and "1 pruned" in table
     refused = cli("rollback", "1", "--state-dir", str(state), check=False)
     assert refused.returncode == 1 and "pruned" in refused.stderr
 

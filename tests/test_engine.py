@@ -345,3 +345,18 @@ def test_shutdown_ends_streams_and_refuses_new_ones(make_engine: Any) -> None:
 
     run(go())
     assert not eng._worker.is_alive()
+
+
+def test_score_equals_the_sampled_logprobs(engine: TorchEngine) -> None:
+    """`SequenceScorer.score`: the untempered logprobs of given tokens, the numbers sampling at
+    temperature 1 reported for them (one forward, no pool region kept)."""
+    from clawbridge.sampler import SequenceScorer
+
+    assert isinstance(engine, SequenceScorer)
+    toks, _ = run(collect(engine, PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=5)))
+    scored = run(engine.score(PROMPT, [t.token_id for t in toks]))
+    assert scored == pytest.approx([t.logprob for t in toks], abs=1e-4)
+    assert run(engine.score(PROMPT, [])) == []
+    with pytest.raises(ValueError):
+        run(engine.score(PROMPT, [engine.vocab_size]))
+    assert engine.engine_status()["kv_used_tokens"] == 0

@@ -285,3 +285,83 @@ def test_pool_allocator_coalesces_and_evicts_lru() -> None:
     pool.free(0, 10)
     pool.check()
     assert pool.free_tokens() == 10
+
+
+def _pool(budget: int) -> KVPool:
+    return KVPool(n_layers=1, kv_heads=1, head_dim=2, budget_tokens=budget, dtype=torch.float32,
+                  device=torch.device("cpu"))
+
+
+class _Owner:
+    """Stands for the engine's `_Weights` (entries hold a weak reference to their owner)."""
+
+
+def test_an_allocation_that_cannot_fit_evicts_nothing() -> None:
+    """The room is held by a running request: evicting the cached prefix would not make the
+    waiting request fit, so the prefix stays (it used to be evicted, and every waiting turn then
+    re-prefilled its whole context exactly when the pool was full)."""
+    pool, owner = _pool(10), _Owner()
+    running = pool.allocate(6)
+    entry = pool.allocate(2)
+    assert (running, entry) == (0, 6)
+    pool.keep_prefix(owner, [1, 2], entry, 2)
+    assert pool.allocate(5) is None  # 2 free + 2 cached < 5
+    assert pool.stats().prefix_entries == 1 and pool.cached_tokens == 2
+    assert pool.take_prefix(owner, [1, 2, 3]) is not None  # still reusable
+    pool.check()
+
+
+def test_an_allocation_evicts_only_the_entries_that_make_it_fit() -> None:
+    """Two entries, the older one walled in by a running request: only the newer one, next to the
+    free range, is evicted; the older one stays cached."""
+    pool, owner = _pool(10), _Owner()
+    old, running, new = pool.allocate(2), pool.allocate(3), pool.allocate(2)
+    assert (old, running, new) == (0, 2, 5)
+    pool.keep_prefix(owner, [1, 2], old, 2)  # least recently used
+    pool.keep_prefix(owner, [3, 4], new, 2)
+    assert pool.allocate(5) == 5  # [5, 10): the newer entry and the free tail
+    assert pool.take_prefix(owner, [1, 2, 9]) is not None  # the older entry was kept
+    assert pool.stats().prefix_entries == 0
+    pool.check()
+
+
+def test_an_allocation_prefers_evicting_the_least_recently_used_entry() -> None:
+    """Either entry makes room: the least recently used one goes."""
+    pool, owner = _pool(8), _Owner()
+    a, running, b = pool.allocate(3), pool.allocate(2), pool.allocate(3)
+    pool.keep_prefix(owner, [1, 2, 3], a, 3)
+    pool.keep_prefix(owner, [4, 5, 6], b, 3)
+    assert pool.allocate(3) == a
+    assert pool.take_prefix(owner, [4, 5, 6, 7]) is not None and pool.stats().prefix_entries == 0
+    del running
+
+
+def test_a_waiting_request_keeps_the_cached_prefixes_while_the_budget_is_full(make_engine: Any) -> None:
+    """Under saturation (one long request holds most of the budget), a queued request that cannot
+    fit leaves the prefix of a finished turn in the pool, so the next turn of that conversation
+    reuses it once room frees."""
+    eng: TorchEngine = make_engine(max_running=4, max_queued=8, kv_budget_tokens=64)
+    turn = [*PROMPT, 5, 6]
+    toks, _ = run(collect(eng, turn, SamplingParams(max_tokens=4, temperature=0.0)))
+    cached = eng.engine_status()["kv_cached_tokens"]
+    assert cached > 0
+
+    async def saturate() -> None:
+        hog = await eng.sample([9, 8, 7], SamplingParams(max_tokens=64 - 3 - cached - 2, temperature=1.0, seed=1))
+        waiter = await eng.sample([3] * 20, SamplingParams(max_tokens=10, temperature=1.0, seed=2))
+        it = hog.__aiter__()
+        await it.__anext__()
+        for _ in range(100):  # the waiter is at the head of the queue and cannot fit
+            if eng.engine_status()["waiting"] == 1 and eng.waited >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.engine_status()["waiting"] == 1 and eng.waited >= 1
+        assert eng.engine_status()["prefix_entries"] == 1  # not evicted for a request it cannot seat
+        await hog.aclose()
+        await waiter.aclose()
+
+    run(saturate())
+    nxt = [*turn, *[t.token_id for t in toks], 7]
+    run(collect(eng, nxt, SamplingParams(max_tokens=2, temperature=0.0)))
+    assert eng.engine_status()["prefix_hits"] == 1
+    eng.pool.check()

@@ -66,8 +66,8 @@ def test_kill_9_mid_step_on_the_local_backend(tiny_model_dir: Path, tmp_path: Pa
     assert len({round(x, 5) for x in losses}) == 3  # the steps differ, so equal losses mean equal state
     assert out["probe"]["completion"] == reference["probe"]["completion"]
     assert out["probe"]["logprobs"] == pytest.approx(reference["probe"]["logprobs"], rel=1e-5, abs=1e-6)
-    # on disk: the newest 3 committed versions' checkpoints (keep_checkpoints); the base was pruned,
-    # and so was anything the killed step had written (a complete folder or a partial .tmp-* one)
+    # on disk: the newest 3 committed versions' checkpoints (keep_checkpoints) and the base's (never
+    # pruned); anything the killed step had written (a complete folder or a partial .tmp-* one) was
     committed = view.committed()
-    kept = {Path(out["versions"][v][2]).name for v in committed[-3:]}
+    kept = {Path(out["versions"][v][2]).name for v in [0, *committed[-3:]]}
     assert {p.name for p in (state / "checkpoints" / "local").iterdir()} == kept

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from clawbridge.config import load_settings
 from clawbridge.promotion.evalset import EvalSetError, held_out, parse_eval_set
-from clawbridge.promotion.stats import canary_test, p_not_worse, wilson
+from clawbridge.promotion.stats import CanaryEvidence, canary_test, pair_sizes, wilson
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.promotion import Decision, PromotionStore
 from clawbridge.store.versions import VersionStore
@@ -76,22 +77,40 @@ def test_wilson_interval() -> None:
     assert high == pytest.approx(1.0) and low == pytest.approx(0.7225, abs=1e-4)
 
 
-def test_beta_binomial_not_worse() -> None:
-    assert p_not_worse(90, 100, 50, 100, 0.0) > 0.999
-    assert p_not_worse(10, 100, 50, 100, 0.0) < 0.001
-    tie = p_not_worse(50, 100, 50, 100, 0.0)
-    assert 0.45 < tie < 0.56
-    assert p_not_worse(50, 100, 50, 100, 0.1) > 0.9  # a tolerance makes a tie "not worse"
-
-
 def test_canary_stopping_rule() -> None:
-    kw = {"tolerance": 0.05, "min_sessions": 20, "max_sessions": 100, "confidence": 0.95}
-    assert canary_test(19, 19, 5, 30, **kw).outcome == "continue"  # too few candidate sessions
-    assert canary_test(18, 20, 8, 20, **kw).outcome == "promote"
-    assert canary_test(2, 20, 15, 20, **kw).outcome == "reject"
-    undecided = canary_test(10, 20, 11, 20, **kw)
-    assert undecided.outcome == "continue" and undecided.p_not_worse is not None
-    assert canary_test(48, 100, 50, 100, **kw).outcome in ("promote", "reject")  # at max_sessions it decides
+    kw = {"share": 0.5, "tolerance": 0.05, "min_sessions": 20, "max_sessions": 100, "confidence": 0.95}
+    assert canary_test([True] * 19, [False] * 30, **kw).outcome == "continue"  # too few candidate sessions
+    better = canary_test([True] * 40, [False] * 40, **kw)
+    assert better.outcome == "promote" and better.e_not_worse >= better.threshold == pytest.approx(20.0)
+    worse = canary_test([False] * 40, [True] * 40, **kw)
+    assert worse.outcome == "reject" and worse.e_worse >= 20 and "worse" in worse.why
+    tie = [i % 2 == 0 for i in range(40)]
+    undecided = canary_test(tie, tie, **kw)
+    assert undecided.outcome == "continue" and "not yet decisive" in undecided.why
+    capped = canary_test([i % 2 == 0 for i in range(100)], [i % 2 == 0 for i in range(100)], **kw)
+    assert capped.outcome == "reject" and "canary_max_sessions (100)" in capped.why  # never worse by default
+    # deterministic: the same sessions give the same figures; the order they came in matters
+    again = canary_test(tie, tie, **kw)
+    assert (again.e_not_worse, again.e_worse) == (undecided.e_not_worse, undecided.e_worse)
+    # share 0.2: each candidate session is paired with four of the incumbent's
+    assert pair_sizes(0.2) == (1, 4) and pair_sizes(0.5) == (1, 1) and pair_sizes(0.75) == (3, 1)
+    assert canary_test([True] * 20, [True] * 79, **{**kw, "share": 0.2}).pairs == 19
+
+
+@pytest.mark.parametrize("delta", [-0.05, -0.10])
+def test_canary_error_rate_holds_at_every_look(delta: float) -> None:
+    """Simulated with the defaults and a look after every session (the issue: the posterior rule
+    promoted a candidate 0.10 worse in 12-14% of runs): a candidate worse by the tolerance or more
+    is promoted in at most 1 - confidence of the runs. bench/canary_error.py prints the full table."""
+    rng = random.Random(7)
+    runs, promoted = 400, 0
+    for _ in range(runs):
+        ev = CanaryEvidence(0.2, 0.05)
+        while (outcome := ev.outcome(20, 200, 0.95)) == "continue":
+            candidate = rng.random() < 0.2
+            ev.add(candidate, rng.random() < (0.5 + delta if candidate else 0.5))
+        promoted += outcome == "promote"
+    assert promoted / runs <= 0.05, promoted
 
 
 def _turn(store: Store, session: str, version: int) -> str:
@@ -125,16 +144,52 @@ def test_a_decision_is_taken_once_and_marks_the_rejected_samples(tmp_path: Path)
     store.close()
 
 
-def test_the_serving_checkpoint_is_never_pruned(tmp_path: Path) -> None:
+def test_the_serving_the_base_and_the_anchor_checkpoints_are_never_pruned(tmp_path: Path) -> None:
     store = Store(tmp_path / "db.sqlite")
     vs, ps = VersionStore(store), PromotionStore(store)
     vs.commit_base("ck0", None)
-    for _ in range(5):
+    for _ in range(6):
         v = vs.reserve("step")
         vs.commit(v, f"ck{v}", None)
-    assert "ck0" in vs.prunable(keep=2)
-    ps.set_state("eval", 0)
-    assert "ck0" not in vs.prunable(keep=2) and "ck1" in vs.prunable(keep=2)
+    assert vs.prunable(keep=2) == ["ck1", "ck2", "ck3", "ck4"]  # the base is kept however old
+    ps.set_state("eval", 2)
+    assert vs.prunable(keep=2) == ["ck1", "ck3", "ck4"]  # and the serving version
+    # the drift guard's anchor: the version serving at the first automatic decision
+    assert ps.decide(Decision(3, "promoted", "eval", "ok", 2, 1.0, 1.0), "eval")
+    assert ps.anchor_version() == 2
+    ps.set_state("eval", 3)
+    assert vs.prunable(keep=2) == ["ck1", "ck4"]  # v2 anchors, v3 serves
+    store.close()
+
+
+def test_rollback_to_the_base_works_after_many_steps(tmp_path: Path) -> None:
+    """`clawbridge rollback 0` after more than keep_checkpoints steps: the base's checkpoint is
+    still there (it used to be pruned after `keep` steps: "checkpoint was pruned")."""
+    from clawbridge.backend import ModelInfo
+    from clawbridge.sampler import FakeSampler
+    from clawbridge.trainer.checkpoints import CheckpointKeeper
+    from clawbridge.trainer.fake import FakeTrainingBackend
+
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    keeper = CheckpointKeeper(store, backend, keep=2)
+
+    async def steps() -> int:
+        await keeper.ensure_base()
+        for step in range(1, 6):
+            v = keeper.reserve_step(step)
+            await keeper.publish(v)
+            path = await keeper.save(v)
+            VersionStore(store).commit(v, path, None)
+            keeper.committed(v, path)
+            await keeper.prune()
+        return await keeper.rollback(0)
+
+    rolled = asyncio.run(steps())
+    row = VersionStore(store).get(rolled)
+    assert row is not None and row.kind == "rollback" and row.source_version == 0
+    assert backend.restores[-1] == ("fake://v00000000-base", rolled)
+    assert "v00000003-step" not in backend.disk  # retention still prunes the old steps
     store.close()
 
 
@@ -230,3 +285,48 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     assert PromotionStore(store).anchor_version() == 2
     assert asyncio.run(decide(4)).verdict == "promoted"
     store.close()
+
+
+def test_held_out_items_are_scored_by_how_the_likelihood_moved_toward_the_verdict(tiny_model_dir: Path) -> None:
+    """Held-out evaluation without an eval set: each recorded answer is scored under the version
+    (`SequenceScorer`) against the logprobs it was sampled with. A version that made accepted
+    answers likelier and rejected ones less likely scores above the policy that sampled them (0.5),
+    a poisoned one below; a greedy replay (what held-out items were scored by before) passes no
+    item for any of them, so it could not tell them apart."""
+    from dataclasses import dataclass
+
+    from clawbridge.promotion.evalset import EvalItem, EvalSet
+    from clawbridge.promotion.runner import Evaluator
+    from clawbridge.render import Renderer
+    from clawbridge.sampler import FakeSampler
+
+    @dataclass
+    class Scoring(FakeSampler):
+        shift: float = 0.0
+        """Added to every recorded logprob of an accepted answer, taken from a rejected one's."""
+
+        async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+            sign = 1.0 if prompt_ids[0] == 1 else -1.0  # prompt [1, ...]: the user accepted the answer
+            return [-1.0 + sign * self.shift for _ in completion_ids]
+
+    class Router:
+        def __init__(self, samplers: dict[int, FakeSampler]) -> None:
+            self.samplers = samplers
+
+        async def sampler_for(self, version: int) -> FakeSampler:
+            return self.samplers[version]
+
+    items = tuple(EvalItem("held_out", f"t{i}", prompt_ids=(1 if i % 2 == 0 else 2, 5, 6), completion_ids=(7, 8, 9),
+                           completion_logprobs=(-1.0, -1.0, -1.0), verdict=1 if i % 2 == 0 else -1)
+                  for i in range(6))
+    es = EvalSet(items, "held-out sessions", "d")
+    versions = {0: Scoring(script=[3], shift=0.0), 1: Scoring(script=[3], shift=0.3), 2: Scoring(script=[3], shift=-0.3)}
+    ev = Evaluator(Router(versions), Renderer.from_pretrained(str(tiny_model_dir)))  # type: ignore[arg-type]
+    base, toward, poisoned = (asyncio.run(ev.evaluate(v, es)) for v in (0, 1, 2))
+    assert base.score == pytest.approx(0.5) and base.passed == 0
+    assert toward.score > 0.75 and toward.passed == 6
+    assert poisoned.score < 0.25 and poisoned.passed == 0
+    # a sampler that cannot score replays greedily: the version that answers the recorded [7, 8, 9] keeps
+    # what was accepted and repeats what was rejected
+    replay = Evaluator(Router({3: FakeSampler(script=[7, 8, 9])}), Renderer.from_pretrained(str(tiny_model_dir)))  # type: ignore[arg-type]
+    assert asyncio.run(replay.evaluate(3, es)).passed == 3

@@ -92,7 +92,7 @@ ENV = {
     "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2",
     "CLAWBRIDGE_LEARNING_RATE": "0.05",
     "CLAWBRIDGE_LORA_RANK": "4",
-    "CLAWBRIDGE_KEEP_CHECKPOINTS": "2",  # after step 2 the base model's checkpoint (version 0) is pruned
+    "CLAWBRIDGE_KEEP_CHECKPOINTS": "2",  # after step 3 version 1 is pruned (the base, version 0, never is)
 }
 PROBE = [{"role": "user", "content": "name a colour"}]
 
@@ -152,16 +152,12 @@ def test_a_committed_version_answers_by_name_through_the_proxy(tiny_model_dir: P
         # The published version still answers plain requests.
         assert probe("default", "probe-v2b").system_fingerprint == "policy-v2"
 
-        # Version 0's checkpoint was pruned (keep_checkpoints 2): 404 naming what is kept.
-        assert view.versions()[0][0] == "committed"
-        with pytest.raises(openai.NotFoundError) as err:
-            probe(f"{name}@0", "probe-pruned")
-        body = err.value.body
-        assert isinstance(body, dict) and body["code"] == "model_not_found"
-        assert "pruned" in body["message"] and f"{name}@1, {name}@2" in body["message"], body
+        # The base (version 0) is never pruned: it still answers by name.
+        assert probe(f"{name}@0", "probe-base").system_fingerprint == "policy-v0"
         with pytest.raises(anthropic.NotFoundError):
             an.messages.create(model=f"{name}@7", max_tokens=4, messages=PROBE)  # type: ignore[arg-type]
-        assert [m.id for m in agent.client.models.list().data] == [name, "default", f"{name}@1", f"{name}@2"]
+        assert [m.id for m in agent.client.models.list().data] == [name, "default", f"{name}@0", f"{name}@1",
+                                                                   f"{name}@2"]
 
         # A turn answered by version 1 trains like any turn sampled one version ago.
         agent.reward("probe-again", 1.0)
@@ -171,6 +167,13 @@ def test_a_committed_version_answers_by_name_through_the_proxy(tiny_model_dir: P
         wait_until(lambda: len(view.ok_steps()) >= 3, "step 3", proxy=proxy)
         step3 = view.ok_steps()[2]
         assert step3.metrics["datums"] == 2.0 and step3.metrics["staleness_max"] == 1.0, step3.metrics
+
+        # Version 1's checkpoint is pruned now (keep_checkpoints 2: v2, v3, and the base): 404 naming what is kept.
+        with pytest.raises(openai.NotFoundError) as err:
+            probe(f"{name}@1", "probe-pruned")
+        body = err.value.body
+        assert isinstance(body, dict) and body["code"] == "model_not_found"
+        assert "pruned" in body["message"] and f"{name}@0, {name}@2, {name}@3" in body["message"], body
     finally:
         agent.close()
         an.close()

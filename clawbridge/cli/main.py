@@ -438,12 +438,13 @@ def _mount_optional() -> None:
         app.add_typer(openclaw_app, name="openclaw", help="Install the OpenClaw extension and provider.")
     except ImportError:
         pass
-    from clawbridge.cli.promotion_cmd import evaluate, promote
+    from clawbridge.cli.promotion_cmd import evaluate, promote, resume
     from clawbridge.cli.training_cmd import checkpoints_app, rollback
 
     app.add_typer(checkpoints_app, name="checkpoints")
     app.command()(rollback)
     app.command()(promote)
+    app.command()(resume)
     app.command("eval")(evaluate)
 
 

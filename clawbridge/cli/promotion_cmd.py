@@ -1,5 +1,6 @@
-"""`clawbridge eval`, `clawbridge promote N` and (while a server runs) `clawbridge rollback N`:
-the promotion API of the running server (`clawbridge.proxy.promotion_routes`), with the admin key.
+"""`clawbridge eval`, `clawbridge promote N`, `clawbridge resume` and (while a server runs)
+`clawbridge rollback N`: the promotion API of the running server
+(`clawbridge.proxy.promotion_routes`), with the admin key; `resume` also works on the store alone.
 
 Invariant: these commands change nothing themselves; the server decides and records, so what
 they print is what the server committed.
@@ -70,8 +71,54 @@ def set_serving_online(settings: Settings, version: int, action: str) -> bool:
     out = _answer(r)
     trainer = (f"; the trainer goes on from it (as v{out['trainer_version']})"
                if out.get("trainer_version") is not None else "")
-    console.print(f"{action}: v{out['serving_version']} serves now (was v{out['previous']}){trainer}", highlight=False)
+    held = "; training holds until `clawbridge resume`" if out.get("held") else ""
+    console.print(f"{action}: v{out['serving_version']} serves now (was v{out['previous']}){trainer}{held}",
+                  highlight=False)
     return True
+
+
+def resume(
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """End the hold of a `clawbridge rollback`: training goes on from the version that serves
+    (its later versions gated as promotion_mode says). Works with or without a running server."""
+    settings = settings_or_exit(config, state_dir=state_dir)
+    try:
+        out = _answer(call_server(settings, "POST", "/rl/resume", {}))
+    except NoServer:
+        out = resume_offline(settings)
+    if out["resumed"]:
+        console.print(f"resumed: training goes on from v{out['serving_version']} (v{out['held_version']} was held "
+                      "by a rollback)", highlight=False)
+    else:
+        console.print("nothing to resume: no rollback holds training", highlight=False)
+
+
+def resume_offline(settings: Settings) -> dict[str, Any]:
+    """`resume` on the store while no server runs (under the state dir lock)."""
+    from clawbridge.instance import StateDirBusy, StateDirLock
+    from clawbridge.store import DB_FILENAME, Store
+    from clawbridge.store.promotion import PromotionStore
+
+    if not (settings.state_path / DB_FILENAME).exists():
+        return {"resumed": False, "held_version": None, "serving_version": None}
+    lock = StateDirLock(settings.state_path)
+    try:
+        lock.acquire()
+    except StateDirBusy as exc:
+        err.print(f"[red]cannot resume now:[/red] {exc}")
+        raise typer.Exit(1) from None
+    store = Store.open(settings.state_path)
+    try:
+        ps = PromotionStore(store)
+        held = ps.release_hold()
+        state = ps.state()
+    finally:
+        store.close()
+        lock.release()
+    return {"resumed": held is not None, "held_version": held,
+            "serving_version": state.serving_version if state is not None else None}
 
 
 def promote(

@@ -120,6 +120,7 @@ def stored_promotion(store: Any) -> dict[str, Any] | None:
         return None
     return {"mode": state.mode, "serving_version": state.serving_version,
             "candidate_version": state.candidate_version, "holding": None, "eval_set": None, "tolerance": None,
+            "held_version": state.held_version, "held_since": state.held_since,
             "decisions": [d.as_dict() for d in ps.decisions(20)], "rejected_samples": ps.rejected_samples()}
 
 

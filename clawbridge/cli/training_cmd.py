@@ -1,10 +1,10 @@
 """`clawbridge checkpoints list` and `clawbridge rollback VERSION`: the trainer's checkpoints and
 policy versions as the store records them (`clawbridge.store.versions`).
 
-Invariant: a rollback never reuses a number. While a server runs, `rollback` asks it
-(`/rl/rollback`, the promotion API), which serves the version and trains on from it. Otherwise it
-commits a NEW version (kind `rollback`) that names the older version's checkpoint; the next
-`clawbridge up` serves it and trains on from it. Offline it runs only while no server holds the
+Invariant: a rollback never reuses a number, and it holds: training waits until `clawbridge
+resume`. While a server runs, `rollback` asks it (`/rl/rollback`, the promotion API), which serves
+the version. Otherwise it commits a NEW version (kind `rollback`) that names the older version's
+checkpoint and records the admin's decision with its hold; the next `clawbridge up` serves it. Offline it runs only while no server holds the
 state dir (the state dir lock), so a running trainer never has its versions changed underneath it.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -84,9 +84,9 @@ def rollback(
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Serve an earlier committed version again. While a server runs: at once (with promotion on it
-    is the serving version; the trainer goes on from it), recorded as an admin decision. Stopped:
-    its checkpoint under a new version number, served and trained on from at the next `up`."""
+    """Serve an earlier committed version again, and hold it: no training step runs until
+    `clawbridge resume` (then training goes on from it). While a server runs: at once, recorded as
+    an admin decision. Stopped: its checkpoint under a new version number, served at the next `up`."""
     from clawbridge.cli.promotion_cmd import set_serving_online
     from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store.versions import VersionStore
@@ -116,8 +116,22 @@ def rollback(
             raise typer.Exit(1)
         new = versions.reserve("rollback", None, version)
         versions.commit(new, row.checkpoint, row.identity)
+        hold_offline_rollback(store, version)
     finally:
         lock.release()
         store.close()
-    console.print(f"rolled back: v{new} serves v{version}'s checkpoint ({row.checkpoint}); "
-                  "the next `clawbridge up` serves it and trains on from it")
+    console.print(f"rolled back: v{new} serves v{version}'s checkpoint ({row.checkpoint}); the next `clawbridge up` "
+                  "serves it, and training holds until `clawbridge resume`")
+
+
+def hold_offline_rollback(store: Any, version: int) -> None:
+    """Record an offline rollback to `version` as the admin's decision, holding training (as a
+    rollback through the running server does: `Promoter.set_serving`)."""
+    from clawbridge.store.promotion import Decision, PromotionStore
+
+    ps = PromotionStore(store)
+    state = ps.state()
+    previous = state.serving_version if state is not None else None
+    was = f"serving was v{previous}" if previous is not None else "no server running"
+    ps.decide(Decision(version, "promoted", "admin", f"rollback by the admin, offline ({was}); training holds "
+                       "until `clawbridge resume`", previous), state.mode if state is not None else "off", True)

@@ -5,7 +5,8 @@
 - GET  /dashboard/static/{file}                the page's own JS/CSS, shipped in the package
 - GET  /dashboard/api/overview, /dashboard/api/sessions, /dashboard/api/sessions/{id}
 - POST /dashboard/api/sessions/{id}/reward {reward, turn_id?}, /dashboard/api/sessions/{id}/end
-- POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version}
+- POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version},
+  /dashboard/api/promotion/resume {} (ends a rollback's hold)
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
@@ -37,7 +38,7 @@ from clawbridge.keys import keys_equal
 from clawbridge.metrics import CONTENT_TYPE, Metrics
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.promotion_routes import VersionBody, set_serving
+from clawbridge.proxy.promotion_routes import VersionBody, promoter_of, set_serving
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
@@ -210,9 +211,13 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
     @router.post("/dashboard/api/promotion/{action}")
     async def serve_version(request: Request, action: str) -> JSONResponse:
         auth.require_write(request)
-        if action not in ("promote", "rollback"):
-            raise ApiError(404, f"no promotion action {action!r} (promote or rollback)")
+        if action not in ("promote", "rollback", "resume"):
+            raise ApiError(404, f"no promotion action {action!r} (promote, rollback or resume)")
         body = parse_json_object(await read_body(request, MAX_FORM_BYTES))
+        if action == "resume":
+            resumed = await promoter_of(state).resume()
+            log.info("training resumed from the dashboard")
+            return _json(resumed)
         try:
             version = VersionBody.model_validate(body).version
         except ValueError:

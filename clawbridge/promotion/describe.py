@@ -10,8 +10,14 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     """What `clawbridge status` (and the dashboard) say about promotion, in words."""
     if not p:
         return []
+    held = p.get("held_version")
+    if held is not None:
+        hold = [f"  rollback holds: v{held} serves and training waits until `clawbridge resume` (rolled back by "
+                "the admin; later versions are then trained from it and gated as the mode says)"]
+    else:
+        hold = []
     if p["mode"] == "off" and not p["decisions"]:
-        return [f"promotion: off: every trained version serves at once (serving v{p['serving_version']})"]
+        return [f"promotion: off: every trained version serves at once (serving v{p['serving_version']})", *hold]
     head = f"promotion: {p['mode']}"
     if p.get("eval_set"):
         head += f" on {p['eval_set']}"
@@ -22,11 +28,11 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     head += f": serving v{p['serving_version']}"
     head += (f"; candidate v{p['candidate_version']} on trial" if p.get("candidate_version") is not None
              else "; no candidate on trial")
-    lines = [head]
+    lines = [head, *hold]
     probe = p.get("capability_probe")
     if probe:
         lines.append("  " + probe_line(probe))
-    if p.get("holding"):
+    if p.get("holding") and held is None:
         lines.append(f"  training waits: {p['holding']}")
     for d in p["decisions"][:5]:
         if d["source"] == "admin":

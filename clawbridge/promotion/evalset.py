@@ -8,9 +8,9 @@ Two sources, one shape (`EvalSet`, a list of items and a digest):
 - Without a file: the held-out share of the user's own recorded sessions (`held_out`): a session
   whose id hashes below `held_out_share` is never trained (its samples are dropped as `held_out`),
   and each of its main turns that has a verdict (an explicit reward, else the judge's score) is an
-  item replayed token for token: a version passes it when its greedy answer to the recorded
-  prompt ids is the recorded answer (verdict > 0: it keeps what the user accepted) or is not
-  (verdict < 0: it avoids what the user rejected).
+  item: the recorded prompt and answer, token exact, with the logprobs the answer was sampled
+  with. A version scores it by how its own likelihood of that answer moved from the sampling
+  policy's, toward the verdict (`clawbridge.promotion.runner`).
 
 Invariants:
 - A bad line is refused with `EvalSetError` naming the file and the line (1-based) and what is
@@ -60,6 +60,8 @@ class EvalItem:
     """held_out: the recorded prompt, token exact."""
     completion_ids: tuple[int, ...] = ()
     """held_out: the recorded answer (its stop token included)."""
+    completion_logprobs: tuple[float, ...] = ()
+    """held_out: the logprobs it was sampled with (the reference the runner's margin starts from)."""
     verdict: int = 0
     """held_out: +1 the user accepted the recorded answer, -1 they did not."""
 
@@ -163,11 +165,11 @@ def held_out_set(store: Store, max_items: int, max_tokens: int) -> EvalSet:
     """The newest `max_items` main turns of held-out sessions that have a verdict (module doc).
     An explicit reward wins over the judge's verdict (rewards with source `judge`), as in training
     under `explicit_reward_rule = "override"`."""
-    from clawbridge.store.codec import decode_ids
+    from clawbridge.store.codec import decode_floats, decode_ids
 
     with store.read() as c:
         rows = c.execute(
-            "SELECT t.turn_id, t.prompt_token_ids, t.completion_token_ids, "
+            "SELECT t.turn_id, t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs, "
             "(SELECT r.value FROM rewards r WHERE r.turn_id = t.turn_id "
             "ORDER BY r.source = 'judge', r.reward_id DESC LIMIT 1) AS rv "
             "FROM samples sa JOIN turns t ON t.turn_id = sa.turn_id WHERE sa.dropped_reason = ? "
@@ -181,9 +183,10 @@ def held_out_set(store: Store, max_items: int, max_tokens: int) -> EvalSet:
             continue
         items.append(EvalItem("held_out", str(r["turn_id"]), prompt_ids=tuple(decode_ids(r["prompt_token_ids"])),
                               completion_ids=tuple(decode_ids(r["completion_token_ids"])),
+                              completion_logprobs=tuple(decode_floats(r["completion_logprobs"])),
                               verdict=1 if float(value) > 0 else -1))
         if len(items) >= max_items:
             break
     items.reverse()
     parts = [[i.id, i.verdict] for i in items]
-    return EvalSet(tuple(items), "held-out sessions", _digest([max_tokens, "held_out", *parts]))
+    return EvalSet(tuple(items), "held-out sessions", _digest([max_tokens, "held_out_likelihood", *parts]))

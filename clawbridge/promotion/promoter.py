@@ -17,8 +17,9 @@ Modes (`promotion_mode`):
   a candidate that fails it is rejected whatever else it scores, and never goes on canary.
 - canary: the candidate answers `canary_share` of NEW sessions (sticky, `VersionRouter`); the
   trainer waits while it is on trial; the rewards of its sessions and of the incumbent's
-  (explicit, else judged) are compared by the sequential test of `clawbridge.promotion.stats`
-  until it promotes or rolls back.
+  (explicit, else judged) are compared by the anytime-valid sequential test of
+  `clawbridge.promotion.stats` (its error rates hold however often it looks) until it promotes or
+  rolls back.
 
 Invariants:
 - Plain traffic moves only through `VersionRouter.set_serving` (pinned to the serving version
@@ -32,7 +33,10 @@ Invariants:
   anywhere (before the evaluation, between it and the decision, between the decision and the
   rollback) ends, after restart, with exactly the last promoted version serving and each candidate
   decided once (`PromotionStore.decide` refuses a second automatic decision).
-- The serving version's checkpoint is never pruned (`VersionStore.prunable`).
+- A server that does not train (`--no-train`) starts serving the store's serving version, not a
+  newer candidate (`promoted_version`): nothing would ever decide that candidate.
+- The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
+  (`VersionStore.prunable`).
 """
 
 from __future__ import annotations
@@ -69,7 +73,18 @@ NOISY_TOLERANCE = 0.05
 
 
 class PromotionError(ValueError):
-    """An admin action that cannot be done (unknown or pruned version, no trainer)."""
+    """An admin action that cannot be done (unknown or pruned version): answered 404."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class CheckpointUnavailable(PromotionError):
+    """The store keeps the version's checkpoint but the backend could not load it (e.g. a hosted
+    service lost it): nothing changed; answered 409."""
+
+    status = 409
+    code = "checkpoint_unavailable"
 
 
 @dataclass(frozen=True)
@@ -194,7 +209,14 @@ class Promoter:
 
     # ------------------------------------------------------------------ the trainer's gate
     async def settle(self) -> Settled:
-        """Decide what is pending (module invariants); run by the trainer loop before each step."""
+        """Decide what is pending (module invariants); run by the trainer loop before each step.
+        While the admin's rollback holds (`PromotionStore.release_hold`), it holds training."""
+        state = await self._read(self.pstore.state)
+        if state is not None and state.held_version is not None:
+            self.hold = held_words(state.held_version)
+            return Settled(hold=self.hold)
+        if self.hold is not None and self.hold.startswith(HELD_PREFIX):
+            self.hold = None
         published = self.router.published_version
         if self.mode == "off":
             if published != self.serving:
@@ -343,7 +365,9 @@ class Promoter:
         figures: dict[str, Any] = {"incumbent": inc.as_dict(), "tolerance": tol}
         floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
         anchor = await self._anchor(es, tol)
-        if anchor is not None:
+        if anchor is not None and anchor[1] is None:
+            figures["anchor_unavailable"] = anchor[0]
+        elif anchor is not None and anchor[1] is not None:
             figures["anchor"] = anchor[1].as_dict()
             if anchor[1].score - tol > floor:
                 floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
@@ -373,18 +397,22 @@ class Promoter:
         reason = "; and ".join(c.reason for c in shown)
         return Decision(candidate, verdict, "eval", reason, self.serving, main.score, main.incumbent_score, figures)
 
-    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval] | None:
+    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
         """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
         may lose up to `tol` against the serving version, so a chain of them could drift far below
         where the gate started; a candidate must also score within `tol` of the anchor
-        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then), when
-        the anchor serves, or when it has neither a cached evaluation nor a checkpoint."""
+        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then) or
+        when the anchor serves. Retention never prunes the anchor's checkpoint; one pruned before
+        that rule (an older state dir) gives (anchor, None), said in the log and the decision's
+        figures, never silently."""
         anchor = await self._read(self.pstore.anchor_version)
         if tol <= 0 or anchor is None or anchor == self.serving:
             return None
         cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
         if cached is None and not await self._servable(anchor):
-            return None
+            log.warning("promotion: the drift guard's anchor v%d has no checkpoint left and no evaluation on %s; "
+                        "candidates are compared with the serving version only", anchor, es.source)
+            return anchor, None
         return anchor, await self.evaluate(anchor, es)
 
     # ------------------------------------------------------------------ canary mode
@@ -406,11 +434,12 @@ class Promoter:
         self._canary_at = time.monotonic() + self.settings.promotion_poll_interval_s
         state = await self._read(self.pstore.state)
         since = state.candidate_since if state is not None and state.candidate_since is not None else 0.0
-        counts = await self._read(self.pstore.canary_counts, candidate, self.serving, since)
-        (cn, cw), (inn, iw) = counts[candidate], counts[self.serving]
+        outcomes = await self._read(self.pstore.canary_outcomes, candidate, self.serving, since)
         s = self.settings
-        test = canary_test(cw, cn, iw, inn, tolerance=self.tolerance, min_sessions=s.canary_min_sessions,
-                           max_sessions=s.canary_max_sessions, confidence=s.canary_confidence)
+        test = canary_test(outcomes[candidate], outcomes[self.serving], share=share, tolerance=self.tolerance,
+                           min_sessions=s.canary_min_sessions, max_sessions=s.canary_max_sessions,
+                           confidence=s.canary_confidence)
+        cn, cw, inn, iw = test.cand_n, test.cand_successes, test.inc_n, test.inc_successes
         self.canary = test
         self.hold = f"canary of v{candidate}: {test.why}"
         if test.outcome == "continue":
@@ -423,44 +452,71 @@ class Promoter:
     # ------------------------------------------------------------------ admin actions
     async def set_serving(self, version: int, action: str, trainer: TrainerLoop | None) -> dict[str, Any]:
         """`clawbridge promote N` / `rollback N`: `version` serves from now on and the trainer goes
-        on from it (under the trainer's lock, so no step or pending decision runs meanwhile).
-        Raises `PromotionError` when it cannot serve."""
+        on from it (under the trainer's lock, so no step or pending decision runs meanwhile); a
+        rollback also holds training until `resume`. The decision is recorded only once it took
+        effect: `PromotionError` (404) when the version cannot serve, `CheckpointUnavailable` (409)
+        when the backend could not load its checkpoint; either way nothing changed."""
         if trainer is None:
             return await self._set_serving(version, action, None)
         async with trainer.lock:
             return await self._set_serving(version, action, trainer.keeper)
 
     async def _set_serving(self, version: int, action: str, keeper: CheckpointKeeper | None) -> dict[str, Any]:
+        from clawbridge.trainer.checkpoints import NoCheckpoint, no_checkpoint_message
+
         if not await self._servable(version):
             row = await self._read(self.versions.get, version)
-            from clawbridge.trainer.checkpoints import no_checkpoint_message
-
             raise PromotionError(no_checkpoint_message(version, row))
-        previous = self.serving
-        if self.mode != "off" and self.pinned:
+        previous = self.serving if self.mode != "off" else self.router.serving_version
+        if (self.mode != "off" and self.pinned) or keeper is None:  # served beside the published version
             try:
                 await self.router.sampler_for(version)
             except VersionNotFound as exc:
                 raise PromotionError(str(exc)) from None
-        d = Decision(version, "promoted", "admin", f"{action} by the admin (serving was v{previous})", previous)
-        await self._read(self.pstore.decide, d, self.mode)
-        self.router.set_candidate(None)
-        self.canary = None
-        self.hold = None
-        self.serving = version
         resumed: int | None = None
         if keeper is not None and await self._read(self._weights_of, self.router.published_version) != \
                 await self._read(self._weights_of, version):
-            resumed = await keeper.rollback(version)
+            try:
+                resumed = await keeper.rollback(version)
+            except NoCheckpoint as exc:
+                raise PromotionError(str(exc)) from None
+            except Exception as exc:
+                log.error("promotion: %s to v%d failed, nothing changed: %s", action, version, exc)
+                raise CheckpointUnavailable(
+                    f"the {self.router.backend.name} backend could not load policy version {version}'s checkpoint "
+                    f"({type(exc).__name__}: {exc}); nothing changed: v{previous} still serves") from None
+        hold = action == "rollback"
+        reason = f"{action} by the admin (serving was v{previous})"
+        if hold:
+            reason += "; training holds until `clawbridge resume`"
+        d = Decision(version, "promoted", "admin", reason, previous)
+        await self._read(self.pstore.decide, d, self.mode, hold)
+        self.router.set_candidate(None)
+        self.canary = None
+        self.hold = held_words(version) if hold else None
+        self.serving = version
         if self.mode == "off":
             self.router.set_serving(None if keeper is not None else version)
             self.serving = self.router.serving_version
             await self._read(self.pstore.set_state, "off", self.serving)
         else:
             self.router.set_serving(version if self.pinned else None)
-        log.warning("promotion: %s to v%d by the admin (was v%d)%s", action, version, previous,
-                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "")
-        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed}
+        log.warning("promotion: %s to v%d by the admin (was v%d)%s%s", action, version, previous,
+                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "",
+                    "; training holds until `clawbridge resume`" if hold else "")
+        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed,
+                "held": hold}
+
+    async def resume(self) -> dict[str, Any]:
+        """`clawbridge resume`: end the hold of an admin's rollback, so training goes on from the
+        serving version (later versions are gated as the mode says)."""
+        held = await self._read(self.pstore.release_hold)
+        if self.hold is not None and self.hold.startswith(HELD_PREFIX):
+            self.hold = None
+        log.warning("promotion: training resumed by the admin%s", f" (v{held} was held)" if held is not None else
+                    " (nothing was held)")
+        return {"resumed": held is not None, "held_version": held,
+                "serving_version": self.serving if self.mode != "off" else self.router.serving_version}
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -481,7 +537,10 @@ class Promoter:
             "tolerance": self.tolerance if self.mode != "off" else None,
             "anchor_version": self._anchor_version() if self.mode in ("eval", "probe") and self.tolerance > 0 else None,
             "capability_probe": self._probe_status(),
-            "holding": self.hold,
+            "holding": self.hold or (held_words(state.held_version) if state is not None
+                                     and state.held_version is not None else None),
+            "held_version": state.held_version if state is not None else None,
+            "held_since": state.held_since if state is not None else None,
             "canary": self.canary.as_dict() if self.canary is not None else None,
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
@@ -538,6 +597,26 @@ class Promoter:
     @staticmethod
     async def _read(fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
+
+
+def promoted_version(settings: Settings, store: Store) -> int | None:
+    """The version a server that does not train serves at start-up: the last promoted (the store's
+    serving version) when promotion is on, so a candidate that was rejected or never decided does
+    not serve from a backend that publishes one version only (Fireworks, SGLang with full weights);
+    None (the newest committed) when promotion is off."""
+    if settings.promotion_mode == "off":
+        return None
+    state = PromotionStore(store).state()
+    return state.serving_version if state is not None and state.mode != "off" else None
+
+
+HELD_PREFIX = "rolled back to v"
+
+
+def held_words(version: int) -> str:
+    """Why training waits while the admin's rollback holds."""
+    return (f"{HELD_PREFIX}{version} by the admin: v{version} keeps serving and no training step runs until "
+            "`clawbridge resume`")
 
 
 def build_promoter(settings: Settings, store: Store, router: VersionRouter, renderer: ChatFormat,

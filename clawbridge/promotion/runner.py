@@ -9,23 +9,33 @@ Invariants:
   so the figures are those of the whole answer, at the cost of its first tokens.
 - At most `concurrency` items are sampled at once, so evaluating never takes every engine slot
   from the agent; an overloaded sampler is retried after its Retry-After, a bounded number of times.
-- `VersionEval.score` is the mean item score in [0, 1] (expect and held-out items: 1 pass, 0 fail;
-  rubric items: (verdict + 1) / 2), the figure promotion compares.
+- `VersionEval.score` is the mean item score in [0, 1] (expect items: 1 pass, 0 fail; rubric
+  items: (verdict + 1) / 2; held-out items: `held_out_score`), the figure promotion compares.
+- A held-out item is scored by likelihood where the version's sampler can score given tokens
+  (`SequenceScorer`, the local torch engine): margin = verdict x (the version's mean per-token
+  logprob of the recorded answer - the mean of the logprobs it was sampled with), score =
+  sigmoid(HELD_OUT_SCALE x margin), passed when margin > HELD_OUT_PASS. So a version trained toward
+  the users' verdicts (more likely to say what they accepted, less what they rejected) scores above
+  0.5, the policy that sampled them 0.5, one trained against them below; it moves with every step,
+  where a greedy replay of a temperature-1 answer almost never matched it. A sampler that cannot
+  score (hosted backends, SGLang) replays greedily: passed when the greedy answer is the recorded
+  one (verdict > 0) or is not (verdict < 0).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
 from clawbridge.promotion.stats import wilson
 from clawbridge.rewards.judge import VoteConfig, judge_turn
-from clawbridge.sampler import Sampler, SamplerOverloaded, SamplingParams
+from clawbridge.sampler import Sampler, SamplerOverloaded, SamplingParams, SequenceScorer
 
 if TYPE_CHECKING:
     from clawbridge.chatformat import ChatFormat
@@ -33,6 +43,22 @@ if TYPE_CHECKING:
     from clawbridge.versions import VersionRouter
 
 OVERLOAD_RETRIES = 20
+
+HELD_OUT_SCALE = 4.0
+"""Per nat of mean per-token margin: a quarter nat per token toward the verdict scores 0.73."""
+HELD_OUT_PASS = 0.01
+"""A held-out item passes when it moved toward its verdict by more than this many nats per token."""
+
+
+def held_out_score(verdict: int, logprobs: Sequence[float], sampled: Sequence[float]) -> tuple[float, float]:
+    """(margin, score) of a held-out item (module invariants): `logprobs` the version's of the
+    recorded answer, `sampled` those it was recorded with. Reusable by any scorer of versions."""
+    if not logprobs:
+        return 0.0, 0.5
+    mine = sum(logprobs) / len(logprobs)
+    ref = sum(sampled) / len(sampled) if len(sampled) == len(logprobs) else mine
+    margin = (1.0 if verdict > 0 else -1.0) * (mine - ref)
+    return margin, 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, HELD_OUT_SCALE * margin))))
 
 RUBRIC_PROMPT = """You grade one answer of an AI assistant against a rubric. You see the conversation's \
 last user message, the assistant's answer and the rubric. Answer with a one-sentence reason, then a final \
@@ -176,6 +202,12 @@ class Evaluator:
             return ids
 
     async def _item(self, sampler: Sampler, item: EvalItem) -> ItemResult:
+        if item.kind == "held_out" and isinstance(sampler, SequenceScorer) and item.completion_ids:
+            async with self.slots:
+                lps = await sampler.score(item.prompt_ids, item.completion_ids)
+            margin, score = held_out_score(item.verdict, lps, item.completion_logprobs)
+            return ItemResult(item.id, item.kind, margin > HELD_OUT_PASS, score,
+                              f"margin {margin:+.4f} nats per token", len(item.completion_ids))
         if item.kind == "held_out":
             ids = await self.answer(sampler, list(item.prompt_ids), max(1, len(item.completion_ids)))
             same = tuple(ids) == item.completion_ids

@@ -11,7 +11,10 @@ Invariants:
   before the shape's `closing()` events (the ones that say the answer is finished); otherwise
   before the JSON body.
 - A call whose client goes away is cancelled at the sampler and recorded with status `cancelled`
-  (never trained on), so nothing is silently dropped.
+  (never trained on), so nothing is silently dropped: while the call waits for its stream to start
+  (`sample()` waits until the engine admits it, e.g. SGLang's first chunk), and for a stream however
+  its response ends, even one that never sent a byte (`CallStreamingResponse`). A call is recorded
+  once (`settled`).
 - A turn that cannot be recorded is never answered as a success: a whole response becomes the
   store's 507/503 error, a stream ends with an error event instead of its closing events.
 - On shutdown (`state.drain`), calls still running when the grace period ends are cancelled,
@@ -208,6 +211,8 @@ class SampledCall:
         self._decoder = IncrementalDecoder(state.renderer.decode)
         self._stops = StopMatcher(req.stop_strings)
         self._stop_ids = set(state.renderer.stop_token_ids)
+        self.settled = False
+        """The turn was recorded (or its recording was attempted): it is never recorded again."""
 
     @property
     def turn_id(self) -> str:
@@ -354,6 +359,7 @@ class SampledCall:
 
     async def record(self, status: str, response_json: str | None) -> None:
         """Record the turn; 401 `user_forgotten` (nothing recorded) when its user was forgotten."""
+        self.settled = True
         if self.ticket.cut:
             raise forgotten_error()
         end = self.call.end_after if status == "ok" else ("single_call" if self.call.source == "implicit" else None)
@@ -363,8 +369,12 @@ class SampledCall:
             raise forgotten_error() from None
 
     def record_cancelled_soon(self) -> None:
-        """Record a call the client abandoned without awaiting (we may be inside a cancelled scope);
-        a call whose user is being forgotten records nothing."""
+        """Record a call the client abandoned without awaiting (we may be inside a cancelled scope),
+        and close its stream; nothing when the call is already recorded or never rendered a prompt
+        (nothing was sampled), and nothing for a call whose user is being forgotten."""
+        if self.settled or self.prompt is None:
+            return
+        self.settled = True
         if self.stream is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().create_task(self.stream.aclose())
@@ -464,15 +474,57 @@ class SampledCall:
                 self.record_cancelled_soon()
 
     def streaming_response(self, shape: ApiShape) -> StreamingResponse:
-        return StreamingResponse(
-            self.events(shape), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Policy-Version": str(self.policy_version)},
-        )
+        return CallStreamingResponse(self, shape)
 
     async def respond(self, request: Request, shape: ApiShape) -> Response:
-        """Start sampling, then answer streamed or whole as the request asked."""
+        """Start sampling, then answer streamed or whole as the request asked; a 499 (the call
+        recorded cancelled) when the client leaves before its stream starts."""
         self.notes_off = request.headers.get(NOTES_HEADER, "").strip().lower() in ("off", "0", "false", "no")
-        await self.start()
+        left = await self.start_watched(request)
+        if left is not None:
+            return left
         if self.req.stream:
             return self.streaming_response(shape)
         return await self.complete(request, shape)
+
+    async def start_watched(self, request: Request) -> Response | None:
+        """`start()`, cancelled when the client goes away meanwhile (a sampler's `sample()` may wait
+        for the engine to admit the call); then the 499 response, the call recorded cancelled."""
+        task = asyncio.ensure_future(self.start())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    task.result()  # its ApiError, or any failure, as raised by start()
+                    return None
+                if await request.is_disconnected():
+                    task.cancel()
+                    await asyncio.wait({task})
+                    self.record_cancelled_soon()
+                    return Response(status_code=499)
+        except asyncio.CancelledError:
+            task.cancel()
+            self.record_cancelled_soon()
+            raise
+
+
+DISCONNECT_POLL_S = 0.25
+"""How often a call waiting for its sampler checks whether its client is still there."""
+
+
+class CallStreamingResponse(StreamingResponse):
+    """A call's event stream (`SampledCall.events`) that settles the call however the response ends:
+    when the server finds the client gone before the first event was taken (an ASGI 2.4 server
+    raises from the first `send`; the events never run, so their own cleanup never does), the
+    stream is closed at the sampler and the call recorded cancelled."""
+
+    def __init__(self, call: SampledCall, shape: ApiShape) -> None:
+        super().__init__(call.events(shape), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Policy-Version": str(call.policy_version)})
+        self.call = call
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.call.record_cancelled_soon()  # nothing once the events recorded the turn

@@ -2,13 +2,16 @@
 
 - GET  /rl/promotion -> the `promotion` object of `/rl/status`
 - POST /rl/promote {"version": N} -> {"serving_version": N, "previous", "trainer_version"}
-- POST /rl/rollback {"version": N} -> the same (N serves; training goes on from it)
+- POST /rl/rollback {"version": N} -> the same, and "held": true (N serves; training goes on from
+      it only after /rl/resume)
+- POST /rl/resume {} -> {"resumed", "held_version", "serving_version"}: training goes on
 - POST /rl/eval {"versions": [0, 5, "latest", "serving"]?, "eval_set": "<JSONL text>"?}
       -> {"eval_set", "digest", "results": [{version, items, passed, pass_rate, ci_low, ci_high,
           score, mean_judge_score, mean_answer_tokens, seconds, failed}]}
 
 Invariants: a version that does not exist or whose checkpoint was pruned is 404
-`model_not_found` naming why; a bad eval set line is 400 `invalid_eval_set` naming the line;
+`model_not_found` naming why; a checkpoint the backend could not load is 409
+`checkpoint_unavailable` (nothing changed, no decision recorded); a bad eval set line is 400 `invalid_eval_set` naming the line;
 promote/rollback are answered once the decision is committed (and the trainer reloaded). The
 dashboard's buttons call the same functions (`set_serving`, `run_eval`).
 """
@@ -56,7 +59,7 @@ async def set_serving(state: ProxyState, version: int, action: str) -> dict[str,
     try:
         return await promoter_of(state).set_serving(version, action, state.trainer)
     except PromotionError as exc:
-        raise ApiError(404, str(exc), code="model_not_found", param="version") from None
+        raise ApiError(exc.status, str(exc), code=exc.code, param="version") from None
 
 
 def resolve_versions(state: ProxyState, asked: list[int | str] | None) -> list[int]:
@@ -129,6 +132,11 @@ def build_promotion_router(state: ProxyState) -> APIRouter:
     @router.post("/rollback")
     async def rollback(request: Request) -> dict[str, Any]:
         return await set_serving(state, version_of(await admin_body(request)), "rollback")
+
+    @router.post("/resume")
+    async def resume(request: Request) -> dict[str, Any]:
+        require_admin(await authenticate(request, state.keys, state.store))
+        return await promoter_of(state).resume()
 
     @router.post("/eval")
     async def evaluate(request: Request) -> dict[str, Any]:

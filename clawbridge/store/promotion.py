@@ -15,6 +15,10 @@ Invariants:
   `rollback` (source `admin`) may name a version again (it is a new decision each time).
 - Samples that built a rejected version stay consumed (they are never trained twice) and carry
   `rejected_version`, so `status` can say how many turns went into rejected versions.
+- A rollback by the admin HOLDS: `held_version` is set in the same transaction as its decision,
+  and while it is set no training step runs (`Promoter.settle`), so the version rolled back to
+  keeps serving until the admin resumes (`release_hold`) or promotes a version (which clears it).
+  Every other write of the state row leaves the hold as it is.
 - `promotion_evals` caches a version's figures per evaluation set digest: greedy answers of a
   version do not change, so the serving version is evaluated once per set, not once per candidate.
 - A forgotten user's held-out items (her turn ids) and the answers given to them leave every
@@ -43,6 +47,9 @@ class PromotionState:
     candidate_since: float | None
     canary_share: float | None
     updated_at: float
+    held_version: int | None = None
+    """The version the admin rolled back to, while training waits for `clawbridge resume`."""
+    held_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class PromotionStore:
         if r is None:
             return None
         return PromotionState(str(r["mode"]), r["serving_version"], r["candidate_version"], r["candidate_since"],
-                              r["canary_share"], float(r["updated_at"]))
+                              r["canary_share"], float(r["updated_at"]), r["held_version"], r["held_since"])
 
     def set_state(self, mode: str, serving: int | None, candidate: int | None = None,
                   candidate_since: float | None = None, canary_share: float | None = None) -> None:
@@ -90,11 +97,12 @@ class PromotionStore:
             _write_state(c, mode, serving, candidate, candidate_since, canary_share, self.store.clock.now())
 
     # ------------------------------------------------------------------ decisions
-    def decide(self, d: Decision, mode: str) -> bool:
+    def decide(self, d: Decision, mode: str, hold: bool | None = None) -> bool:
         """Record `d` and apply it in ONE transaction (module invariants): promoted -> `d.version`
         serves; either way the candidate is cleared; rejected -> the samples of the steps that
-        produced `d.version` are marked. False (nothing written) when an automatic decision about
-        `d.version` exists already."""
+        produced `d.version` are marked; `hold` True (an admin's rollback) holds `d.version`,
+        False (an admin's promote) clears a hold, None leaves it. False (nothing written) when an
+        automatic decision about `d.version` exists already."""
         now = self.store.clock.now()
         with self.store.write() as c:
             if d.source != "admin" and c.execute(
@@ -115,7 +123,17 @@ class PromotionStore:
                     "UPDATE samples SET rejected_version=? WHERE consumed_step IN "
                     "(SELECT step FROM steps WHERE policy_version=? AND status='ok')", (d.version, d.version))
             _write_state(c, mode, serving, None, None, None, now)
+            if hold is not None:
+                c.execute("UPDATE promotion_state SET held_version=?, held_since=? WHERE id=1",
+                          (d.version, now) if hold else (None, None))
         return True
+
+    def release_hold(self) -> int | None:
+        """Clear the admin's hold (`clawbridge resume`); the version that was held, or None."""
+        with self.store.write() as c:
+            r = c.execute("SELECT held_version FROM promotion_state WHERE id=1").fetchone()
+            c.execute("UPDATE promotion_state SET held_version=NULL, held_since=NULL WHERE id=1")
+        return None if r is None or r[0] is None else int(r[0])
 
     def decision_for(self, version: int) -> Decision | None:
         """The automatic decision about `version`, if one was taken."""
@@ -160,14 +178,17 @@ class PromotionStore:
         ]
 
     # ------------------------------------------------------------------ canary
-    def canary_counts(self, candidate: int, incumbent: int, since: float) -> dict[int, tuple[int, int]]:
-        """{version: (sessions, sessions rewarded > 0)} for `candidate` and `incumbent`, over the
-        sessions created at or after `since`, ended, whose main turns were all answered by that one
-        version, and that have a reward: their explicit rewards' mean (any source but the judge),
-        else the mean of the judge's verdicts (rewards with source `judge`)."""
+    def canary_outcomes(self, candidate: int, incumbent: int, since: float) -> dict[int, list[bool]]:
+        """{version: successes} for `candidate` and `incumbent`: per ended session created at or
+        after `since` whose main turns were all answered by that one version and that has a reward,
+        whether that reward is > 0 (its explicit rewards' mean, any source but the judge, else the
+        mean of the judge's verdicts), in the order the sessions became countable (the later of
+        its end and its first reward; then the session id), which a later reward does not change:
+        the order the canary's sequential test reads them in (`clawbridge.promotion.stats`)."""
         with self.store.read() as c:
             rows = c.execute(
-                "SELECT MIN(t.policy_version) AS v, "
+                "SELECT MIN(t.policy_version) AS v, s.session_id AS sid, s.ended_at AS ended, "
+                "(SELECT MIN(r.created_at) FROM rewards r WHERE r.session_id = s.session_id) AS first, "
                 "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source != 'judge') AS ex, "
                 "(SELECT AVG(r.value) FROM rewards r WHERE r.session_id = s.session_id AND r.source = 'judge') AS jd "
                 "FROM sessions s JOIN turns t ON t.session_id = s.session_id AND t.turn_type = 'main' "
@@ -175,13 +196,12 @@ class PromotionStore:
                 "HAVING MIN(t.policy_version) = MAX(t.policy_version) AND MIN(t.policy_version) IN (?, ?)",
                 (since, candidate, incumbent),
             ).fetchall()
-        out = {candidate: (0, 0), incumbent: (0, 0)}
-        for r in rows:
+        out: dict[int, list[bool]] = {candidate: [], incumbent: []}
+        counted = [r for r in rows if r["ex"] is not None or r["jd"] is not None]
+        counted.sort(key=lambda r: (max(float(r["ended"] or 0.0), float(r["first"] or 0.0)), str(r["sid"])))
+        for r in counted:
             value = r["ex"] if r["ex"] is not None else r["jd"]
-            if value is None:
-                continue
-            n, wins = out[int(r["v"])]
-            out[int(r["v"])] = (n + 1, wins + (float(value) > 0))
+            out[int(r["v"])].append(float(value) > 0)
         return out
 
     # ------------------------------------------------------------------ evaluation cache

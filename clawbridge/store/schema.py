@@ -272,6 +272,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX notes_user ON notes(user_id, status);
     ALTER TABLE turns ADD COLUMN train_prompt_token_ids BLOB;
     """,
+    # v11: a rollback by the admin holds (clawbridge.store.promotion): the version rolled back to
+    # serves and no training step runs until the admin resumes.
+    """
+    ALTER TABLE promotion_state ADD COLUMN held_version INTEGER;
+    ALTER TABLE promotion_state ADD COLUMN held_since REAL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

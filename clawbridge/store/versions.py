@@ -25,8 +25,10 @@ Invariants:
   `clawbridge.trainer.checkpoints`) stays committed, but is no restore or rollback target.
   `prunable` never offers a checkpoint named by one of the `keep` newest committed versions (the
   newest, the one served, is always among them; a rollback version names its source's
-  checkpoint, which so stays as long as the rollback version is recent), nor the checkpoint of the
-  version promotion serves or has on trial (`clawbridge.store.promotion`), however old. A checkpoint written
+  checkpoint, which so stays as long as the rollback version is recent), nor, however old, the
+  checkpoint of the lane's base (version 0 for the shared lane: `clawbridge rollback 0` always
+  works), of the version promotion serves or has on trial, or of the drift guard's anchor
+  (`PromotionStore.anchor_version`, `clawbridge.store.promotion`). A checkpoint written
   for a version that never committed (`note_checkpoint`, then a kill or a failure) is prunable
   once the version is abandoned.
 - Lanes (per-user adapters, `clawbridge.trainer.lanes`): every version belongs to one lane, ''
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clawbridge.store.counters import take
+from clawbridge.store.promotion import PromotionStore
 from clawbridge.store.store import Store, StoreError
 
 VersionKind = Literal["base", "step", "rollback", "restore"]
@@ -153,14 +156,18 @@ class VersionStore:
 
     def prunable(self, keep: int) -> list[str]:
         """Checkpoints that retention may delete, oldest first: named only by committed versions
-        older than the `keep` newest committed ones (and not the serving or candidate one), or written for a version that was then
-        abandoned (see the module invariants)."""
+        older than the `keep` newest committed ones (and not the lane's base, nor the serving,
+        candidate or anchor version), or written for a version that was then abandoned (see the
+        module invariants)."""
         rows = [r for r in self._select("WHERE status='committed' AND lane=? ORDER BY version DESC", (self.lane,))
                 if r.checkpoint]
         kept = {r.checkpoint for r in rows[: max(1, keep)]}
         kept |= {r.checkpoint for r in self._select(
             "WHERE version IN (SELECT serving_version FROM promotion_state "
-            "UNION SELECT candidate_version FROM promotion_state)", ())}
+            "UNION SELECT candidate_version FROM promotion_state) OR (kind='base' AND lane=?)", (self.lane,))}
+        anchor = PromotionStore(self.store).anchor_version()
+        if anchor is not None:
+            kept |= {r.checkpoint for r in self._select("WHERE version=?", (anchor,))}
         old = rows[max(1, keep):] + self._select("WHERE status='abandoned' AND checkpoint IS NOT NULL AND lane=?",
                                                  (self.lane,))
         out: list[str] = []

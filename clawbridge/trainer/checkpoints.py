@@ -99,9 +99,10 @@ class CheckpointKeeper:
         """The newest committed version, after checking it belongs to `identity`."""
         return check_identity(self.versions.store, self.identity)
 
-    async def resume(self) -> int:
-        """Abandon reservations of an earlier process and serve the newest committed version;
-        return the served version."""
+    async def resume(self, serve: int | None = None) -> int:
+        """Abandon reservations of an earlier process and serve the newest committed version (or
+        committed `serve`, under its own number: a server that does not train serves the version
+        promotion last promoted, whatever was trained after it); return the served version."""
         abandoned = await _to_thread(self.versions.abandon_reserved)
         if abandoned:
             log.warning("%d policy version(s) reserved by an earlier run never committed; not reused", abandoned)
@@ -110,6 +111,17 @@ class CheckpointKeeper:
         if last is not None and last.kind != "base" and last.checkpoint is not None:
             self.trained = (last.version, last.checkpoint)
         serving = self.backend.sampler().policy_version
+        if last is not None and serve is not None and serve != last.version:
+            row = await _to_thread(self.versions.get, serve)
+            if row is not None and row.restorable and row.checkpoint is not None and row.lane == self.versions.lane:
+                if serve == serving:  # e.g. the base, which a fresh backend serves already
+                    return serving
+                version = await self._restore(row.checkpoint, serve)
+                log.info("restored checkpoint %s: serving the promoted v%d (newer v%d is not served)",
+                         row.checkpoint, version, last.version)
+                return version
+            log.error("the promoted v%d cannot be restored (%s); serving the newest v%d", serve,
+                      no_checkpoint_message(serve, row), last.version)
         if last is None or last.checkpoint is None or (last.version == 0 and serving == 0):
             return serving
         try:

@@ -158,6 +158,16 @@ class _Swap:
     """The weights loaded, when `pin`."""
 
 
+@dataclass(eq=False)
+class _Score:
+    """A `score` waiting for the worker: the logprobs of `completion` after `prompt` on `weights`."""
+
+    weights: _Weights
+    prompt: list[int]
+    completion: list[int]
+    done: concurrent.futures.Future[list[float]] = field(default_factory=concurrent.futures.Future)
+
+
 _SHUTDOWN = object()
 
 
@@ -212,6 +222,10 @@ class TorchVersionSampler:
 
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> TorchSampleStream:
         return await self._engine._submit(prompt_ids, params, self._weights)
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """`SequenceScorer.score` on this version's weights."""
+        return await self._engine._score(prompt_ids, completion_ids, self._weights)
 
 
 class TorchEngine:
@@ -357,6 +371,34 @@ class TorchEngine:
             raise SamplerUnavailable("the torch engine is shut down")
         return TorchSampleStream(self, req)
 
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """`clawbridge.sampler.SequenceScorer`: untempered logprobs of `completion_ids` after
+        `prompt_ids` on the current weights (one forward by the worker, between steps)."""
+        return await self._score(prompt_ids, completion_ids, None)
+
+    async def _score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                     pinned: _Weights | None) -> list[float]:
+        if self._closed:
+            raise SamplerUnavailable("the torch engine is shut down")
+        prompt, completion = [int(t) for t in prompt_ids], [int(t) for t in completion_ids]
+        ids = prompt + completion
+        if not prompt or (ids and (min(ids) < 0 or max(ids) >= self.vocab_size)):
+            raise ValueError(f"score needs a prompt, and token ids in [0, {self.vocab_size})")
+        if len(ids) > self.context_window:
+            raise PromptTooLong(f"{len(ids)} tokens to score; the context window is {self.context_window}")
+        if not completion:
+            return []
+        with self._lock:
+            weights = pinned or self._current
+            weights.users += 1  # held like a stream's: full weights are not updated in place under it
+        job = _Score(weights, prompt, completion)
+        self._inbox.put(job)
+        try:
+            return await asyncio.wrap_future(job.done)
+        finally:
+            with self._lock:
+                weights.users -= 1
+
     async def swap_weights(self, update: WeightUpdate, new_version: int) -> int:
         """Publish new weights for new streams as `new_version` (> current); return it.
 
@@ -441,7 +483,7 @@ class TorchEngine:
             if item is _SHUTDOWN or self._closed:
                 if isinstance(item, _Request):
                     self._finish(item, _End("cancelled", SamplerUnavailable("the torch engine shut down")))
-                elif isinstance(item, _Swap):
+                elif isinstance(item, _Swap | _Score):
                     item.done.set_exception(SamplerUnavailable("the torch engine shut down"))
                 if item is _SHUTDOWN:
                     return False
@@ -449,6 +491,8 @@ class TorchEngine:
                 self._waiting.append(item)
             elif isinstance(item, _Swap):
                 self._apply_swap(item)
+            elif isinstance(item, _Score):
+                self._run_score(item)
 
     def _admit(self) -> None:
         """Move waiting requests (FIFO) to running while a slot is free and the KV budget has room."""
@@ -576,6 +620,20 @@ class TorchEngine:
             req.loop.call_soon_threadsafe(req.out.put_nowait, item)
         except RuntimeError:  # the request's event loop is closed: nobody is listening
             self._cancel(req)
+
+    def _run_score(self, job: _Score) -> None:
+        """One forward over prompt + completion on the job's weights (its adapter applied, plain
+        attention: no pool region), then float32 log-softmax of the untempered logits."""
+        try:
+            ids = torch.tensor([job.prompt + job.completion], dtype=torch.long, device=self.device)
+            n = len(job.completion)
+            self._hooks.set_rows([job.weights.adapter], self.device)
+            logits = job.weights.model(input_ids=ids, use_cache=False, logits_to_keep=n + 1).logits[0, :-1].float()
+            target = ids[0, -n:].unsqueeze(-1)
+            job.done.set_result(torch.log_softmax(logits, dim=-1).gather(-1, target).squeeze(-1).tolist())
+        except Exception as e:
+            log.exception("torch engine failed to score a sequence")
+            job.done.set_exception(SamplerFailed(f"torch engine failed to score: {e!r}"))
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:

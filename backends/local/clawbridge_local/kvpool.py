@@ -25,8 +25,10 @@ caches, and the allocator churn kept the process at 8-9 GB for a 0.54 GB model. 
   that end, and its first logits are the output layer's on it (`logits_at`): no forward, and
   bit-identical to the first time, where `ends_are_exact` holds for the model. Ends cost
   hidden_size values per prompt, at most one per cached token (~5% of the keys/values).
-  Entries are evicted least-recently-used when an allocation needs room, and all entries of a set
-  of weights are dropped when those weights change in place.
+  Entries are evicted when an allocation needs their room: only the entries that make it fit
+  (least recently used first), and none when evicting could not make it fit (the room is held by
+  running requests), so a waiting request never costs the cached prefixes it cannot use. All
+  entries of a set of weights are dropped when those weights change in place.
 
 Invariants:
 - Regions never overlap; free ranges are kept sorted and coalesced; `used + cached + free ==
@@ -146,16 +148,19 @@ class KVPool:
     # ------------------------------------------------------------------ regions
 
     def allocate(self, n: int) -> int | None:
-        """Start of a free region of `n` tokens, evicting LRU prefix entries if needed; None if
-        the pool cannot hold it now."""
-        while True:
-            start = self._first_fit(n)
-            if start is not None:
-                self.used_tokens += n
-                return start
-            if not self._entries:
+        """Start of a free region of `n` tokens, evicting prefix entries only where that makes it
+        fit (`_victims`); None, with nothing evicted, if the pool cannot hold it now."""
+        start = self._first_fit(n)
+        if start is None:
+            victims = self._victims(n)
+            if victims is None:
                 return None
-            self._evict_oldest()
+            for key in victims:
+                self._evict(key)
+            start = self._first_fit(n)
+            assert start is not None, "evicting the chosen entries frees a run of n tokens"
+        self.used_tokens += n
+        return start
 
     def free(self, start: int, n: int) -> None:
         """Give a region back (`n` == 0 is a no-op)."""
@@ -252,8 +257,34 @@ class KVPool:
                 self.cached_tokens -= len(entry.tokens)
                 self._give_back(entry.start, len(entry.tokens))
 
-    def _evict_oldest(self) -> None:
-        _, entry = self._entries.popitem(last=False)
+    def _victims(self, n: int) -> list[int] | None:
+        """The prefix entries to evict so that `n` contiguous tokens are free: those overlapping
+        the best window of `n` tokens that lies in free ranges and entries only (never across a
+        region an admitted request holds). Best: its most recently used victim is the least
+        recently used of all windows' (LRU), then the fewest tokens evicted. None when no window
+        exists: evicting would not make `n` fit, so nothing is evicted."""
+        rank = {key: i for i, key in enumerate(self._entries)}  # 0: least recently used
+        segs = sorted([(s, size, None) for s, size in self._free]
+                      + [(e.start, len(e.tokens), key) for key, e in self._entries.items()])
+        best: tuple[int, int, list[int]] | None = None
+        for i in range(len(segs)):
+            total, keys, end = 0, [], segs[i][0]
+            for s, size, key in segs[i:]:
+                if s != end:  # a request's region lies between: the window cannot span it
+                    break
+                total, end = total + size, s + size
+                if key is not None:
+                    keys.append(key)
+                if total >= n:
+                    cost = (max((rank[k] for k in keys), default=-1),
+                            sum(len(self._entries[k].tokens) for k in keys), keys)
+                    if best is None or cost[:2] < best[:2]:
+                        best = cost
+                    break
+        return None if best is None else best[2]
+
+    def _evict(self, key: int) -> None:
+        entry = self._entries.pop(key)
         self.cached_tokens -= len(entry.tokens)
         self._give_back(entry.start, len(entry.tokens))
 

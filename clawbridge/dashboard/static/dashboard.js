@@ -123,7 +123,8 @@ function renderHealth(doc) {
     el("button", {class: "serve-button", "data-version": String(r.version), onclick: async () => {
       const action = r.version < h.serving_policy_version ? "rollback" : "promote";
       try { const out = await post(`/dashboard/api/promotion/${action}`, {version: r.version});
-            setStatus(`v${out.serving_version} serves now (was v${out.previous})`, false); }
+            setStatus(`v${out.serving_version} serves now (was v${out.previous})` +
+                      (out.held ? "; training holds until resumed" : ""), false); }
       catch (e) { setStatus(`${action} refused: ${e.message}`, true); }
     }}, "serve");
   fill("checkpoints", el("div", {},
@@ -138,7 +139,13 @@ function renderHealth(doc) {
 }
 function renderPromotion(p) {
   if (!p) { fill("promotion", el("p", {class: "muted"}, "promotion is not set up")); return; }
-  fill("promotion", el("ul", {}, ...p.lines.map((l) => el("li", {}, l))));
+  const resume = p.held_version === null || p.held_version === undefined ? [] : [
+    el("button", {class: "resume-button", onclick: async () => {
+      try { const out = await post("/dashboard/api/promotion/resume", {});
+            setStatus(`training resumed from v${out.serving_version}`, false); }
+      catch (e) { setStatus(`resume refused: ${e.message}`, true); }
+    }}, "resume training")];
+  fill("promotion", el("div", {}, el("ul", {}, ...p.lines.map((l) => el("li", {}, l))), ...resume));
   fill("decisions", p.decisions.length === 0 ? el("p", {class: "muted"}, "no decision yet") :
     table(["version", "verdict", "by", "score", "incumbent", "reason"],
       p.decisions.map((d) => [`v${d.version}`, d.verdict, d.source, num(d.score),
