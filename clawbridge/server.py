@@ -43,6 +43,7 @@ from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
+from clawbridge.promotion.describe import probe_line
 from clawbridge.promotion.promoter import build_promoter, promoted_version, promotion_line
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
@@ -321,6 +322,12 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     else:
         announce("training: off (the backend serves only, or train = false)")
     announce(promotion_line(settings))
+    probe = state.promotion.status().get("capability_probe") if state.promotion is not None else None
+    if probe:
+        announce("  " + probe_line(probe))
+    if state.judge is not None and state.notes is not None:
+        announce("notes from talk: on (a correction the judge reads becomes a note the user's next calls carry "
+                 "while training teaches it; `clawbridge notes` lists and deletes them)")
     if state.privacy is not None:
         where = " and ".join(w for w, on in (("training data", state.privacy.train), ("judge prompts", state.privacy.judge))
                              if on)
