@@ -5,7 +5,8 @@
 - GET  /dashboard/static/{file}                the page's own JS/CSS, shipped in the package
 - GET  /dashboard/api/overview, /dashboard/api/sessions, /dashboard/api/sessions/{id}
 - POST /dashboard/api/sessions/{id}/reward {reward, turn_id?}, /dashboard/api/sessions/{id}/end
-- POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version}
+- POST /dashboard/api/promotion/promote {version, user?}, /dashboard/api/promotion/rollback {version, user?}
+  (`clawbridge.proxy.promotion_routes.set_serving`: a user's version only in the lane named)
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
@@ -31,13 +32,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import BaseModel, ConfigDict
 
+from clawbridge.access import OPERATOR
 from clawbridge.dashboard import data
 from clawbridge.dashboard.auth import COOKIE, LOGIN_TTL_S, DashboardAuth
 from clawbridge.keys import keys_equal
 from clawbridge.metrics import CONTENT_TYPE, Metrics
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.promotion_routes import VersionBody, set_serving
+from clawbridge.proxy.promotion_routes import set_serving, version_body
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
@@ -212,13 +214,9 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         auth.require_write(request)
         if action not in ("promote", "rollback"):
             raise ApiError(404, f"no promotion action {action!r} (promote or rollback)")
-        body = parse_json_object(await read_body(request, MAX_FORM_BYTES))
-        try:
-            version = VersionBody.model_validate(body).version
-        except ValueError:
-            raise ApiError(422, "send {\"version\": <a committed policy version>}", param="version") from None
-        out = await set_serving(state, version, action)
-        log.info("v%d served from the dashboard (%s)", version, action)
+        req = version_body(parse_json_object(await read_body(request, MAX_FORM_BYTES)))
+        out = await set_serving(state, OPERATOR, req, action)  # a login is the admin's (DashboardAuth)
+        log.info("v%d served from the dashboard (%s%s)", req.version, action, f", user {req.user}" if req.user else "")
         return _json(out)
 
     # ------------------------------------------------------------------ metrics

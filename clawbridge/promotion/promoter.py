@@ -27,6 +27,9 @@ Invariants:
   rollback) ends, after restart, with exactly the last promoted version serving and each candidate
   decided once (`PromotionStore.decide` refuses a second automatic decision).
 - The serving version's checkpoint is never pruned (`VersionStore.prunable`).
+- Promotion serves the shared policy: it reads only the shared lane's versions (a `VersionStore`
+  is bound to its lane), so a user's adapter never serves everyone; the admin rolls a user's lane
+  back through `clawbridge.trainer.lanes.UserLanes.rollback` (`clawbridge.proxy.promotion_routes`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from clawbridge.access import OPERATOR
 from clawbridge.faults import fault_point
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
@@ -130,7 +134,7 @@ class Promoter:
         self.serving = serving
         if self.pinned and serving != published:
             try:
-                await self.router.sampler_for(serving)
+                await self.router.sampler_for(serving, OPERATOR, "serve")
             except VersionNotFound as exc:
                 self.pinned = False
                 log.warning("promotion: the %s backend cannot serve v%d beside the published v%d (%s); a candidate "
@@ -309,7 +313,7 @@ class Promoter:
         previous = self.serving
         if self.mode != "off" and self.pinned:
             try:
-                await self.router.sampler_for(version)
+                await self.router.sampler_for(version, OPERATOR, "serve")
             except VersionNotFound as exc:
                 raise PromotionError(str(exc)) from None
         d = Decision(version, "promoted", "admin", f"{action} by the admin (serving was v{previous})", previous)

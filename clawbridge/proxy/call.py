@@ -35,6 +35,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from clawbridge.access import Denied, Principal
 from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.messages import Messages
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
@@ -135,11 +136,14 @@ class ApiShape(Protocol):
         ...
 
 
-async def route_sampler(state: ProxyState, model: str, session_id: str | None, user: str | None = None) -> Sampler:
+async def route_sampler(state: ProxyState, model: str, session_id: str | None, by: Principal) -> Sampler:
     """The sampler `state.router` picks for `model` (`NAME@N`, or the served name) in `session_id`
-    of `user`; 404 `model_not_found` naming the versions kept when `NAME@N` cannot be served."""
+    for caller `by`; 404 `model_not_found` naming the versions kept when `NAME@N` cannot be served
+    (or is another user's), 403 for the admin naming a user's version."""
     try:
-        return (await state.router.route(model, session_id, user)).sampler
+        return (await state.router.route(model, session_id, by)).sampler
+    except Denied as exc:
+        raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
     except VersionNotFound as exc:
         if parse_versioned(model, state.router.model_names) is None:
             # A plain request is never refused because the serving version cannot be loaded (a
@@ -227,7 +231,7 @@ class SampledCall:
             self._stops = StopMatcher(self.req.stop_strings, ends=[TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
-        sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.caller)
+        sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.principal)
         try:
             self.stream = await sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:

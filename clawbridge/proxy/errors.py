@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clawbridge.access import Denied
 from clawbridge.shapes.errors import ShapeError, first_problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -93,6 +94,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Denied)
+    async def _denied(_: Request, exc: Denied) -> JSONResponse:  # `clawbridge.access`, from the store or the router
+        return JSONResponse(error_body(exc.status, exc.message, code=exc.code, param=exc.param), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

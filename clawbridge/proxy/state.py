@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from clawbridge.access import Denied
 from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
@@ -158,6 +159,9 @@ class StoreWriter:
         except sqlite3.Error as exc:
             log.error("recording %s failed: %s", turn.turn_id, exc)
             raise store_failure(exc) from None
+        except Denied as exc:  # the session is another owner's (`clawbridge.store.owners`): a race the route's check lost
+            log.warning("turn %s not recorded: %s", turn.turn_id, exc)
+            raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
         def report(f: Future[Any]) -> None:

@@ -5,8 +5,9 @@
 - DELETE /rl/users/{user} -> {"user", "status": "revoked", ...}               the key stops working (401)
 - DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows}, ...}
 
-Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
-OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
+Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409 (or one whose namespace
+`name:...` already holds sessions recorded without that user: `clawbridge.store.users`), an
+unknown user 404 (all OpenAI-style bodies). A forget first lets each `ForgetHook` of the server delete what it keeps
 for the user (their adapter's trainer lane, checkpoints, versions and steps:
 `clawbridge.trainer.lanes`), then deletes the user's rows from the store and vacuums the file, so
 nothing a hook deleted from the store stays in its free pages; it is answered only after that
@@ -21,8 +22,9 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from clawbridge.proxy.auth import authenticate, require_admin
+from clawbridge.access import Action
 from clawbridge.proxy.errors import ApiError, validated
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.users import UserError, UserStore
@@ -86,8 +88,8 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     forget_hooks = hooks if hooks is not None else []
     users = UserStore(state.store)
 
-    async def admin(request: Request) -> None:
-        require_admin(await authenticate(request, state.keys, state.store))
+    async def admin(request: Request, action: Action = "write") -> None:
+        await caller(state, request, "users", action)
 
     @router.post("")
     async def add(request: Request) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
 
     @router.get("")
     async def listing(request: Request) -> dict[str, Any]:
-        await admin(request)
+        await admin(request, "read")
         rows = {u.user: u for u in await state.read(users.all)}
         counts = {c["user"]: c for c in await state.read(users.stats) if c["user"] is not None}
         return {"users": [{**counts.get(name, {"user": name}), "status": "active" if u.active else "revoked",
