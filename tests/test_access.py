@@ -459,6 +459,10 @@ def test_the_shared_key_cannot_tell_or_take_a_users_session(world: World) -> Non
     assert existing.status_code == absent.status_code == 403
     assert existing.json()["error"] == absent.json()["error"] | {
         "message": absent.json()["error"]["message"].replace(name, "main")}
+    body = post(world, "client", CHAT, chat(session_id=f"alice:{name}"))  # OpenClaw-RL's body field
+    runtime = post(world, "client", CHAT, {**chat(), "messages": [  # OpenClaw's runtime line
+        {"role": "user", "content": f"Runtime: agent=main | session=alice:{name}\nhi"}]})
+    assert body.json()["error"] == runtime.json()["error"] == absent.json()["error"]
     store = world.proxy.state.store
     assert store.get_session(f"alice:{name}") is None
     assert post(world, "user", CHAT, chat(), **{"X-Session-Id": name}).status_code == 200
@@ -515,3 +519,11 @@ def test_the_admin_rolls_back_a_users_lane_only_by_naming_it(world: World) -> No
     theirs = post(world, "other", CHAT, chat())
     assert theirs.json()["choices"][0]["message"]["content"] != f"v{new}"
     assert post(world, "client", CHAT, chat(f"tiny@{new}")).status_code == 404
+    # Bad input: a name that cannot be a user's, a version that does not exist, no version.
+    for body, status, code in (({"version": new, "user": "../x"}, 422, "invalid_user"),
+                               ({"version": 10**9, "user": "alice"}, 404, "model_not_found"),
+                               ({"version": new, "user": "nobody"}, 403, "version_of_another_lane"),
+                               ({"user": "alice"}, 422, None), ({"version": "x"}, 422, None)):
+        r = post(world, "admin", "/rl/rollback", body)
+        assert r.status_code == status and r.json()["error"]["code"] == code, (body, r.text)
+    assert lanes.version_for("alice") == new
