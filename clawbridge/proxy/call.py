@@ -39,7 +39,7 @@ from clawbridge.access import Denied, Principal
 from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.messages import Messages
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
@@ -143,7 +143,7 @@ async def route_sampler(state: ProxyState, model: str, session_id: str | None, b
     try:
         return (await state.router.route(model, session_id, by)).sampler
     except Denied as exc:
-        raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
+        raise denied(exc) from None
     except VersionNotFound as exc:
         if parse_versioned(model, state.router.model_names) is None:
             # A plain request is never refused because the serving version cannot be loaded (a

@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse, Response
 
 from clawbridge.access import Denied, Principal
 from clawbridge.proxy.call import ApiShape, SampledCall
-from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.ownership import caller, check_recordable, denied
+from clawbridge.proxy.errors import ApiError, denied
+from clawbridge.proxy.ownership import caller, check_recordable
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState

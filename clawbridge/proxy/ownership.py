@@ -22,14 +22,9 @@ from fastapi import Request
 
 from clawbridge.access import Action, Denied, Hidden, Principal, Resource, Target, check, scoped_session_id
 from clawbridge.proxy.auth import authenticate
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.users import UserStore
-
-
-def denied(d: Denied) -> ApiError:
-    """The answer to a refusal the caller is told about."""
-    return ApiError(d.status, d.message, code=d.code, param=d.param)
 
 
 def unknown_session(session_id: str) -> ApiError:
@@ -71,8 +66,9 @@ async def session_target(state: ProxyState, session_id: str) -> Target | None:
 
 
 async def find_session(state: ProxyState, principal: Principal, asked: str, resource: Resource = "sessions",
-                       action: Action = "read", not_found: Callable[[str], ApiError] = unknown_session) -> str:
-    """The stored id of the session `asked` on which the caller may do `action`, or `not_found`.
+                       action: Action = "read") -> str:
+    """The stored id of the session `asked` on which the caller may do `action`, or 404 as for an
+    unknown session.
     A caller with a user names its sessions as its agent named them (`asked`, stored `user:asked`)
     or by their stored id."""
     if principal.kind == "session":
@@ -91,7 +87,7 @@ async def find_session(state: ProxyState, principal: Principal, asked: str, reso
         except Denied as d:
             raise denied(d) from None
         return sid
-    raise not_found(asked)
+    raise unknown_session(asked)
 
 
 async def check_recordable(state: ProxyState, principal: Principal, session_id: str) -> None:

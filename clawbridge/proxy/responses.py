@@ -30,9 +30,9 @@ from fastapi.responses import JSONResponse, Response
 from clawbridge.access import Action, Denied, Hidden, Principal, Target, check
 from clawbridge.parse import Delta
 from clawbridge.proxy.call import SampledCall, turn_id_for
-from clawbridge.proxy.errors import ApiError, refused_as_400
+from clawbridge.proxy.errors import ApiError, denied, refused_as_400
 from clawbridge.proxy.model_routes import Prepared, openai_error
-from clawbridge.proxy.ownership import caller, denied
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken

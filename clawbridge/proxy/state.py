@@ -33,7 +33,7 @@ from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
 from clawbridge.lifecycle import SessionLifecycle
 from clawbridge.proxy.auth import Keys
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.guard import Drain
 from clawbridge.sampler import Sampler
 from clawbridge.store import Store, TurnRecord
@@ -161,7 +161,7 @@ class StoreWriter:
             raise store_failure(exc) from None
         except Denied as exc:  # the session is another owner's (`clawbridge.store.owners`): a race the route's check lost
             log.warning("turn %s not recorded: %s", turn.turn_id, exc)
-            raise ApiError(exc.status, exc.message, code=exc.code, param=exc.param) from None
+            raise denied(exc) from None
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
         def report(f: Future[Any]) -> None:
