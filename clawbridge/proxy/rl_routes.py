@@ -37,7 +37,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from clawbridge.access import Action, Denied, Hidden, Principal, Resource, check
+from clawbridge.access import Action, Denied, Hidden, Principal, Resource, Scope, check, scope_of
 from clawbridge.keys import keys_equal
 from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
@@ -218,8 +218,8 @@ def build_rl_router(state: ProxyState) -> APIRouter:
             raise ApiError(422, "limit must be 1..1000", param="limit")
         if not 0 <= offset <= MAX_OFFSET:
             raise ApiError(422, f"offset must be 0..{MAX_OFFSET}", param="offset")
-        rows = await state.read(state.store.list_sessions, limit, offset, status,
-                                None if principal.kind == "admin" else principal.owner)
+        every = scope_of(principal, "sessions", "list") is Scope.ANY  # else its own (the table's OWN)
+        rows = await state.read(state.store.list_sessions, limit, offset, status, None if every else principal.owner)
         return {"sessions": [r.__dict__ for r in rows]}
 
     @router.get("/sessions/{session_id}")
