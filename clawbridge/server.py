@@ -52,6 +52,7 @@ from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.state import ProxyState, StoreWriter
 from clawbridge.render import Renderer
 from clawbridge.reporting import build_reporter
+from clawbridge.rewards.notes import NoteBook, NotesConfig
 from clawbridge.rewards.worker import build_reward_worker
 from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
@@ -173,8 +174,10 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
             state.router.lanes = state.lanes
         else:
             state.trainer = TrainerLoop.from_settings(settings, store, backend, keeper, state.privacy)
-    state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy)
-    state.notes = state.judge.notes if state.judge is not None else None
+    if settings.notes:  # a user's notes: from the judge's hints when one is on, or written by hand
+        state.notes = NoteBook(store, NotesConfig.from_settings(settings))
+        state.notes.refresh()
+    state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy, state.notes)
     try:
         state.promotion = build_promoter(settings, state.store, state.router, renderer,
                                          state.judge.judge if state.judge is not None else None)
@@ -325,9 +328,11 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     probe = state.promotion.status().get("capability_probe") if state.promotion is not None else None
     if probe:
         announce("  " + probe_line(probe))
-    if state.judge is not None and state.notes is not None:
-        announce("notes from talk: on (a correction the judge reads becomes a note the user's next calls carry "
-                 "while training teaches it; `clawbridge notes` lists and deletes them)")
+    if state.notes is not None:
+        how = ("a correction the judge reads becomes a note" if state.judge is not None
+               else "with no judge, only notes written by hand (`clawbridge notes add`)")
+        announce(f"notes: on ({how}; a user's next calls carry their notes while training teaches them; "
+                 "`clawbridge notes` lists and deletes them)")
     if state.privacy is not None:
         where = " and ".join(w for w, on in (("training data", state.privacy.train), ("judge prompts", state.privacy.judge))
                              if on)

@@ -22,8 +22,11 @@ Invariants:
   recorded with the version that sampled it, whichever route chose it.
 - Per-user adapters (`clawbridge.trainer.lanes`): a plain call of a user whose lane has a trained
   version gets that version (reason 'user'); every other plain call is routed as above.
-  `NAME@N` naming a version of a user's lane answers only that user's calls: for anyone else it
-  is `VersionNotFound`, worded as for a version that does not exist.
+- Lanes never cross: whoever asks for a version (`sampler_for`) says who it is (a `Principal`)
+  and what for (`pin`, `serve`, `evaluate`), and `clawbridge.access`'s table decides. `NAME@N`
+  naming a version of a user's lane answers only that user's calls: for any other key it is
+  `VersionNotFound`, worded as for a version that does not exist (the admin is told why:
+  `access.Denied`). The serving version and the canary's candidate are the shared policy's.
 - The router reads the store only off the event loop (`asyncio.to_thread`).
 """
 
@@ -38,6 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from clawbridge.access import OPERATOR, Hidden, Principal, Target, check
 from clawbridge.backend import FakeServingBackend, ModelInfo
 from clawbridge.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
 
@@ -65,10 +69,16 @@ class VersionedServing(Protocol):
         ...
 
 
+VersionUse = Literal["pin", "serve", "evaluate"]
+"""Why a version is asked for: a model call naming it, serving it to plain calls, evaluating it."""
+
+
 class VersionLookup(Protocol):
     """What the router reads of the store's versions (`clawbridge.store.versions.VersionStore`)."""
 
-    def get(self, version: int) -> VersionRow | None: ...
+    def find(self, version: int) -> VersionRow | None:
+        """The version in whichever lane it is (`VersionRow.lane` says which)."""
+        ...
 
     def listing(self, limit: int = 50, committed_only: bool = True) -> list[VersionRow]: ...
 
@@ -193,30 +203,35 @@ class VersionRouter:
             self._sessions.popitem(last=False)
         return canary
 
-    async def route(self, model: str, session_id: str | None, user: str | None = None) -> Route:
-        """The sampler for a request of `user` naming `model` in `session_id`; raises `VersionNotFound`."""
+    async def route(self, model: str, session_id: str | None, by: Principal) -> Route:
+        """The sampler for a request of `by` naming `model` in `session_id`; raises `VersionNotFound`
+        (or `access.Denied`: the admin naming a user's version)."""
         pinned = parse_versioned(model, self.model_names)
         if pinned is not None:
-            return Route(await self.sampler_for(pinned, caller=user), pinned, "pinned")
-        own = self.lanes.own_version(user) if self.lanes is not None else None
+            return Route(await self.sampler_for(pinned, by, "pin"), pinned, "pinned")
+        own = self.lanes.own_version(by.owner) if self.lanes is not None else None
         if own is not None:
             return Route(await self._own_sampler(*own), own[0], "user")
         if session_id is not None and self.is_canary(session_id):
             assert self._candidate is not None
-            return Route(await self.sampler_for(self._candidate), self._candidate, "canary")
+            return Route(await self.sampler_for(self._candidate, OPERATOR, "serve"), self._candidate, "canary")
         if self._serving is None:
             return Route(self.backend.sampler(), None, "serving")
-        return Route(await self.sampler_for(self._serving), self._serving, "serving")
+        return Route(await self.sampler_for(self._serving, OPERATOR, "serve"), self._serving, "serving")
 
-    async def sampler_for(self, version: int, caller: str | Literal[False] | None = False) -> Sampler:
-        """A sampler of committed `version` (what promotion evaluates); raises `VersionNotFound`.
-        `caller`: the user calling (None: a caller without one), who may not name another user's
-        version (module invariants); False: not checked (promotion, the admin)."""
+    async def sampler_for(self, version: int, by: Principal, use: VersionUse) -> Sampler:
+        """A sampler of committed `version`, for `by` to `use` (module invariants); raises
+        `VersionNotFound`, or `access.Denied` (the admin told why it may not)."""
         current = self.backend.sampler()
         if version == current.policy_version:
-            return current
-        row = await asyncio.to_thread(self.versions.get, version)
-        if row is None or row.status != "committed" or (caller is not False and row.lane and row.lane != caller):
+            return current  # the shared policy's: what the backend publishes (a lane publishes its own)
+        row = await asyncio.to_thread(self.versions.find, version)
+        if row is not None:
+            try:
+                check(by, "versions", use, Target(row.lane or None, version=version))
+            except Hidden:
+                row = None
+        if row is None or row.status != "committed":
             raise VersionNotFound(f"policy version {version} does not exist", await self.kept_versions())
         if not row.restorable:
             raise VersionNotFound(f"the checkpoint of policy version {version} was pruned by retention",
@@ -235,7 +250,10 @@ class VersionRouter:
         """The caller's own committed version, known with its checkpoint: loaded (or taken from
         the backend's cache) without reading the store on the call's path."""
         if not isinstance(self.backend, VersionedServing):
-            return await self.sampler_for(version)
+            if version == self.published_version:
+                return self.backend.sampler()
+            raise VersionNotFound(f"backend {self.backend.name} serves only the version it published last "
+                                  f"({self.published_version})", [self.published_version])
         try:
             return await self.backend.load_version(version, checkpoint)
         except VersionUnavailable as exc:

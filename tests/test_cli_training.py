@@ -79,6 +79,37 @@ def test_checkpoints_list_and_rollback_makes_a_new_version(tmp_path: Path) -> No
     assert missing.returncode == 1 and "no committed checkpoint" in missing.stderr
 
 
+def test_rollback_stays_in_its_lane(tmp_path: Path) -> None:
+    """Offline, `rollback N` with N of alice's adapter is refused (it would serve her adapter to
+    everyone from the next `up`), and changes nothing; `--user alice` rolls her lane back, and
+    `--user alice` with a shared version is refused too."""
+    _seed_versions(tmp_path)  # shared v0-v2, v3 reserved
+    store = Store.open(tmp_path)
+    alice = VersionStore(store, "alice")
+    alice.commit_base("/ckpt/users/alice/base", IDENTITY)  # v4
+    hers = alice.reserve("step")  # v5
+    alice.commit(hers, "/ckpt/users/alice/v5", IDENTITY)
+    store.close()
+
+    refused = cli("rollback", str(hers), "--state-dir", str(tmp_path), check=False)
+    assert refused.returncode == 1 and "user alice's adapter" in refused.stderr and "--user alice" in refused.stderr
+    crossed = cli("rollback", "1", "--user", "alice", "--state-dir", str(tmp_path), check=False)
+    assert crossed.returncode == 1 and "shared policy" in crossed.stderr
+    store = Store.open(tmp_path)
+    shared_last, alice_last = VersionStore(store).last_committed(), VersionStore(store, "alice").last_committed()
+    store.close()
+    assert shared_last is not None and shared_last.version == 2 and alice_last is not None and alice_last.version == hers
+
+    done = cli("rollback", "4", "--user", "alice", "--state-dir", str(tmp_path))
+    assert "alice" in done.stdout and "v6" in done.stdout
+    store = Store.open(tmp_path)
+    shared_last, alice_last = VersionStore(store).last_committed(), VersionStore(store, "alice").last_committed()
+    store.close()
+    assert shared_last is not None and shared_last.version == 2  # the shared policy is untouched
+    assert alice_last is not None and (alice_last.version, alice_last.kind, alice_last.source_version) == (
+        6, "rollback", 4) and alice_last.checkpoint == "/ckpt/users/alice/base"
+
+
 def test_rollback_refuses_while_a_server_holds_the_state_dir(tmp_path: Path) -> None:
     _seed_versions(tmp_path)
     lock = StateDirLock(tmp_path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from clawbridge.access import OPERATOR, Denied, Principal
 from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings
 from clawbridge.sampler import FakeSampler
@@ -17,7 +18,7 @@ from clawbridge.store import Store, StoreError, TurnRecord
 from clawbridge.store.training import TrainingStore
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer import FakeTrainingBackend, TrainerLoop
-from clawbridge.trainer.checkpoints import CheckpointKeeper
+from clawbridge.trainer.checkpoints import CheckpointKeeper, NoCheckpoint
 from clawbridge.trainer.fake import FakePerUserBackend
 from clawbridge.trainer.lanes import UserLanes, per_user_problem
 from clawbridge.versions import FakeVersionedBackend, VersionNotFound, VersionRouter
@@ -71,14 +72,17 @@ def test_versions_of_lanes_share_numbers_but_not_history(tmp_path: Path) -> None
     assert last_alice is not None and last_alice.version == a_step and last_alice.lane == "alice"
     assert last_shared is not None and last_shared.version == 0 and bob.last_committed() is None
     assert [r.version for r in alice.listing()] == [a_step, a_step - 1]
-    row = shared.get(a_step)  # any lane's version is found, and says whose it is
-    assert row is not None and row.lane == "alice"
+    # `get` is bound to the lane (no keeper, rollback or promoter takes another lane's version);
+    # `find` looks in every lane and says whose it is (the router's lookup, checked by `clawbridge.access`).
+    assert shared.get(a_step) is None and bob.get(a_step) is None and alice.get(0) is None
+    got, row = alice.get(a_step), shared.find(a_step)
+    assert got is not None and got.lane == "alice" and row is not None and row.lane == "alice"
     assert bob.abandon_reserved() == 1 and alice.abandon_reserved() == 0  # a lane abandons only its own
     assert alice.prunable(1) == ["ck/alice-base"] and shared.prunable(1) == []
     with pytest.raises(StoreError):
         shared.delete_lane()
     assert alice.delete_lane() == {"policy_versions": 2, "steps": 0, "samples": 0}
-    assert shared.get(a_step) is None and shared.last_committed() is not None
+    assert shared.find(a_step) is None and shared.last_committed() is not None
     store.close()
 
 
@@ -157,14 +161,54 @@ def test_a_user_version_answers_only_its_user(tmp_path: Path) -> None:
             router = VersionRouter(served, VersionStore(store), ("tiny", "default"), lanes=lanes)
             bob_v = lanes.version_for("bob")
             assert bob_v is not None
-            assert (await router.route("tiny", "s", "bob")).version == bob_v
-            assert (await router.route("tiny", "s", "bob")).reason == "user"
-            assert (await router.route(f"tiny@{bob_v}", "s", "bob")).version == bob_v
-            for caller in ("alice", None):
+            bob, bobs_session = Principal("user", user="bob"), Principal("session", user="bob", session_id="s")
+            assert (await router.route("tiny", "s", bob)).version == bob_v
+            assert (await router.route("tiny", "s", bobs_session)).reason == "user"
+            assert (await router.route(f"tiny@{bob_v}", "s", bob)).version == bob_v
+            for caller in (Principal("user", user="alice"), Principal("client"), Principal("session", user="alice")):
                 with pytest.raises(VersionNotFound, match="does not exist"):
                     await router.route(f"tiny@{bob_v}", "s", caller)
-            assert (await router.route("tiny", "s", None)).reason == "serving"
-            assert (await router.sampler_for(bob_v)).policy_version == bob_v  # the admin's own tools still reach it
+            with pytest.raises(Denied, match="bob's adapter"):  # the admin is told why (it sees every lane)
+                await router.route(f"tiny@{bob_v}", "s", OPERATOR)
+            assert (await router.route("tiny", "s", Principal("client"))).reason == "serving"
+            # Evaluating is the admin's to do on any lane; serving one needs the lane named.
+            assert (await router.sampler_for(bob_v, OPERATOR, "evaluate")).policy_version == bob_v
+            with pytest.raises(Denied, match="--user bob"):
+                await router.sampler_for(bob_v, OPERATOR, "serve")
+            assert (await router.sampler_for(bob_v, OPERATOR.in_lane("bob"), "serve")).policy_version == bob_v
+        finally:
+            await lanes.stop()
+            await shared.stop()
+            store.close()
+
+    asyncio.run(main())
+
+
+def test_the_admin_rolls_a_users_lane_back_only_to_her_own_versions(tmp_path: Path) -> None:
+    """`clawbridge rollback N --user alice` (`UserLanes.rollback`): N's checkpoint serves her calls
+    under a new version of her lane, which trains on from it; a version of another lane (bob's, the
+    shared base) is not hers and is refused before anything is restored."""
+    async def main() -> None:
+        store, backend, lanes, shared = await _train_all(tmp_path, delay_s=0.0)
+        try:
+            hers = VersionStore(store, "alice").listing()  # newest first: 3 steps, then her base
+            first, newest = hers[-2], hers[0]
+            bob_v = lanes.version_for("bob")
+            alice = {lane.user: lane for lane in backend.lanes}["alice"]
+            restores = list(alice.restores)
+            for other in (bob_v, 0):
+                with pytest.raises(NoCheckpoint):
+                    await lanes.rollback("alice", other)
+            assert alice.restores == restores and lanes.version_for("alice") == newest.version
+            with pytest.raises(LookupError):
+                await lanes.rollback("carol", first.version)
+            previous, new = await lanes.rollback("alice", first.version)
+            row = VersionStore(store, "alice").get(new)
+            assert previous == newest.version and row is not None and row.kind == "rollback"
+            assert row.source_version == first.version and row.checkpoint == first.checkpoint
+            assert lanes.version_for("alice") == new and lanes.version_for("bob") == bob_v
+            assert alice.restores[-1] == (first.checkpoint, new)
+            assert VersionStore(store).find(new) == row and VersionStore(store).get(new) is None
         finally:
             await lanes.stop()
             await shared.stop()

@@ -96,8 +96,9 @@ def test_two_users_isolated_then_forgotten(proxy: ProxyProcess, tmp_path: Path) 
         r = call(proxy, method, path, bob_key, body)
         assert r.status_code == 404 and r.json()["error"]["type"] == missing.json()["error"]["type"], (path, r.text)
         assert "alice" not in r.json()["error"]["message"] or "alice:main" in json.dumps(body or path)
-    # The shared client key cannot record into a user's session either.
-    with pytest.raises(openai.NotFoundError):
+    # The shared client key cannot record into a user's session either (clawbridge.access: 403,
+    # the same for any id in alice's namespace, whether or not she has that session).
+    with pytest.raises(openai.PermissionDeniedError):
         chat(proxy.key(), proxy, "hi", "alice:main")
 
     # Alice rewards and ends her own session by the name her agent used.
@@ -448,3 +449,50 @@ def test_two_forgets_at_once_do_not_wait_for_each_other(tiny_model_dir: Path, tm
         assert UserStore(proxy.state.store).all() == []
     finally:
         proxy.stop()
+
+
+def test_the_store_takes_a_write_into_a_session_only_for_its_owner(tmp_path: Path) -> None:
+    """The owner is part of every write that adds to or creates a session, checked inside the write:
+    a turn of another owner (no user, another user), `ensure_session`, a new id in a user's
+    namespace, a session key moved to another owner; each refused the same way whether or not the
+    session exists, and nothing written. A name whose namespace already holds others' sessions is
+    not added as a user (the shared key named `dora:x` before dora existed)."""
+    from clawbridge.access import Denied
+    from clawbridge.store.owners import SessionOwnerError
+
+    store = Store.open(tmp_path)
+    users = UserStore(store)
+    users.add("alice")
+    users.add("bob")
+    store.record_turn(_turn("alice:main", "alice", "hers"))
+    refusals = []
+    for sid, owner in (("alice:main", None), ("alice:main", "bob"), ("alice:new", None), ("alice:new", "bob")):
+        with pytest.raises(SessionOwnerError) as info:
+            store.record_turn(_turn(sid, owner, "not hers"))
+        refusals.append((info.value.status, info.value.code, info.value.message.replace(sid, "ID")))
+        with pytest.raises(SessionOwnerError):
+            store.ensure_session(sid, "trajectory", None, owner)
+    assert len(set(refusals)) == 1 and refusals[0][:2] == (403, "session_not_yours")  # one answer, exists or not
+    assert isinstance(info.value, Denied)  # answered by the proxy like its own check
+    assert store.get_session("alice:new") is None and store.get_session("alice:main").turn_count == 1  # type: ignore[union-attr]
+    errors = store.record_turns([(_turn("alice:main", None, "x"), "header", None),
+                                 (_turn("alice:main", "alice", "ok"), "header", None)])
+    assert isinstance(errors[0], SessionOwnerError) and errors[1] is None  # refused alone, the group commits
+    store.record_turn(_turn("zed:x", None, "no user zed"))  # not a user's namespace: anyone's id
+    store.record_turn(_turn("alice:other", "alice", "hers again"))
+    # A revoked user keeps her namespace (her data stays); a forgotten one frees it.
+    users.revoke("bob")
+    with pytest.raises(SessionOwnerError):
+        store.record_turn(_turn("bob:x", None, "x"))
+    # A session key never moves to another owner.
+    started = store.start_keyed_session("k" * 20, None, "alice")
+    with pytest.raises(SessionOwnerError):
+        store.start_keyed_session("k" * 20, None, None)
+    assert store.session_for_key("k" * 20) == started
+    # The race: the shared key recorded `dora:x` before there was a dora.
+    store.record_turn(_turn("dora:x", None, "the shared key's"))
+    with pytest.raises(UserError, match="dora:"):
+        users.add("dora")
+    assert users.get("dora") is None and store.get_session("dora:x").user_id is None  # type: ignore[union-attr]
+    users.add("Dora")  # names are case-sensitive: dora's sessions are not Dora's
+    store.close()

@@ -15,6 +15,7 @@ import anthropic
 import openai
 import pytest
 
+from clawbridge.access import Principal
 from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings
 from clawbridge.render import Renderer
@@ -31,6 +32,9 @@ from tests.fake_proxy import script_for
 from tests.support import InProcessProxy, free_port
 
 ASK = [{"role": "user", "content": "which version are you?"}]
+
+CLIENT = Principal("client")
+"""The shared client key (a caller without a user)."""
 
 
 def commit_versions(store: Store, upto: int) -> dict[int, str]:
@@ -171,9 +175,9 @@ def test_unservable_backend_names_the_published_version(tmp_path: Path) -> None:
     router = VersionRouter(FakeServingBackend(FakeSampler([1], version=2), info), VersionStore(store), ("tiny",))
 
     async def run() -> None:
-        assert (await router.route("tiny@2", None)).sampler.policy_version == 2
+        assert (await router.route("tiny@2", None, CLIENT)).sampler.policy_version == 2
         with pytest.raises(VersionNotFound) as err:
-            await router.route("tiny@1", None)
+            await router.route("tiny@1", None, CLIENT)
         assert err.value.kept == [2] and "serves only" in str(err.value)
 
     asyncio.run(run())

@@ -17,6 +17,7 @@ pytest.importorskip("tinker")
 from clawbridge_tinker import TinkerBackend
 from clawbridge_tinker.manifest import load_manifest, manifest_path, write_manifest
 
+from clawbridge.access import Principal
 from clawbridge.backend import LossConfig
 from clawbridge.sampler import SamplingParams
 from clawbridge.store import Store
@@ -24,6 +25,9 @@ from clawbridge.store.versions import VersionStore
 from clawbridge.versions import VersionedServing, VersionNotFound, VersionRouter, VersionUnavailable
 from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings
 from tests.tinker_server import TinkerProtocolServer, sample_output
+
+CLIENT = Principal("client")
+"""The shared client key (a caller without a user)."""
 
 
 def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Path) -> None:
@@ -46,10 +50,10 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
             router = VersionRouter(b, versions, ("tiny", "default"))
             params = SamplingParams(max_tokens=4)
             for v in (1, 2):
-                stream = await (await router.route(f"tiny@{v}", None)).sampler.sample(PROMPT, params)
+                stream = await (await router.route(f"tiny@{v}", None, CLIENT)).sampler.sample(PROMPT, params)
                 out[f"v{v}"] = ([t.token_id async for t in stream], stream.policy_version)
             with pytest.raises(VersionNotFound):
-                await router.route("tiny@5", None)
+                await router.route("tiny@5", None, CLIENT)
             manifest = load_manifest(manifest_path(tmp_path))
             assert manifest is not None and all(c.sampler_path for c in manifest.checkpoints)
             first = manifest.checkpoints[0]

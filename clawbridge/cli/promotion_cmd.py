@@ -61,14 +61,24 @@ def _answer(r: httpx.Response) -> dict[str, Any]:
     return dict(body)
 
 
-def set_serving_online(settings: Settings, version: int, action: str) -> bool:
-    """Ask the running server to serve `version` (`action`: promote or rollback); False when no
-    server runs."""
+UserOpt = Annotated[str | None, typer.Option(
+    "--user", help="The lane: VERSION is one of this user's own adapter (per_user_adapters), served to her calls.")]
+
+
+def set_serving_online(settings: Settings, version: int, action: str, user: str | None = None) -> bool:
+    """Ask the running server to serve `version` (`action`: promote or rollback) in the shared
+    policy's lane, or in `user`'s; False when no server runs."""
+    body: dict[str, Any] = {"version": version} if user is None else {"version": version, "user": user}
     try:
-        r = call_server(settings, "POST", f"/rl/{action}", {"version": version})
+        r = call_server(settings, "POST", f"/rl/{action}", body)
     except NoServer:
         return False
     out = _answer(r)
+    if user is not None:
+        was = f"v{out['previous']}" if out.get("previous") is not None else "the shared policy"
+        console.print(f"{action}: {user}'s calls get v{out['serving_version']} now, v{version}'s adapter (was {was}); "
+                      "her lane trains on from it", highlight=False)
+        return True
     trainer = (f"; the trainer goes on from it (as v{out['trainer_version']})"
                if out.get("trainer_version") is not None else "")
     held = "; training holds until `clawbridge resume`" if out.get("held") else ""
@@ -123,13 +133,15 @@ def resume_offline(settings: Settings) -> dict[str, Any]:
 
 def promote(
     version: Annotated[int, typer.Argument(help="The committed policy version to serve.")],
+    user: UserOpt = None,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Serve a committed version now (e.g. one promotion rejected), on the running server; the
-    trainer goes on from it. Recorded as an admin decision (`clawbridge status`)."""
+    trainer goes on from it. Recorded as an admin decision (`clawbridge status`). A version of a
+    user's own adapter serves only her, and only with `--user` naming her."""
     settings = settings_or_exit(config, state_dir=state_dir)
-    if not set_serving_online(settings, version, "promote"):
+    if not set_serving_online(settings, version, "promote", user):
         err.print("no server is running: start it with `clawbridge up` (promote acts on a running server; "
                   "`clawbridge rollback N` also works offline)")
         raise typer.Exit(1)

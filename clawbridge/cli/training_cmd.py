@@ -81,19 +81,23 @@ def checkpoints_list(
 
 def rollback(
     version: Annotated[int, typer.Argument(help="The committed policy version to go back to.")],
+    user: Annotated[str | None, typer.Option(
+        "--user", help="The lane: VERSION is one of this user's own adapter (per_user_adapters).")] = None,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Serve an earlier committed version again, and hold it: no training step runs until
     `clawbridge resume` (then training goes on from it). While a server runs: at once, recorded as
-    an admin decision. Stopped: its checkpoint under a new version number, served at the next `up`."""
+    an admin decision. Stopped: its checkpoint under a new version number, served at the next `up`.
+    A version of a user's own adapter goes back only in her lane, and only with `--user` naming her
+    (her lane trains on from it; the shared policy's training does not hold)."""
     from clawbridge.cli.promotion_cmd import set_serving_online
     from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store.versions import VersionStore
     from clawbridge.trainer.checkpoints import no_checkpoint_message
 
     try:
-        online = set_serving_online(load_settings(config, state_dir=state_dir), version, "rollback")
+        online = set_serving_online(load_settings(config, state_dir=state_dir), version, "rollback", user)
     except typer.Exit:
         raise
     except Exception as exc:
@@ -109,17 +113,29 @@ def rollback(
         err.print(f"[red]cannot roll back now:[/red] {exc}")
         raise typer.Exit(1) from None
     try:
-        versions = VersionStore(store)
+        versions = VersionStore(store, user or "")  # bound to the lane: another lane's version is not found
         row = versions.get(version)
         if row is None or not row.restorable or row.checkpoint is None:
-            err.print(no_checkpoint_message(version, row))
+            other = VersionStore(store).find(version)
+            if row is None and other is not None:
+                lane = f"user {other.lane}'s adapter" if other.lane else "the shared policy"
+                asked = f"user {user}'s lane" if user else "the shared policy's lane"
+                how = f"pass --user {other.lane}" if other.lane else "leave out --user"
+                err.print(f"policy version {version} is {lane}, not in {asked}; {how}")
+            else:
+                err.print(no_checkpoint_message(version, row))
             raise typer.Exit(1)
         new = versions.reserve("rollback", None, version)
         versions.commit(new, row.checkpoint, row.identity)
-        hold_offline_rollback(store, version)
+        if not user:  # the hold is the shared policy's (promotion's state); a lane trains on from it
+            hold_offline_rollback(store, version)
     finally:
         lock.release()
         store.close()
+    if user:
+        console.print(f"rolled back {user}'s adapter: v{new} serves v{version}'s checkpoint ({row.checkpoint}); "
+                      f"from the next `clawbridge up`, {user}'s calls get it and her lane trains on from it")
+        return
     console.print(f"rolled back: v{new} serves v{version}'s checkpoint ({row.checkpoint}); the next `clawbridge up` "
                   "serves it, and training holds until `clawbridge resume`")
 

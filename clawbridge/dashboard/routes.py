@@ -5,7 +5,8 @@
 - GET  /dashboard/static/{file}                the page's own JS/CSS, shipped in the package
 - GET  /dashboard/api/overview, /dashboard/api/sessions, /dashboard/api/sessions/{id}
 - POST /dashboard/api/sessions/{id}/reward {reward, turn_id?}, /dashboard/api/sessions/{id}/end
-- POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version},
+- POST /dashboard/api/promotion/promote {version, user?}, /dashboard/api/promotion/rollback {version, user?}
+  (`clawbridge.proxy.promotion_routes.set_serving`: a user's version only in the lane named),
   /dashboard/api/promotion/resume {} (ends a rollback's hold)
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
@@ -32,13 +33,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment, PackageLoader, select_autoescape
 from pydantic import BaseModel, ConfigDict
 
+from clawbridge.access import OPERATOR
 from clawbridge.dashboard import data
 from clawbridge.dashboard.auth import COOKIE, LOGIN_TTL_S, DashboardAuth
 from clawbridge.keys import keys_equal
 from clawbridge.metrics import CONTENT_TYPE, Metrics
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
-from clawbridge.proxy.promotion_routes import VersionBody, promoter_of, set_serving
+from clawbridge.proxy.promotion_routes import promoter_of, set_serving, version_body
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store import StoreError
@@ -218,12 +220,9 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
             resumed = await promoter_of(state).resume()
             log.info("training resumed from the dashboard")
             return _json(resumed)
-        try:
-            version = VersionBody.model_validate(body).version
-        except ValueError:
-            raise ApiError(422, "send {\"version\": <a committed policy version>}", param="version") from None
-        out = await set_serving(state, version, action)
-        log.info("v%d served from the dashboard (%s)", version, action)
+        req = version_body(body)
+        out = await set_serving(state, OPERATOR, req, action)  # a login is the admin's (DashboardAuth)
+        log.info("v%d served from the dashboard (%s%s)", req.version, action, f", user {req.user}" if req.user else "")
         return _json(out)
 
     # ------------------------------------------------------------------ metrics

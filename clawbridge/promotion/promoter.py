@@ -37,6 +37,9 @@ Invariants:
   newer candidate (`promoted_version`): nothing would ever decide that candidate.
 - The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
   (`VersionStore.prunable`).
+- Promotion serves the shared policy: it reads only the shared lane's versions (a `VersionStore`
+  is bound to its lane), so a user's adapter never serves everyone; the admin rolls a user's lane
+  back through `clawbridge.trainer.lanes.UserLanes.rollback` (`clawbridge.proxy.promotion_routes`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from clawbridge.access import OPERATOR
 from clawbridge.faults import fault_point
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
@@ -182,7 +186,7 @@ class Promoter:
         self.serving = serving
         if self.pinned and serving != published:
             try:
-                await self.router.sampler_for(serving)
+                await self.router.sampler_for(serving, OPERATOR, "serve")
             except VersionNotFound as exc:
                 self.pinned = False
                 log.warning("promotion: the %s backend cannot serve v%d beside the published v%d (%s); a candidate "
@@ -470,7 +474,7 @@ class Promoter:
         previous = self.serving if self.mode != "off" else self.router.serving_version
         if (self.mode != "off" and self.pinned) or keeper is None:  # served beside the published version
             try:
-                await self.router.sampler_for(version)
+                await self.router.sampler_for(version, OPERATOR, "serve")
             except VersionNotFound as exc:
                 raise PromotionError(str(exc)) from None
         resumed: int | None = None

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from clawbridge.access import OPERATOR
 from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
 from clawbridge.promotion.stats import wilson
 from clawbridge.rewards.judge import VoteConfig, judge_turn
@@ -161,7 +162,7 @@ class Evaluator:
         `EvalSetError` (rubric items without a judge)."""
         if eval_set.needs_judge and self.judge is None:
             raise EvalSetError(f"{eval_set.source}: rubric items need a judge (set judge = endpoint or base)")
-        sampler = await self.router.sampler_for(version)
+        sampler = await self.router.sampler_for(version, OPERATOR, "evaluate")
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._item(sampler, item) for item in eval_set.items))
         seconds = time.monotonic() - t0

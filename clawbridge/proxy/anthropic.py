@@ -25,11 +25,12 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from clawbridge.access import Principal
 from clawbridge.parse import Delta
-from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, render_request
 from clawbridge.proxy.errors import ApiError, refused_as_400, validated
 from clawbridge.proxy.model_routes import Prepared, check_model
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken
@@ -191,7 +192,7 @@ class MessagesApi:
     name = "anthropic"
     prepare_reads_store = False
 
-    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+    def prepare(self, state: ProxyState, body: dict[str, Any], by: Principal) -> Prepared:
         with refused_as_400():
             data = openai_data(validate_messages_request(body))
         return Prepared(validated(ChatRequest, data, code="invalid_field"), data, MessagesShape)
@@ -206,7 +207,7 @@ def build_anthropic_router(state: ProxyState) -> APIRouter:
     api = MessagesApi()
 
     async def count(request: Request) -> Response:
-        await authenticate(request, state.keys, state.store)
+        await caller(state, request, "models", "read")
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
         body = parse_json_object(raw, state.settings.max_messages)
         body.setdefault("model", state.model_info.name)

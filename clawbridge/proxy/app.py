@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, Response
 
 from clawbridge.dashboard import install_dashboard
 from clawbridge.proxy.anthropic import MessagesApi, build_anthropic_router
-from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.chat import ChatApi
 from clawbridge.proxy.errors import ApiError, install_error_handlers
 from clawbridge.proxy.guard import GuardMiddleware, HostPolicy
@@ -26,6 +25,7 @@ from clawbridge.proxy.inflight import InFlightMiddleware
 from clawbridge.proxy.model_routes import add_model_routes
 from clawbridge.proxy.notes_routes import build_notes_router
 from clawbridge.proxy.openapi import openapi_document
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.promotion_routes import build_promotion_router
 from clawbridge.proxy.responses import ResponsesApi, add_responses_retrieval
 from clawbridge.proxy.rl_routes import build_rl_router
@@ -93,7 +93,7 @@ def build_app(state: ProxyState) -> FastAPI:
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
-        await authenticate(request, state.keys, state.store)
+        await caller(state, request, "models", "read")
         return JSONResponse(openapi_document(app))
 
     async def models_body() -> dict[str, Any]:
@@ -106,7 +106,7 @@ def build_app(state: ProxyState) -> FastAPI:
         return {"object": "list", "data": [{"id": info.name, **serving}, {"id": "default", **serving}, *kept]}
 
     async def models(request: Request) -> dict[str, Any]:
-        await authenticate(request, state.keys, state.store)
+        await caller(state, request, "models", "read")
         return await models_body()
 
     # The same list under every base URL a client may be given (see model_routes).

@@ -1,55 +1,30 @@
 """Who is calling: the client key (model calls), the admin key (everything), a user's key, or a
-session key.
+session key, as a `clawbridge.access.Principal`; what each may do is `clawbridge.access`'s table.
 
 Invariants:
 - Keys are compared in constant time; a user key and a session key are looked up by their sha256
   only. Unknown and revoked keys are the same 401 (`invalid_api_key`).
 - A user key is a client key whose every call is that user's (`Principal.user`); a session key is
-  its session's user's. With `trust_user_header`, the shared client key names its user with
-  `X-User-Id` (a revoked user named so is 401 too).
-- Who sees a session (`sees`): the admin key every session; a session key its own session; any
-  other caller the sessions of its own user (the shared client key: sessions without a user).
-  A caller that does not see a session is told it does not exist (404), never that it is another's.
+  its session's user's. With `trust_user_header`, the shared client key naming its user with
+  `X-User-Id` is that user's key (kind `user`; a revoked user named so is 401 too).
 - The key lookup runs off the event loop (`asyncio.to_thread`): the store's lock may be held by a
   trainer thread for a whole transaction, and no request may wait on it with the loop.
-- A session key reaches model calls (recorded in its own session) and `/rl/set_reward`,
-  `/rl/end_session` of its own session; never another session's data.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Literal
 
 from fastapi import Request
 
+from clawbridge.access import Principal
 from clawbridge.keys import keys_equal
 from clawbridge.proxy.errors import ApiError
 from clawbridge.store import Store
 from clawbridge.store.users import UserError, UserStore, check_user_name
 
 USER_HEADER = "x-user-id"
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller."""
-
-    kind: Literal["admin", "client", "session", "user"]
-    session_id: str | None = None
-    """For kind 'session': the session the key belongs to."""
-    user: str | None = None
-    """Whose calls these are: kind 'user', a session key's session's user, or the user a trusted
-    `X-User-Id` named; None for the admin key and the plain client key."""
-
-    def sees(self, session_id: str, owner: str | None) -> bool:
-        """Whether this caller may read, reward or end session `session_id` of user `owner`."""
-        if self.kind == "admin":
-            return True
-        if self.kind == "session":
-            return session_id == self.session_id
-        return owner == self.user
 
 
 @dataclass(frozen=True)
@@ -96,7 +71,7 @@ def _key_principal(store: Store, key: str) -> Principal | None:
     if session_id is None:
         return None
     session = store.get_session(session_id)
-    return Principal("session", session_id, user=None if session is None else session.user_id)
+    return Principal("session", user=None if session is None else session.user_id, session_id=session_id)
 
 
 def _header_user(store: Store, named: str) -> Principal:
@@ -106,9 +81,7 @@ def _header_user(store: Store, named: str) -> Principal:
         raise ApiError(400, f"X-User-Id: {exc}", code="invalid_user") from None
     if UserStore(store).is_revoked(named):
         raise ApiError(401, f"user {named!r} was revoked", code="invalid_api_key")
-    return Principal("client", user=named)
+    return Principal("user", user=named)
 
 
-def require_admin(principal: Principal) -> None:
-    if principal.kind != "admin":
-        raise ApiError(403, "this endpoint needs the admin key (CLAWBRIDGE_ADMIN_KEY)", code="admin_key_required")
+__all__ = ["USER_HEADER", "Keys", "Principal", "authenticate", "presented_key"]

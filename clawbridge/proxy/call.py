@@ -42,10 +42,11 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from clawbridge.access import Denied, Principal
 from clawbridge.chatformat import Prompt, ToolChoiceError
 from clawbridge.messages import Messages
 from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.inflight import Ticket, forgotten_error
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
@@ -146,11 +147,14 @@ class ApiShape(Protocol):
         ...
 
 
-async def route_sampler(state: ProxyState, model: str, session_id: str | None, user: str | None = None) -> Sampler:
+async def route_sampler(state: ProxyState, model: str, session_id: str | None, by: Principal) -> Sampler:
     """The sampler `state.router` picks for `model` (`NAME@N`, or the served name) in `session_id`
-    of `user`; 404 `model_not_found` naming the versions kept when `NAME@N` cannot be served."""
+    for caller `by`; 404 `model_not_found` naming the versions kept when `NAME@N` cannot be served
+    (or is another user's), 403 for the admin naming a user's version."""
     try:
-        return (await state.router.route(model, session_id, user)).sampler
+        return (await state.router.route(model, session_id, by)).sampler
+    except Denied as exc:
+        raise denied(exc) from None
     except VersionNotFound as exc:
         if parse_versioned(model, state.router.model_names) is None:
             # A plain request is never refused because the serving version cannot be loaded (a
@@ -258,7 +262,7 @@ class SampledCall:
             self._stops = StopMatcher(self.req.stop_strings, ends=[TOOL_CLOSE])
         params = self.params()
         self.state.writer.ensure_recordable(self.state.settings.min_free_disk_bytes)
-        sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.caller)
+        sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.principal)
         if self.ticket.cut:
             raise forgotten_error()
         try:
@@ -278,7 +282,7 @@ class SampledCall:
         book = self.state.notes
         if book is None or self.notes_off or parse_versioned(self.req.model, self.state.router.model_names) is not None:
             return [], False
-        return book.for_call(self.call.caller, self.call.session_id, self.call.turn_type)
+        return book.for_call(self.call.user, self.call.session_id, self.call.turn_type)
 
     def parser(self) -> StreamParser:
         """A new parser for this call's completion: the chat format's, continuing any forced call."""
@@ -353,7 +357,7 @@ class SampledCall:
             request_json=self.stored,
             response_json=response_json,
             created_at=self.created, completed_at=self.state.store.clock.now(), first_token_at=self.gen.first_token_at,
-            meta=meta, turn_id=self.turn_id, user_id=self.call.user, caller=self.call.caller,
+            meta=meta, turn_id=self.turn_id, user_id=self.call.user, caller=self.call.user,
             epoch=self.ticket.epoch, train_prompt_token_ids=self.train_prompt_ids,
         )
 

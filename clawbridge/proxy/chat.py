@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
+from clawbridge.access import Principal
 from clawbridge.parse import Delta
 from clawbridge.proxy.call import SampledCall
 from clawbridge.proxy.errors import ApiError, error_body
@@ -141,7 +142,7 @@ class ChatApi:
     name = "chat"
     prepare_reads_store = False
 
-    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+    def prepare(self, state: ProxyState, body: dict[str, Any], by: Principal) -> Prepared:
         return Prepared(validate_chat_request(body), body, ChatShape)
 
     def error_response(self, err: ApiError) -> Response:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clawbridge.access import Denied
 from clawbridge.shapes.errors import ShapeError, first_problem
 
 M = TypeVar("M", bound=BaseModel)
@@ -64,6 +65,11 @@ class ApiError(Exception):
         return error_body(self.status, self.message, code=self.code, param=self.param)
 
 
+def denied(d: Denied) -> ApiError:
+    """The answer to a refusal of `clawbridge.access` the caller is told about."""
+    return ApiError(d.status, d.message, code=d.code, param=d.param)
+
+
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}}
 
@@ -93,6 +99,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(Denied)
+    async def _denied(_: Request, exc: Denied) -> JSONResponse:  # `clawbridge.access`, from the store or the router
+        return JSONResponse(denied(exc).body(), status_code=exc.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

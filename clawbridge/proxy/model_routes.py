@@ -16,6 +16,9 @@ Invariants:
   `default`, or either with `@N` (committed policy version N, `clawbridge.versions`) is a 404.
 - Every failure is answered in the adapter's error shape with the `ApiError`'s status; never a
   traceback, never a 500 for bad input.
+- Whether the caller may record into the session, build on a previous response, or name a
+  version is `clawbridge.access`'s table (`sessions` x `record`, `turns` x `continue`, `versions` x
+  `pin`); the store checks the turn's owner again when it records it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from clawbridge.proxy.auth import authenticate
+from clawbridge.access import Denied, Principal
 from clawbridge.proxy.call import ApiShape, SampledCall
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.inflight import Ticket, ticket_of
-from clawbridge.proxy.ownership import check_recordable, visible
+from clawbridge.proxy.ownership import caller, check_recordable
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState
@@ -55,8 +58,8 @@ class Prepared:
     meta: dict[str, Any] = field(default_factory=dict)
     """Recorded in the turn's meta (e.g. the Responses `store` flag)."""
     reads: tuple[str, ...] = ()
-    """Sessions whose recorded calls the request builds on (previous_response_id); a session key
-    may only build on its own session."""
+    """Sessions whose recorded calls the request builds on (previous_response_id), each checked in
+    `prepare` (`turns` x `continue`)."""
 
 
 class ApiAdapter(Protocol):
@@ -71,8 +74,9 @@ class ApiAdapter(Protocol):
     prepare_reads_store: bool
     """Whether `prepare` may read the store (previous_response_id): it then never runs on the loop."""
 
-    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
-        """Validate `body` (raising `ApiError` 4xx) into what the shared path runs."""
+    def prepare(self, state: ProxyState, body: dict[str, Any], by: Principal) -> Prepared:
+        """Validate `body` (raising `ApiError` 4xx) into what the shared path runs; what it reads
+        of recorded turns (previous_response_id) is what `by` may continue (`clawbridge.access`)."""
         ...
 
     def error_response(self, err: ApiError) -> Response: ...
@@ -87,7 +91,8 @@ def check_model(state: ProxyState, model: str) -> None:
                        f"(or {name + '@N'!r} for committed policy version N)", code="model_not_found", param="model")
 
 
-def parse_and_prepare(state: ProxyState, api: ApiAdapter, raw: bytes) -> tuple[Prepared, dict[str, Any], str]:
+def parse_and_prepare(state: ProxyState, api: ApiAdapter, raw: bytes,
+                      by: Principal) -> tuple[Prepared, dict[str, Any], str]:
     """The body parsed and validated: what is sampled, OpenClaw-RL's session fields (removed from
     the body), and the request as it is recorded (`stored_request`)."""
     body = parse_json_object(raw, state.settings.max_messages)
@@ -95,7 +100,7 @@ def parse_and_prepare(state: ProxyState, api: ApiAdapter, raw: bytes) -> tuple[P
     fields = pop_session_fields(body)
     if body.get("model") is None:
         body["model"] = state.model_info.name
-    return api.prepare(state, body), fields, stored
+    return api.prepare(state, body, by), fields, stored
 
 
 async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request, url_session: str | None,
@@ -103,21 +108,14 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
     """Serve one model call of any API; every failure is answered in `api`'s error shape."""
     try:
         ticket = ticket_of(request.scope) or Ticket(state.store.tombstones.epoch)  # taken before the key check
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "sessions", "record")
         state.inflight.identify(ticket, principal.user)  # 401 for a user being forgotten
         settings = state.settings
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Parsing and validation grow with the body (up to max_body_bytes): off the loop when large.
-        prepared, fields, stored = await state.compute(len(raw), parse_and_prepare, state, api, raw,
+        prepared, fields, stored = await state.compute(len(raw), parse_and_prepare, state, api, raw, principal,
                                                        reads_store=api.prepare_reads_store)
         source = TRAJECTORY_SOURCE if task_id is not None else "url"
-        if principal.kind == "session" and any(sid != principal.session_id for sid in prepared.reads):
-            raise ApiError(403, "a session key can only continue responses of its own session",
-                           code="session_mismatch")
-        for sid in prepared.reads:
-            if not await visible(state, principal, sid):
-                raise ApiError(400, "no response given as previous_response_id was recorded by this server",
-                               param="previous_response_id", code="response_not_found")
         call = resolve_call_session(request, principal, url_session, prepared.data["messages"], fields, source)
         if call.source != "implicit":
             await check_recordable(state, principal, call.session_id)
@@ -131,6 +129,8 @@ async def serve_model_call(state: ProxyState, api: ApiAdapter, request: Request,
         return await sampled.respond(request, prepared.shape(sampled))
     except ApiError as exc:
         return api.error_response(exc)
+    except Denied as exc:  # `clawbridge.access`, raised below the proxy (the store, the router)
+        return api.error_response(denied(exc))
     except Exception:
         log.exception("unexpected error while handling %s", request.url.path)
         return api.error_response(ApiError(500, "internal error; see the clawbridge log"))

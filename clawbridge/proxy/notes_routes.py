@@ -1,14 +1,15 @@
 """The notes API (`/rl/notes`): see, add and delete the notes learned from talk (`clawbridge.rewards.notes`).
 
-- GET    /rl/notes[?user=U]        -> {"notes": [{note_id, user, text, status, corrections, sessions_since, ...}]}
+- GET    /rl/notes[?user=U]          -> {"notes": [{note_id, user, text, status, corrections, sessions_since, ...}]}
 - POST   /rl/notes {"text", "user"?} -> the note (a preference said in so many words, as a note)
-- DELETE /rl/notes/{note_id}       -> {"note_id", "deleted": true}
-- DELETE /rl/notes[?user=U]        -> {"user", "deleted": N}   every note of the user
+- DELETE /rl/notes/{note_id}         -> {"note_id", "deleted": true}
+- DELETE /rl/notes[?user=U]          -> {"user", "deleted": N}   every note of the user
 
-Who sees what: the admin key every user's notes (`user` picks one; '' or none in POST is the
-shared key's); a user's key only their own (another user's note is 404, as if it did not exist);
-the plain client key the notes of calls made without a user (the shared key's own); a session key
-none (403). Notes off (no judge, or `notes = false`) is 404 `notes_off` on every route.
+Who sees what is the access table's (`clawbridge.access`, resource `notes`): the admin key every
+user's notes (`user` picks one; '' or none in POST is the shared key's); a user's key only their
+own; the plain client key the notes of calls made without a user (the shared key's own); a session
+key none (403). Another user's note, or list, is 404 as if it did not exist. Notes off (`notes =
+false`) is 404 `notes_off` on every route.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawbridge.proxy.auth import Principal, authenticate
+from clawbridge.access import Principal, Target
 from clawbridge.proxy.errors import ApiError, validated
+from clawbridge.proxy.ownership import caller, require
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.rewards.notes import NoteBook
@@ -35,16 +37,18 @@ class NewNote(BaseModel):
     user: str | None = None
 
 
-def _owner(principal: Principal, asked: str | None) -> str | None:
-    """Whose notes `principal` reaches: the user it names (admin; None: everyone's), or its own."""
-    if principal.kind == "admin":
-        return asked
-    if principal.kind == "session":
-        raise ApiError(403, "a session key cannot see or change notes; use your user key or the client key",
-                       code="forbidden")
-    if asked is not None and asked != (principal.user or ""):
-        raise ApiError(403, "you can only see and change your own notes", code="forbidden", param="user")
-    return principal.user or ""
+def _unknown_note() -> ApiError:
+    return ApiError(404, "no such note", code="note_not_found", param="note_id")
+
+
+def _whose(principal: Principal, asked: str | None, action: str) -> str | None:
+    """Whose notes the request reaches: the user it names (None: everyone's, for the admin), else
+    the caller's own; naming another user's is 404 as for a user with no notes."""
+    if asked is None:
+        return None if principal.kind == "admin" else (principal.user or "")
+    require(principal, "notes", "read" if action == "read" else "write", Target(asked or None),
+            lambda: ApiError(404, f"no notes of user {asked!r}", code="note_not_found", param="user"))
+    return asked
 
 
 def build_notes_router(state: ProxyState) -> APIRouter:
@@ -52,25 +56,23 @@ def build_notes_router(state: ProxyState) -> APIRouter:
 
     def book() -> NoteBook:
         if state.notes is None:
-            raise ApiError(404, "notes are off: they come from a judge's hints (set judge, and notes = true)",
-                           code="notes_off")
+            raise ApiError(404, "notes are off on this server (notes = false)", code="notes_off")
         return state.notes
 
     @router.get("")
     async def listing(request: Request, user: str | None = None) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "notes", "read")
         notes = book()
-        owner = _owner(principal, user)
-        return {"notes": await state.read(notes.status, owner)}
+        return {"notes": await state.read(notes.status, _whose(principal, user, "read"))}
 
     @router.post("")
     async def add(request: Request) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "notes", "write")
         notes = book()
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
         req = validated(NewNote, parse_json_object(raw), code="invalid_note", empty_loc="text",
                         message='send {{"text": "..."}}: {loc}: {msg}')
-        owner = _owner(principal, req.user) or ""
+        owner = _whose(principal, req.user, "write") or ""
         note, _ = await state.writer.call(notes.notes.add, owner, req.text, None, notes.config.max_active)
         await state.read(notes.refresh)
         log.info("note %d added by hand for %s", note.note_id, owner or "the shared key")
@@ -78,18 +80,24 @@ def build_notes_router(state: ProxyState) -> APIRouter:
 
     @router.delete("/{note_id}")
     async def delete(request: Request, note_id: int) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "notes", "write")
         notes = book()
-        owner = _owner(principal, None)
-        if not await state.writer.call(notes.delete, note_id, owner):
-            raise ApiError(404, f"no note {note_id}", code="note_not_found", param="note_id")
+        note = await state.read(notes.notes.get, note_id)
+        if note is None:
+            raise _unknown_note()
+        require(principal, "notes", "write", Target(note.user_id or None), _unknown_note)
+        if not await state.writer.call(notes.delete, note_id):
+            raise _unknown_note()
         return {"note_id": note_id, "deleted": True}
 
     @router.delete("")
     async def delete_all(request: Request, user: str | None = None) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "notes", "write")
         notes = book()
-        owner = _owner(principal, user) or ""
+        owner = _whose(principal, user, "write")
+        if owner is None:
+            raise ApiError(422, "name the user whose notes to delete: ?user=NAME ('' for the shared key's)",
+                           code="invalid_user", param="user")
         n = await state.writer.call(notes.notes.delete_all, owner)
         await state.read(notes.refresh)
         return {"user": owner or None, "deleted": n}

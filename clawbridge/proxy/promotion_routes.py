@@ -5,15 +5,22 @@
 - POST /rl/rollback {"version": N} -> the same, and "held": true (N serves; training goes on from
       it only after /rl/resume)
 - POST /rl/resume {} -> {"resumed", "held_version", "serving_version"}: training goes on
+- POST /rl/promote|rollback {"version": N, "user": "alice"} -> {"user", "serving_version", "previous",
+  "trainer_version"}: N, a version of alice's own adapter, answers her calls from now on (under a new
+  version of her lane) and her lane trains on from it
 - POST /rl/eval {"versions": [0, 5, "latest", "serving"]?, "eval_set": "<JSONL text>"?}
       -> {"eval_set", "digest", "results": [{version, items, passed, pass_rate, ci_low, ci_high,
           score, mean_judge_score, mean_answer_tokens, seconds, failed}]}
 
 Invariants: a version that does not exist or whose checkpoint was pruned is 404
 `model_not_found` naming why; a checkpoint the backend could not load is 409
-`checkpoint_unavailable` (nothing changed, no decision recorded); a bad eval set line is 400 `invalid_eval_set` naming the line;
-promote/rollback are answered once the decision is committed (and the trainer reloaded). The
-dashboard's buttons call the same functions (`set_serving`, `run_eval`).
+`checkpoint_unavailable` (nothing changed, no decision recorded); a bad eval set line is 400
+`invalid_eval_set` naming the line;
+promote/rollback are answered once the decision is committed (and the trainer reloaded). Lanes
+never cross (`clawbridge.access`, `versions` x `serve`): a version of a user's adapter is served
+only to that user and only when the admin names her lane (`"user"`), a shared version never
+with one: 403 `version_of_another_lane` otherwise. The dashboard's buttons call the same
+functions (`set_serving`, `run_eval`).
 """
 
 from __future__ import annotations
@@ -24,12 +31,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clawbridge.access import Principal, Target
 from clawbridge.promotion.evalset import EvalSetError, parse_eval_set
 from clawbridge.promotion.promoter import Promoter, PromotionError
-from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.ownership import caller, require
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
+from clawbridge.store.users import UserError, check_user_name
+from clawbridge.store.versions import VersionStore
+from clawbridge.trainer.checkpoints import NoCheckpoint
 from clawbridge.versions import VersionNotFound
 
 log = logging.getLogger("clawbridge.proxy")
@@ -40,6 +51,8 @@ MAX_EVAL_VERSIONS = 20
 class VersionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     version: int
+    user: str | None = None
+    """The lane: a version of this user's own adapter, served to their calls (None: the shared policy)."""
 
 
 class EvalBody(BaseModel):
@@ -54,12 +67,50 @@ def promoter_of(state: ProxyState) -> Promoter:
     return state.promotion
 
 
-async def set_serving(state: ProxyState, version: int, action: str) -> dict[str, Any]:
-    """`version` serves from now on (`Promoter.set_serving`), as an HTTP answer or error."""
+def version_body(body: dict[str, Any]) -> VersionBody:
     try:
-        return await promoter_of(state).set_serving(version, action, state.trainer)
-    except PromotionError as exc:
-        raise ApiError(exc.status, str(exc), code=exc.code, param="version") from None
+        req = VersionBody.model_validate(body)
+    except ValidationError:
+        raise ApiError(422, "send {\"version\": <a committed policy version>, \"user\": <her lane, optional>}",
+                       param="version") from None
+    if req.user is not None:
+        try:
+            check_user_name(req.user)
+        except UserError as exc:
+            raise ApiError(422, str(exc), param="user", code="invalid_user") from None
+    return req
+
+
+async def set_serving(state: ProxyState, by: Principal, req: VersionBody, action: str) -> dict[str, Any]:
+    """`req.version` serves from now on, in the lane `req.user` names (None: the shared policy,
+    `Promoter.set_serving`; a user: `UserLanes.rollback`), as an HTTP answer or error."""
+    version = req.version
+
+    def missing() -> ApiError:
+        return ApiError(404, f"policy version {version} does not exist", code="model_not_found", param="version")
+
+    row = await state.read(VersionStore(state.store).find, version)
+    if row is not None:
+        require(by.in_lane(req.user), "versions", "serve", Target(row.lane or None, version=version), missing)
+    if req.user is None:
+        try:
+            return await promoter_of(state).set_serving(version, action, state.trainer)
+        except PromotionError as exc:
+            raise ApiError(exc.status, str(exc), code=exc.code, param="version") from None
+    if row is None:
+        raise missing()
+    if state.lanes is None:
+        raise ApiError(409, "per-user adapters are not trained on this server (per_user_adapters off, or "
+                       "--no-train); stop it and run `clawbridge rollback N --user USER`", code="lanes_not_running")
+    try:
+        previous, new = await state.lanes.rollback(req.user, version)
+    except LookupError as exc:
+        raise ApiError(409, str(exc), code="lanes_not_running") from None
+    except NoCheckpoint as exc:
+        raise ApiError(404, str(exc), code="model_not_found", param="version") from None
+    log.warning("%s: user %s's calls get v%d now (v%d's adapter; was %s) by the admin", action, req.user, new,
+                version, f"v{previous}" if previous is not None else "the shared policy")
+    return {"user": req.user, "serving_version": new, "previous": previous, "trainer_version": new}
 
 
 def resolve_versions(state: ProxyState, asked: list[int | str] | None) -> list[int]:
@@ -110,37 +161,33 @@ async def run_eval(state: ProxyState, versions: list[int], text: str | None) -> 
 def build_promotion_router(state: ProxyState) -> APIRouter:
     router = APIRouter(prefix="/rl")
 
-    async def admin_body(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+    async def body_of(request: Request) -> dict[str, Any]:
         return parse_json_object(await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s))
-
-    def version_of(body: dict[str, Any]) -> int:
-        try:
-            return VersionBody.model_validate(body).version
-        except ValidationError:
-            raise ApiError(422, "send {\"version\": <a committed policy version>}", param="version") from None
 
     @router.get("/promotion")
     async def promotion(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "status", "read")
         return dict(await state.read(promoter_of(state).status))
 
     @router.post("/promote")
     async def promote(request: Request) -> dict[str, Any]:
-        return await set_serving(state, version_of(await admin_body(request)), "promote")
+        by = await caller(state, request, "versions", "serve")
+        return await set_serving(state, by, version_body(await body_of(request)), "promote")
 
     @router.post("/rollback")
     async def rollback(request: Request) -> dict[str, Any]:
-        return await set_serving(state, version_of(await admin_body(request)), "rollback")
+        by = await caller(state, request, "versions", "serve")
+        return await set_serving(state, by, version_body(await body_of(request)), "rollback")
 
     @router.post("/resume")
     async def resume(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "versions", "serve")  # ends an admin's rollback hold
         return await promoter_of(state).resume()
 
     @router.post("/eval")
     async def evaluate(request: Request) -> dict[str, Any]:
-        body = await admin_body(request)
+        await caller(state, request, "versions", "evaluate")
+        body = await body_of(request)
         try:
             req = EvalBody.model_validate(body)
         except ValidationError as exc:

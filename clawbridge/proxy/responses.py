@@ -13,8 +13,9 @@ Invariants:
 - `previous_response_id` continues the conversation of a recorded, stored responses turn (its
   input and output items; not its instructions); any other id is a 400 naming why.
   `store: false` is honoured as "kept only as training data": the turn is recorded, but it can be
-  neither retrieved (`GET /v1/responses/{id}` answers 404) nor continued. A session key may only
-  retrieve or continue responses of its own session (403).
+  neither retrieved (`GET /v1/responses/{id}` answers 404) nor continued. Who may retrieve or
+  continue a response is `clawbridge.access`'s (`turns` x `read`): another user's is answered as
+  one never recorded, a session key may only reach its own session's (403).
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from clawbridge.access import Action, Denied, Hidden, Principal, Target, check
 from clawbridge.parse import Delta
-from clawbridge.proxy.auth import authenticate
 from clawbridge.proxy.call import SampledCall, turn_id_for
-from clawbridge.proxy.errors import ApiError, refused_as_400
+from clawbridge.proxy.errors import ApiError, denied, refused_as_400
 from clawbridge.proxy.model_routes import Prepared, openai_error
-from clawbridge.proxy.ownership import visible
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import SampledToken
@@ -43,6 +44,7 @@ from clawbridge.shapes.responses import (
     output_messages,
     validate_responses_request,
 )
+from clawbridge.store.users import UserStore
 
 MAX_CHAIN = 256
 """The longest previous_response_id chain followed."""
@@ -215,11 +217,20 @@ class ResponsesShape:
 
 
 # ---------------------------------------------------------------------- stored responses
-def stored_response(state: ProxyState, response_id: str, param: str) -> dict[str, Any]:
-    """The recorded turn (plus its `session_id`) of a stored responses call, or a 4xx saying why
-    it cannot be used."""
+def stored_response(state: ProxyState, response_id: str, param: str, by: Principal, action: Action) -> dict[str, Any]:
+    """The recorded turn (plus its `session_id`) of a stored responses call that `by` may `action`
+    (`turns` x `read` or `continue`, `clawbridge.access`), or a 4xx saying why it cannot be used.
+    Whose it is is checked before anything else is said about it (stored? completed?), and one the
+    caller may not see is answered as one never recorded. Reads the store: call it off the loop."""
     turn_id = turn_id_for(response_id)
     session = state.store.turn_session(turn_id) if response_id.startswith("resp_") else None
+    if session is not None:
+        try:
+            check(by, "turns", action, Target(UserStore(state.store).session_owner(session)[1], session))
+        except Hidden:
+            session = None
+        except Denied as d:
+            raise denied(d) from None
     turn = None
     if session is not None:
         turn = next((t for t in state.store.session_turns(session) if t["turn_id"] == turn_id), None)
@@ -238,15 +249,15 @@ def stored_response(state: ProxyState, response_id: str, param: str) -> dict[str
     return dict(turn)
 
 
-def history(state: ProxyState, previous_response_id: str) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
-    """The chat messages of a previous_response_id chain, oldest first, without instructions; and
-    the sessions they were recorded in."""
+def history(state: ProxyState, previous_response_id: str, by: Principal) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The chat messages of a previous_response_id chain that `by` may continue, oldest first,
+    without instructions; and the sessions they were recorded in."""
     chain: list[dict[str, Any]] = []
     next_id: str | None = previous_response_id
     while next_id is not None:
         if len(chain) >= MAX_CHAIN:
             raise invalid(f"previous_response_id chain is longer than {MAX_CHAIN} responses", "previous_response_id")
-        turn = stored_response(state, next_id, "previous_response_id")
+        turn = stored_response(state, next_id, "previous_response_id", by, "continue")
         chain.append(turn)
         prev = turn["request"].get("previous_response_id")
         next_id = prev if isinstance(prev, str) else None
@@ -265,13 +276,13 @@ class ResponsesApi:
     name = "responses"
     prepare_reads_store = True
 
-    def prepare(self, state: ProxyState, body: dict[str, Any]) -> Prepared:
+    def prepare(self, state: ProxyState, body: dict[str, Any], by: Principal) -> Prepared:
         with refused_as_400():
             items, limit = body.get("input"), state.settings.max_messages
             if isinstance(items, list) and len(items) > limit:
                 raise invalid(f"{len(items)} input items is over the limit of {limit} (max_messages)", "input")
             req = validate_responses_request(body)
-            past, reads = (history(state, req.previous_response_id) if req.previous_response_id is not None
+            past, reads = (history(state, req.previous_response_id, by) if req.previous_response_id is not None
                            else ([], ()))
             data = chat_data(req, past)
             if not data["messages"]:
@@ -288,13 +299,8 @@ def add_responses_retrieval(app: FastAPI, state: ProxyState) -> None:
     """GET /v1/responses/{id} (and without /v1): a stored response as it was answered."""
 
     async def retrieve(request: Request, response_id: str) -> Response:
-        principal = await authenticate(request, state.keys, state.store)
-        turn = await state.read(stored_response, state, response_id, "response_id")
-        if principal.kind == "session" and turn["session_id"] != principal.session_id:
-            raise ApiError(403, "a session key can only read responses of its own session", code="session_mismatch")
-        if not await visible(state, principal, turn["session_id"]):
-            raise ApiError(404, f"no response {response_id!r} was recorded by this server", param="response_id",
-                           code="response_not_found")
+        principal = await caller(state, request, "turns", "read")
+        turn = await state.read(stored_response, state, response_id, "response_id", principal, "read")
         return JSONResponse(turn["response"])
 
     app.add_api_route("/v1/responses/{response_id}", retrieve, methods=["GET"])

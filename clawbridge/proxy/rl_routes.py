@@ -3,12 +3,14 @@
 - POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key, or a user's: the session is theirs)
 - POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, the session's key, its user)
 - POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, the session's key, its user)
-- GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own)
+- GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own; a
+  session key: its own session by id)
 - GET  /rl/status                                                   (admin; per-user counts under `users`,
   what serves and the promotion decisions under `promotion`: clawbridge.proxy.promotion_routes)
 
-A user's key (`clawbridge.proxy.user_routes`) reaches only that user's sessions; another user's
-session or interaction is 404, exactly as if it did not exist (`clawbridge.proxy.ownership`).
+Who may call which route on which session is `clawbridge.access`'s table, asked through
+`clawbridge.proxy.ownership`: a user's key reaches only that user's sessions (another user's
+session or interaction is 404, exactly as if it did not exist), a session key only its own.
 
 AReaL compatibility:
 - `interaction_id` may be the turn id or any id the client received for the call
@@ -35,16 +37,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from clawbridge.access import Action, Denied, Hidden, Principal, Resource, Scope, check, scope_of
 from clawbridge.keys import keys_equal
-from clawbridge.proxy.auth import Principal, authenticate, require_admin
 from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
-from clawbridge.proxy.ownership import find_session, visible
+from clawbridge.proxy.ownership import caller, find_session, require, session_target
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
 from clawbridge.store.deletions import OwedDeletionStore
+from clawbridge.store.owners import SessionOwnerError
 from clawbridge.store.users import UserStore
 
 log = logging.getLogger("clawbridge.proxy")
@@ -83,22 +86,15 @@ def _validate(model: type[BaseModel], data: dict[str, Any], route: str = "") -> 
     return validated(model, data)
 
 
-def _is_user(principal: Principal) -> bool:
-    """A user's key (or the client key naming a user with a trusted X-User-Id)."""
-    return principal.kind != "session" and principal.user is not None
-
-
-async def _target_session(state: ProxyState, principal: Principal, asked: str | None) -> str:
-    if principal.kind == "session":
-        if asked is not None and asked != principal.session_id:
-            raise ApiError(403, "a session key can only manage its own session", code="session_mismatch")
-        assert principal.session_id is not None
-        return principal.session_id
-    if not _is_user(principal):
-        require_admin(principal)
+async def _target_session(state: ProxyState, principal: Principal, asked: str | None, resource: Resource,
+                          action: Action) -> str:
+    """The stored id of the session a management call names (a session key's own when it names
+    none) on which the caller may do `action`; 404 as for an unknown session otherwise."""
+    if asked is None and principal.kind == "session":
+        asked = principal.session_id
     if not asked:
         raise ApiError(400, f"session_id is required with the {principal.kind} key", param="session_id")
-    return asked if principal.kind == "admin" else await find_session(state, principal, asked)
+    return await find_session(state, principal, asked, resource, action)
 
 
 def _check_session_key(key: str, state: ProxyState) -> None:
@@ -125,9 +121,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.post("/start_session")
     async def start_session(request: Request) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
-        if not _is_user(principal):
-            require_admin(principal)
+        principal = await caller(state, request, "sessions", "start")
         req = _validate(StartSession, await body_of(request), "/rl/start_session")
         # --- trainer capacity mode (owned by clawbridge/trainer): new sessions only, never model calls
         if state.trainer is not None:
@@ -145,22 +139,28 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         if await state.read(UserStore(state.store).user_for_key, key) is not None:
             raise ApiError(400, "api_key is a user's key; a session key must differ from every user's key "
                            "(omit api_key to get a new one)", param="api_key", code="invalid_session_key")
+        in_use = ApiError(400, "api_key is in use by another session; omit api_key to get a new one",
+                          param="api_key", code="invalid_session_key")
         replaced = await state.read(state.store.session_for_key, key)
-        if replaced is not None and not await visible(state, principal, replaced):
-            raise ApiError(400, "api_key is in use by another session; omit api_key to get a new one",
-                           param="api_key", code="invalid_session_key")
-        session_id = await state.writer.call(state.sessions.start_keyed, key, req.task_id, principal.user)
+        target = await session_target(state, replaced) if replaced is not None else None
+        if target is not None:  # starting on its key ends it and moves the key: the caller must own it
+            try:
+                check(principal, "sessions", "record", target)
+            except (Denied, Hidden):
+                raise in_use from None
+        try:
+            session_id = await state.writer.call(state.sessions.start_keyed, key, req.task_id, principal.owner)
+        except SessionOwnerError:
+            raise in_use from None
         if replaced is not None:
             log.info("session %s refreshed: key now records into %s", replaced, session_id)
         return {"session_id": session_id, "api_key": key}
 
     @router.post("/end_session")
     async def end_session(request: Request) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "sessions", "end")
         req = _validate(EndSession, await body_of(request), "/rl/end_session")
-        sid = await _target_session(state, principal, req.session_id)
-        if await state.read(state.store.get_session, sid) is None:
-            raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
+        sid = await _target_session(state, principal, req.session_id, "sessions", "end")
         ended = await state.end_session(sid)
         session = await state.read(state.store.get_session, sid)
         count = session.turn_count if session is not None else 0
@@ -168,22 +168,26 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.post("/set_reward")
     async def set_reward(request: Request) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "rewards", "write")
         req = _validate(SetReward, await body_of(request), "/rl/set_reward")
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
         turn_id = turn_id_for(req.interaction_id) if req.interaction_id is not None else None
         if turn_id is not None:
-            owner = await state.read(state.store.turn_session, turn_id)
-            if owner is None or (_is_user(principal) and not await visible(state, principal, owner)):
-                raise ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
-            sid = await _target_session(state, principal, req.session_id or owner)
-            if sid != owner:
+            def unknown() -> ApiError:
+                return ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
+
+            in_session = await state.read(state.store.turn_session, turn_id)
+            target = await session_target(state, in_session) if in_session is not None else None
+            if target is None:
+                raise unknown()
+            require(principal, "rewards", "write", target, unknown)
+            sid = in_session if req.session_id is None else \
+                await _target_session(state, principal, req.session_id, "rewards", "write")
+            if sid != in_session:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
         else:
-            sid = await _target_session(state, principal, req.session_id)
-            if await state.read(state.store.get_session, sid) is None:
-                raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
+            sid = await _target_session(state, principal, req.session_id, "rewards", "write")
             turn_id = await state.read(state.store.last_turn_id, sid)
             if turn_id is None:
                 raise ApiError(400, f"session {sid!r} has no answered turn to reward yet")
@@ -196,11 +200,11 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.post("/set_session_reward")
     async def set_session_reward(request: Request) -> dict[str, Any]:
         """A reward for the whole session (spread over its turns by the trainer)."""
-        principal = await authenticate(request, state.keys, state.store)
+        principal = await caller(state, request, "rewards", "write")
         req = _validate(SetReward, await body_of(request))
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        sid = await _target_session(state, principal, req.session_id)
+        sid = await _target_session(state, principal, req.session_id, "rewards", "write")
         try:
             reward_id = await state.writer.call(state.store.add_reward, sid, req.reward, "api", None)
         except StoreError as exc:
@@ -210,20 +214,19 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     @router.get("/sessions")
     async def list_sessions(request: Request, limit: int = 50, offset: int = 0,
                             status: str | None = None) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
-        if not _is_user(principal):
-            require_admin(principal)
+        principal = await caller(state, request, "sessions", "list")
         if not 1 <= limit <= 1000:
             raise ApiError(422, "limit must be 1..1000", param="limit")
         if not 0 <= offset <= MAX_OFFSET:
             raise ApiError(422, f"offset must be 0..{MAX_OFFSET}", param="offset")
-        rows = await state.read(state.store.list_sessions, limit, offset, status, principal.user)
+        every = scope_of(principal, "sessions", "list") is Scope.ANY  # else its own (the table's OWN)
+        rows = await state.read(state.store.list_sessions, limit, offset, status, None if every else principal.owner)
         return {"sessions": [r.__dict__ for r in rows]}
 
     @router.get("/sessions/{session_id}")
     async def get_session(request: Request, session_id: str) -> dict[str, Any]:
-        principal = await authenticate(request, state.keys, state.store)
-        session_id = await _target_session(state, principal, session_id)
+        principal = await caller(state, request, "sessions", "read")
+        session_id = await _target_session(state, principal, session_id, "sessions", "read")
         view = await state.read(state.store.session_view, session_id)
         if view is None:
             raise ApiError(404, f"unknown session {session_id!r}", code="session_not_found")
@@ -231,7 +234,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
 
     @router.get("/status")
     async def status(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "status", "read")
         trainer, judge = state.trainer, state.judge
         return {"model": state.model_info.name, "backend": state.backend.name,
                 "policy_version": state.sampler.policy_version, "store": await state.read(state.store.stats),

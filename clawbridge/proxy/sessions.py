@@ -9,8 +9,9 @@ Resolution order (first match wins):
    `/{trajectory_uid}/{prompt_uid}/v1/...` (source `trajectory`).
 5. OpenClaw's `Runtime: ... session=<key>` line in the first user message: source `openclaw_runtime`.
 (A session key with a different session in the header, body or URL is 403, never re-routed.)
-A caller with a user (`Principal.user`) records into `user:id` for an id it named (1, 2, 4, 5):
-two users' agents may both name their session `main` (`clawbridge.store.users.scoped_session_id`).
+A caller with a user key (`Principal.user`) records into `user:id` for an id it named (1, 2, 4, 5):
+two users' agents may both name their session `main` (`clawbridge.access.scoped_session_id`).
+Whether the caller may record into the session is `clawbridge.access`'s table (`ownership.check_recordable`).
 6. Nothing: the call is its own one-turn session (source `implicit`), ended after the call.
 Nothing is dropped: every call is recorded in some session.
 
@@ -27,11 +28,10 @@ from typing import Any
 
 from fastapi import Request
 
+from clawbridge.access import OPERATOR, Principal, Target, check, scoped_session_id
 from clawbridge.openclaw.runtime_line import SESSION_ID_RE, parse_runtime_session, validate_session_headers
-from clawbridge.proxy.auth import Principal
 from clawbridge.proxy.errors import ApiError
 from clawbridge.store import new_id
-from clawbridge.store.users import scoped_session_id
 
 SESSION_HEADER = "x-session-id"
 TURN_TYPE_HEADER = "x-turn-type"
@@ -52,11 +52,15 @@ class CallSession:
     end_after: str | None = None
     """'done_header' or 'single_call' when the session ends after this call."""
     meta: dict[str, Any] = field(default_factory=dict)
-    user: str | None = None
-    """The caller's user: the session is created as theirs (`sessions.user_id`)."""
-    caller: str | None = None
-    """Whose call this is: the caller's user, also for a session key (its session's user), whose
-    own adapter answers it with per-user adapters (`clawbridge.trainer.lanes`)."""
+    principal: Principal = OPERATOR
+    """Who calls: which versions it may name (`clawbridge.access`), and whose own adapter answers
+    it with per-user adapters (`clawbridge.trainer.lanes`)."""
+
+    @property
+    def user(self) -> str | None:
+        """The owner of the turn: the caller's user (a session key's: its session's user); the
+        session is created as theirs and the store takes the turn only into a session of theirs."""
+        return self.principal.owner
 
 
 def check_session_id(value: str, what: str) -> str:
@@ -116,23 +120,28 @@ def resolve_call_session(
             or (body_done is not None and str(body_done).strip().lower() in TRUTHY))
     end_after = "done_header" if done else None
 
-    user = None if principal.kind == "session" else principal.user
+    scope = principal.user if principal.kind == "user" else None
     body_sid = _body_str(fields, "session_id")
     for sid, source, what in ((header_sid, "header", None), (body_sid, "body", "body field session_id")):
         if sid is None:
             continue
         sid = check_session_id(sid.strip(), what) if what else sid.strip()
-        if principal.kind == "session" and principal.session_id != sid:
-            raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(scoped_session_id(user, sid), source, turn_type, end_after, meta, user, principal.user)
+        _own_session(principal, sid)
+        return CallSession(scoped_session_id(scope, sid), source, turn_type, end_after, meta, principal)
     if principal.kind == "session" and principal.session_id:
-        if url_session is not None and url_session != principal.session_id:
-            raise ApiError(403, "a session key can only record into its own session", code="session_mismatch")
-        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta, user, principal.user)
+        if url_session is not None:
+            _own_session(principal, url_session)
+        return CallSession(principal.session_id, "session_key", turn_type, end_after, meta, principal)
     if url_session is not None:
         sid = check_session_id(url_session, "session id in the URL")
-        return CallSession(scoped_session_id(user, sid), url_source, turn_type, end_after, meta, user, principal.user)
+        return CallSession(scoped_session_id(scope, sid), url_source, turn_type, end_after, meta, principal)
     runtime = parse_runtime_session(messages)
     if runtime is not None:
-        return CallSession(scoped_session_id(user, runtime), "openclaw_runtime", turn_type, end_after, meta, user, principal.user)
-    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta, user, principal.user)
+        return CallSession(scoped_session_id(scope, runtime), "openclaw_runtime", turn_type, end_after, meta, principal)
+    return CallSession(new_id("sess"), "implicit", turn_type, "single_call", meta, principal)
+
+
+def _own_session(principal: Principal, session_id: str) -> None:
+    """A session key names only its own session (403 otherwise, decided before anything is read)."""
+    if principal.kind == "session":
+        check(principal, "sessions", "record", Target(principal.owner, session_id))

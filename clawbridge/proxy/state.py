@@ -27,12 +27,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from clawbridge.access import Denied
 from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.chatformat import ChatFormat
 from clawbridge.config import Settings
 from clawbridge.lifecycle import SessionLifecycle
 from clawbridge.proxy.auth import Keys
-from clawbridge.proxy.errors import ApiError
+from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.inflight import InFlight
 from clawbridge.sampler import Sampler
@@ -161,6 +162,9 @@ class StoreWriter:
         except sqlite3.Error as exc:
             log.error("recording %s failed: %s", turn.turn_id, exc)
             raise store_failure(exc) from None
+        except Denied as exc:  # the session is another owner's (`clawbridge.store.owners`): a race the route's check lost
+            log.warning("turn %s not recorded: %s", turn.turn_id, exc)
+            raise denied(exc) from None
 
     def record_turn_nowait(self, turn: TurnRecord, source: str, end_reason: str | None) -> None:
         def report(f: Future[Any]) -> None:

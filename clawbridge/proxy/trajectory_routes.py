@@ -26,9 +26,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from clawbridge.proxy.auth import authenticate, require_admin
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.model_routes import TRAJECTORY_SOURCE
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.sessions import check_session_id
 from clawbridge.proxy.state import ProxyState
@@ -80,7 +80,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/init_trajectory")
     async def init_trajectory(request: Request) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "trajectories", "write")
         trajectory = new_id("traj")
         await state.writer.call(state.store.ensure_session, trajectory, TRAJECTORY_SOURCE, DEFAULT_PROMPT_UID)
         base = str(request.base_url).rstrip("/")
@@ -88,7 +88,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/{trajectory_uid}/{prompt_uid}/v1/register_trajectory")
     async def register_trajectory(request: Request, trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "trajectories", "write")
         sid = ids(trajectory_uid, prompt_uid)
         req: RegisterTrajectory = await body_of(request, RegisterTrajectory)
         _check_channel(req.channel)
@@ -97,7 +97,7 @@ def build_trajectory_router(state: ProxyState) -> APIRouter:
 
     @router.post("/{trajectory_uid}/{prompt_uid}/v1/complete_trajectory")
     async def complete_trajectory(request: Request, trajectory_uid: str, prompt_uid: str) -> dict[str, Any]:
-        require_admin(await authenticate(request, state.keys, state.store))
+        await caller(state, request, "trajectories", "write")
         sid = ids(trajectory_uid, prompt_uid)
         req: CompleteTrajectory = await body_of(request, CompleteTrajectory)
         _check_channel(req.channel)

@@ -6,8 +6,9 @@
 - DELETE /rl/users/{user}?forget=true, POST /rl/users/{user}/forget -> {"user", "deleted": {table: rows},
   "remote_deletions_owed", ...}
 
-Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409, an unknown user 404 (all
-OpenAI-style bodies). A forget, in this order: revokes the user and opens her grave
+Invariants: a name outside `USER_NAME_RE` is 422, an existing name 409 (or one whose namespace
+`name:...` already holds sessions recorded without that user: `clawbridge.store.users`), an
+unknown user 404 (all OpenAI-style bodies). A forget, in this order: revokes the user and opens her grave
 (`UserStore.begin_forget`: her key, her name as `X-User-Id` and her session keys' calls are
 refused from now on, and no turn of hers is recorded); cuts her running model calls and waits for
 every request that began before and may act for her (`clawbridge.proxy.inflight`, at most
@@ -29,9 +30,10 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from clawbridge.proxy.auth import authenticate, require_admin
+from clawbridge.access import Action
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.inflight import ticket_of
+from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
 from clawbridge.store.deletions import OwedDeletionStore
@@ -105,8 +107,8 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
     forget_hooks = hooks if hooks is not None else []
     users = UserStore(state.store)
 
-    async def admin(request: Request) -> None:
-        require_admin(await authenticate(request, state.keys, state.store))
+    async def admin(request: Request, action: Action = "write") -> None:
+        await caller(state, request, "users", action)
         ticket = ticket_of(request.scope)
         if ticket is not None:  # the admin's: a forget never waits for it (two forgets never wait on each other)
             state.inflight.identify(ticket, None)
@@ -127,7 +129,7 @@ def build_user_router(state: ProxyState, hooks: list[ForgetHook] | None = None) 
 
     @router.get("")
     async def listing(request: Request) -> dict[str, Any]:
-        await admin(request)
+        await admin(request, "read")
         rows = {u.user: u for u in await state.read(users.all)}
         counts = {c["user"]: c for c in await state.read(users.stats) if c["user"] is not None}
         return {"users": [{**counts.get(name, {"user": name}), "status": "active" if u.active else "revoked",

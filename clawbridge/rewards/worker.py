@@ -43,7 +43,7 @@ from clawbridge.rewards.judge import (
     last_user_text,
 )
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
-from clawbridge.rewards.notes import CHECK_META, NoteBook, NotesConfig
+from clawbridge.rewards.notes import CHECK_META, NoteBook
 from clawbridge.rewards.opd import request_tools, teacher_input
 from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
@@ -284,7 +284,8 @@ def _view(t: StoredTurn) -> TurnView:
 
 
 async def build_reward_worker(settings: Settings, store: Store, backend: ServingBackend,
-                              renderer: Renderer, privacy: PrivacyGuard | None = None) -> RewardWorker | None:
+                              renderer: Renderer, privacy: PrivacyGuard | None = None,
+                              notes: NoteBook | None = None) -> RewardWorker | None:
     """The worker `settings.judge` asks for (None when off); raises ValueError on a bad setup."""
     from clawbridge.backend import LogprobScorer
     from clawbridge.rewards.judge import BaseModelJudge, OpenAIJudge
@@ -306,7 +307,4 @@ async def build_reward_worker(settings: Settings, store: Store, backend: Serving
     if settings.method != "rl" and scorer is None:
         log.warning("method %s: the %s backend cannot score logprobs; turns get no OPD part",
                     settings.method, backend.name)
-    notes = NoteBook(store, NotesConfig.from_settings(settings)) if settings.notes else None
-    if notes is not None:
-        notes.refresh()
     return RewardWorker(store, judge, WorkerConfig.from_settings(settings), renderer, scorer, privacy, notes)

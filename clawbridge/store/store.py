@@ -17,6 +17,8 @@ Invariants:
 - Secrets are never stored: session keys and user keys are kept as their sha256.
 - A session belongs to at most one user (`sessions.user_id`, set when the session is created and
   never changed); every turn, reward and sample of the session is that user's (`clawbridge.store.users`).
+  Every write that adds to or creates a session checks its owner in its own transaction
+  (`clawbridge.store.owners.check_session_write`).
 - A turn of a user who was forgotten after its call began, or is being forgotten, is never written
   (`tombstones`, `clawbridge.store.tombstones`): a late turn cannot bring a forgotten user back.
 - Deleted rows leave no bytes behind: `secure_delete` is on, and `vacuum()` rebuilds the file and
@@ -42,7 +44,7 @@ from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.store.codec import encode_floats, encode_ids
 from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
-from clawbridge.store.owners import SessionOwners
+from clawbridge.store.owners import SessionOwnerError, SessionOwners, check_session_write
 from clawbridge.store.schema import MIGRATIONS, SCHEMA_VERSION
 from clawbridge.store.tombstones import Tombstones
 from clawbridge.store.turns import TurnRecord, decode_turn, new_id
@@ -210,10 +212,11 @@ class Store:
     # ------------------------------------------------------------------ sessions
     def ensure_session(self, session_id: str, source: str, task_id: str | None = None,
                        user_id: str | None = None) -> SessionRow:
-        """Get the session, creating it for `user_id` (or reopening it if it had ended)."""
+        """Get the session, creating it for `user_id` (or reopening it if it had ended);
+        `SessionOwnerError` when it is another owner's (`clawbridge.store.owners`)."""
         now = self.clock.now()
         with self.write() as c:
-            row = c.execute("SELECT status FROM sessions WHERE session_id=?", (session_id,)).fetchone()
+            row = check_session_write(c, session_id, user_id)
             if row is None:
                 c.execute(
                     "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at, user_id) "
@@ -233,12 +236,16 @@ class Store:
     def start_keyed_session(self, key: str, task_id: str | None, user_id: str | None = None,
                             default: DefaultReward | None = None) -> str:
         """Start a session (of `user_id`) reached by `key`; a session already on that key is ended
-        first ("replaced", with its `default` reward: `clawbridge.store.lifecycle`)."""
+        first ("replaced", with its `default` reward: `clawbridge.store.lifecycle`), if it is
+        `user_id`'s too (else `SessionOwnerError`)."""
         now = self.clock.now()
         kh = hash_key(key)
         session_id = new_id("sess")
         with self.write() as c:
-            for (replaced,) in c.execute("SELECT session_id FROM sessions WHERE key_hash=?", (kh,)).fetchall():
+            for replaced, owner in c.execute("SELECT session_id, user_id FROM sessions WHERE key_hash=?",
+                                             (kh,)).fetchall():
+                if owner != user_id:  # the key would move to another owner: its holder's calls with it
+                    raise SessionOwnerError(str(replaced), owner)
                 end_in(c, str(replaced), "replaced", default, now)
             c.execute(
                 "INSERT INTO sessions(session_id, key_hash, task_id, source, status, created_at, updated_at, "
@@ -346,10 +353,11 @@ class Store:
 
     @staticmethod
     def _insert_turn(c: sqlite3.Connection, turn: TurnRecord, session_source: str, end_reason: str | None) -> bool:
-        """The statements of `record_turn`, inside the caller's transaction; whether it created the session."""
-        row = c.execute("SELECT status FROM sessions WHERE session_id=?", (turn.session_id,)).fetchone()
+        """The statements of `record_turn`, inside the caller's transaction; whether it created the
+        session. `SessionOwnerError` when the session is another owner's (`clawbridge.store.owners`)."""
+        row = check_session_write(c, turn.session_id, turn.user_id)
         created = row is None
-        if created:
+        if row is None:
             c.execute(
                 "INSERT INTO sessions(session_id, task_id, source, status, created_at, updated_at, user_id) "
                 "VALUES(?,?,?,?,?,?,?)",

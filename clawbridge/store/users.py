@@ -6,13 +6,17 @@ Invariants:
   `add`, and never again. A revoked user keeps its row (name taken, `revoked_at` set) and its
   data, with `key_hash` NULL, so its key matches nobody.
 - A user name matches `USER_NAME_RE`, so it can never contain `SCOPE_SEP` and a scoped session
-  id (`scoped_session_id`) names its user unambiguously.
+  id (`scoped_session_id`) names its user unambiguously. A user's namespace (`alice:...`) is
+  hers (`clawbridge.access`): a name is not added while sessions of another owner are in its
+  namespace (the shared client key named `alice:x` before alice was added), else her agent's
+  session `x` would be someone else's; the check runs in the insert's own transaction.
 - Forgetting is two calls: `begin_forget` revokes the user first (her key, and her name for a
   trusted `X-User-Id`: a revoked row is written for a name that had none) and marks her grave
   (`Store.tombstones`: from then on no turn of hers is recorded); the server then ends her running
   calls (`clawbridge.proxy.inflight`) and lets its hooks delete what they keep; then `forget`
   deletes, in one transaction, every row of the user's sessions in every table that has a
-  `session_id` or `turn_id` column (tables added by later migrations included), then the sessions
+  `session_id` or `turn_id` column, and every row of a table with a `user_id` column that names
+  her (tables added by later migrations included: her notes), then the sessions
   and the user row, and takes her held-out items and the answers given to them out of the
   promotion figures (`clawbridge.store.promotion.scrub_items`); then `Store.vacuum` rebuilds the
   file and truncates the WAL, so no byte of what was deleted remains in either. Her grave then
@@ -24,19 +28,18 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.access import SCOPE_SEP, USER_NAME_RE, USER_NAME_RULE, namespace_of, scoped_session_id
+from clawbridge.store.owners import namespace_user
 from clawbridge.store.promotion import scrub_items
 from clawbridge.store.store import Store, StoreError, hash_key
 
-USER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-"""1-64 characters: letters, digits, `.`, `_`, `-`; starting with a letter or digit."""
-USER_NAME_RULE = "1-64 characters from letters, digits and ._- (starting with a letter or digit)"
-SCOPE_SEP = ":"
-"""Between a user and the session id the client named (`alice:agent:main:main`)."""
+__all__ = ["SCOPE_SEP", "USER_NAME_RE", "USER_NAME_RULE", "ForgetReport", "UserError", "UserRow", "UserStore",
+           "check_user_name", "scoped_session_id"]
+
 KEY_PREFIX = "cbu-"
 
 _KEEP_TABLES = ("sessions", "turns", "users", "meta")
@@ -79,12 +82,6 @@ def check_user_name(name: str) -> str:
     return name
 
 
-def scoped_session_id(user: str | None, session_id: str) -> str:
-    """The stored id of a session a client named: `user:id` for a user (two users' agents may
-    both call their session `main`), the id itself without a user."""
-    return session_id if user is None else f"{user}{SCOPE_SEP}{session_id}"
-
-
 class UserStore:
     """Users, their keys, per-user counts and forgetting, on a `Store`."""
 
@@ -100,6 +97,13 @@ class UserStore:
             if row is not None:
                 state = "revoked; `clawbridge users forget` removes it and its data" if row[0] else "active"
                 raise UserError("exists", f"user {name!r} already exists ({state})")
+            prefix = name + SCOPE_SEP
+            taken = c.execute("SELECT COUNT(*) FROM sessions WHERE substr(session_id, 1, ?) = ? AND "
+                              "(user_id IS NULL OR user_id != ?)", (len(prefix), prefix, name)).fetchone()[0]
+            if taken:
+                raise UserError("exists", f"{taken} session(s) named {name + SCOPE_SEP + '...'!r} were recorded "
+                                f"without user {name!r} (by the shared client key); a user {name!r} could not "
+                                "record into them: choose another name")
             c.execute("INSERT INTO users(user_id, key_hash, created_at) VALUES(?,?,?)",
                       (name, hash_key(key), self.store.clock.now()))
         return key
@@ -147,6 +151,13 @@ class UserStore:
             return False, None
         self.store.owners.put(session_id, r[0])
         return True, r[0]
+
+    def namespace_user(self, session_id: str) -> str | None:
+        """The existing user whose namespace `session_id` is in (`clawbridge.store.owners.namespace_user`)."""
+        if namespace_of(session_id) is None:
+            return None
+        with self.store.read() as c:
+            return namespace_user(c, session_id)
 
     # ------------------------------------------------------------------ counts
     def stats(self) -> list[dict[str, Any]]:

@@ -33,10 +33,12 @@ Invariants:
   once the version is abandoned.
 - Lanes (per-user adapters, `clawbridge.trainer.lanes`): every version belongs to one lane, ''
   for the shared policy or a user's name for that user's adapter. Numbers are shared by all lanes
-  (one sequence, never reused); "newest committed", listings, reservations abandoned at start and
-  retention are per lane (a `VersionStore` is bound to one); `get` finds a version of any lane and
-  says which (`VersionRow.lane`). Version 0 is the shared lane's base; a user lane's base
-  (its untrained adapter) is a version of kind `base` reserved like any other.
+  (one sequence, never reused); "newest committed", listings, `get`, reservations abandoned at
+  start and retention are per lane (a `VersionStore` is bound to one), so a keeper, a rollback or
+  the promoter never takes another lane's version for its own. Only `find` looks in every lane
+  and says which (`VersionRow.lane`): the version router's lookup, which then asks
+  `clawbridge.access` whether the caller may have it. Version 0 is the shared lane's base; a user
+  lane's base (its untrained adapter) is a version of kind `base` reserved like any other.
 """
 
 from __future__ import annotations
@@ -139,6 +141,13 @@ class VersionStore:
         return rows[0] if rows else None
 
     def get(self, version: int) -> VersionRow | None:
+        """Version `version` of this store's lane (None: no such version, or another lane's)."""
+        rows = self._select("WHERE version=? AND lane=?", (version, self.lane))
+        return rows[0] if rows else None
+
+    def find(self, version: int) -> VersionRow | None:
+        """Version `version` in whichever lane it is (`VersionRow.lane`); who may use it is
+        `clawbridge.access`'s to say."""
         rows = self._select("WHERE version=?", (version,))
         return rows[0] if rows else None
 

@@ -203,6 +203,19 @@ class UserLanes:
         own = self.own_version(user)
         return None if own is None else own[0]
 
+    # ------------------------------------------------------------------ the admin's rollback
+    async def rollback(self, user: str, version: int) -> tuple[int | None, int]:
+        """`clawbridge rollback N --user USER`: serve committed `version` of `user`'s lane to their
+        calls under a new version of that lane, and train on from it; (the version their calls got
+        before, the new one). `LookupError` when `user` has no lane running; the keeper's
+        `NoCheckpoint` when `version` is not a kept version of their lane."""
+        loop = self.lanes.get(user)
+        if loop is None:
+            raise LookupError(f"user {user!r} has no trainer lane running (nothing trained for them yet, or "
+                              "the server runs with --no-train)")
+        previous = loop.keeper.trained_version
+        return previous, await loop.rollback(version)
+
     # ------------------------------------------------------------------ forgetting
     async def forget_user(self, user: str) -> dict[str, int]:
         """`ForgetHook`: stop `user`'s lane and delete their adapter, checkpoints, versions and steps;
