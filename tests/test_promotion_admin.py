@@ -49,7 +49,7 @@ def test_a_rollback_holds_until_resumed_and_a_failed_one_is_not_recorded(tiny_mo
     backend = FakeTrainingBackend(FakeSampler(script=script_for(renderer, "ok")), info(tiny_model_dir))
     settings = Settings(port=free_port(), state_dir=tmp_path / "state", model=str(tiny_model_dir),
                         served_model_name="tiny", batch_size=1, baseline="none", trainer_poll_interval_s=0.05,
-                        batch_wait_s=0)
+                        batch_wait_s=0, promotion_mode="off")  # the hold without a gate (no later candidate to beat)
     proxy = InProcessProxy(settings, backend).start()
     admin = httpx.Client(base_url=proxy.base, headers={"Authorization": f"Bearer {proxy.state.keys.admin}"},
                          timeout=60)

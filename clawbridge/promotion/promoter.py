@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clawbridge.promotion")
 
+BASELINE_AT_START_S = 300.0
+"""The longest `up` waits at start-up for the serving version's probe figures (then: background)."""
 NOISY_TOLERANCE = 0.05
 """Default tolerance for rubric sets, held-out sessions and canary rewards."""
 
@@ -202,10 +204,6 @@ class Promoter:
         log.info("promotion %s: serving v%d%s%s", self.mode, serving, "" if self.pinned else
                  " (the backend serves one version: candidates serve until decided)",
                  f", v{candidate} on canary" if candidate is not None else "")
-        # Before any traffic, while the engine is idle: the serving version's figures on the fixed
-        # sets (the probe), so no candidate waits for them behind a busy engine, and a model that
-        # knows no probe fact never evaluates a candidate on it (`_check`). Later, in the background.
-        await self._baseline(attempts=1)
 
     def held_out(self, session_id: str) -> bool:
         """Whether this session's turns are kept out of training to evaluate versions."""
@@ -277,6 +275,19 @@ class Promoter:
         log.warning("promotion: v%d rejected, v%d keeps serving and training resumes from it: %s",
                     d.version, self.serving, d.reason)
         return Settled(resume_from=self.serving)
+
+    async def baseline_at_start(self, timeout_s: float = BASELINE_AT_START_S) -> None:
+        """Before any traffic, while the engine is idle (a server that trains): the serving version's
+        figures on the fixed sets (the probe), so no candidate waits for them behind a busy engine,
+        and a model that knows no probe fact never evaluates a candidate on it (`_check`). What is
+        not done in `timeout_s` goes on in the background (`start_baseline`)."""
+        if self.mode == "off":
+            return
+        try:
+            await asyncio.wait_for(self._baseline(attempts=1), timeout_s)
+        except TimeoutError:
+            log.warning("promotion: the serving v%d's capability probe took over %.0f s at start-up; it goes on in "
+                        "the background", self.serving, timeout_s)
 
     def start_baseline(self) -> None:
         """Evaluate the serving version on the fixed sets in the background, from start-up (`_baseline`)."""
