@@ -3,6 +3,8 @@
 - POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key, or a user's: the session is theirs)
 - POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, the session's key, its user)
 - POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, the session's key, its user)
+  (with the admin key or a user's, the session may also be named by the `X-Session-Id` header the
+  model calls named it by, on these and `/rl/set_session_reward`; a body `session_id` that differs is 400)
 - GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own)
 - GET  /rl/status                                                   (admin; per-user counts under `users`,
   what serves and the promotion decisions under `promotion`: clawbridge.proxy.promotion_routes)
@@ -41,6 +43,7 @@ from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.ownership import find_session, visible
 from clawbridge.proxy.request import parse_json_object, read_body
+from clawbridge.proxy.sessions import SESSION_HEADER
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
@@ -87,6 +90,18 @@ def _is_user(principal: Principal) -> bool:
     return principal.kind != "session" and principal.user is not None
 
 
+def _named_session(request: Request, principal: Principal, body_sid: str | None) -> str | None:
+    """The session a call names: the body's `session_id`, else (not with a session key, whose
+    session is its own) the `X-Session-Id` header, as the model calls named the session."""
+    if principal.kind == "session":
+        return body_sid
+    header = (request.headers.get(SESSION_HEADER) or "").strip() or None
+    if body_sid and header and body_sid != header:
+        raise ApiError(400, f"the body's session_id {body_sid!r} and X-Session-Id {header!r} differ; send one",
+                       param="session_id")
+    return body_sid or header
+
+
 async def _target_session(state: ProxyState, principal: Principal, asked: str | None) -> str:
     if principal.kind == "session":
         if asked is not None and asked != principal.session_id:
@@ -96,7 +111,8 @@ async def _target_session(state: ProxyState, principal: Principal, asked: str | 
     if not _is_user(principal):
         require_admin(principal)
     if not asked:
-        raise ApiError(400, f"session_id is required with the {principal.kind} key", param="session_id")
+        raise ApiError(400, f"session_id (in the body, or an X-Session-Id header) is required with the "
+                       f"{principal.kind} key", param="session_id")
     return asked if principal.kind == "admin" else await find_session(state, principal, asked)
 
 
@@ -157,7 +173,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def end_session(request: Request) -> dict[str, Any]:
         principal = await authenticate(request, state.keys, state.store)
         req = _validate(EndSession, await body_of(request), "/rl/end_session")
-        sid = await _target_session(state, principal, req.session_id)
+        sid = await _target_session(state, principal, _named_session(request, principal, req.session_id))
         if await state.read(state.store.get_session, sid) is None:
             raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
         ended = await state.end_session(sid)
@@ -176,11 +192,11 @@ def build_rl_router(state: ProxyState) -> APIRouter:
             owner = await state.read(state.store.turn_session, turn_id)
             if owner is None or (_is_user(principal) and not await visible(state, principal, owner)):
                 raise ApiError(404, f"unknown interaction {req.interaction_id!r}", code="interaction_not_found")
-            sid = await _target_session(state, principal, req.session_id or owner)
+            sid = await _target_session(state, principal, _named_session(request, principal, req.session_id) or owner)
             if sid != owner:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
         else:
-            sid = await _target_session(state, principal, req.session_id)
+            sid = await _target_session(state, principal, _named_session(request, principal, req.session_id))
             if await state.read(state.store.get_session, sid) is None:
                 raise ApiError(404, f"unknown session {sid!r}", code="session_not_found")
             turn_id = await state.read(state.store.last_turn_id, sid)
@@ -199,7 +215,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         req = _validate(SetReward, await body_of(request))
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        sid = await _target_session(state, principal, req.session_id)
+        sid = await _target_session(state, principal, _named_session(request, principal, req.session_id))
         try:
             reward_id = await state.writer.call(state.store.add_reward, sid, req.reward, "api", None)
         except StoreError as exc:
