@@ -10,64 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, settings_or_exit
-from clawbridge.config import Settings
+from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, table
+from clawbridge.cli.target import NoServer, Target, answer_of, no_server_message, resolve, server_request
 
 EVAL_TIMEOUT_S = 3600.0
 """`clawbridge eval` waits this long for the server's answers (a big set on a slow model)."""
 
 
-class NoServer(Exception):
-    """No server answers at the state dir's recorded address or the configured one."""
-
-
-def call_server(settings: Settings, method: str, path: str, body: dict[str, Any] | None = None,
-                timeout_s: float = 120.0) -> httpx.Response:
-    """`method path` on the running server with the admin key; `NoServer` when none answers."""
-    from clawbridge.address import candidate_urls, root_url_for
-    from clawbridge.cli.status import admin_key
-
-    key = admin_key(settings)
-    for base in candidate_urls(settings.state_path, root_url_for(settings.host, settings.port)):
-        try:
-            httpx.get(f"{base}/health", timeout=2.0)
-        except httpx.HTTPError:
-            continue
-        if key is None:
-            err.print(f"a server runs at {base}, but no admin key was found: set CLAWBRIDGE_ADMIN_KEY or pass "
-                      "the --state-dir it uses")
-            raise typer.Exit(1)
-        return httpx.request(method, f"{base}{path}", json=body, timeout=timeout_s,
-                             headers={"Authorization": f"Bearer {key}"})
-    raise NoServer()
-
-
-def _answer(r: httpx.Response) -> dict[str, Any]:
+def set_serving_online(target: Target, version: int, action: str) -> bool:
+    """Ask the target's running server to serve `version` (`action`: promote or rollback); False
+    when no server runs on its state dir."""
     try:
-        body = r.json()
-    except ValueError:
-        body = {}
-    if r.status_code != 200:
-        message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
-        err.print(f"[red]the server refused ({r.status_code}):[/red] {escape(str(message or r.text[:500]))}",
-                  soft_wrap=True)
-        raise typer.Exit(1)
-    return dict(body)
-
-
-def set_serving_online(settings: Settings, version: int, action: str) -> bool:
-    """Ask the running server to serve `version` (`action`: promote or rollback); False when no
-    server runs."""
-    try:
-        r = call_server(settings, "POST", f"/rl/{action}", {"version": version})
+        r = server_request(target, "POST", f"/rl/{action}", {"version": version})
     except NoServer:
         return False
-    out = _answer(r)
+    out = answer_of(r)
     trainer = (f"; the trainer goes on from it (as v{out['trainer_version']})"
                if out.get("trainer_version") is not None else "")
     console.print(f"{action}: v{out['serving_version']} serves now (was v{out['previous']}){trainer}", highlight=False)
@@ -81,10 +41,10 @@ def promote(
 ) -> None:
     """Serve a committed version now (e.g. one promotion rejected), on the running server; the
     trainer goes on from it. Recorded as an admin decision (`clawbridge status`)."""
-    settings = settings_or_exit(config, state_dir=state_dir)
-    if not set_serving_online(settings, version, "promote"):
-        err.print("no server is running: start it with `clawbridge up` (promote acts on a running server; "
-                  "`clawbridge rollback N` also works offline)")
+    target = resolve(config, state_dir)
+    if not set_serving_online(target, version, "promote"):
+        err.print(escape(no_server_message(target, "`clawbridge promote`") + " (`clawbridge rollback N` also works "
+                         "with no server running)"), highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -114,7 +74,8 @@ def evaluate(
     with a 95% (Wilson) interval, mean judge score (rubric lines) and mean answer length."""
     from clawbridge.promotion.evalset import EvalSetError, load_eval_set
 
-    settings = settings_or_exit(config, state_dir=state_dir)
+    target = resolve(config, state_dir)
+    settings = target.settings
     body: dict[str, Any] = {"versions": _parse_versions(versions)}
     if eval_set is not None:
         try:
@@ -124,9 +85,9 @@ def evaluate(
             raise typer.Exit(2) from None
         body["eval_set"] = eval_set.expanduser().read_text(encoding="utf-8")
     try:
-        out = _answer(call_server(settings, "POST", "/rl/eval", body, EVAL_TIMEOUT_S))
+        out = answer_of(server_request(target, "POST", "/rl/eval", body, EVAL_TIMEOUT_S))
     except NoServer:
-        err.print("no server is running: `clawbridge eval` asks the running server (start it with `clawbridge up`)")
+        err.print(escape(no_server_message(target, "`clawbridge eval`")), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         import json
@@ -134,11 +95,11 @@ def evaluate(
         print(json.dumps(out, indent=2))
         return
     console.print(f"eval set: {out['eval_set']} ({out['items']} items)", highlight=False)
-    table = Table("version", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens",
-                  "seconds")
+    results = table("version", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens",
+                    "seconds")
     for r in out["results"]:
         judge = "-" if r["mean_judge_score"] is None else f"{r['mean_judge_score']:+.2f}"
-        table.add_row(f"v{r['version']}", f"{r['passed']}/{r['items']}",
-                      f"{r['pass_rate']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f})", f"{r['score']:.3f}", judge,
-                      f"{r['mean_answer_tokens']:.1f}", f"{r['seconds']:.1f}")
-    console.print(table)
+        results.add_row(f"v{r['version']}", f"{r['passed']}/{r['items']}",
+                        f"{r['pass_rate']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f})", f"{r['score']:.3f}", judge,
+                        f"{r['mean_answer_tokens']:.1f}", f"{r['seconds']:.1f}")
+    console.print(results)
