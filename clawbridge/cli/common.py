@@ -48,7 +48,10 @@ err = make_console(stderr=True)
 """Where errors and progress go (stdout stays machine-readable)."""
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help=(
+    "State dir (default: $CLAWBRIDGE_STATE_DIR, else the running server's when one runs, else ~/.clawbridge)."))]
+UpStateOpt = Annotated[Path | None, typer.Option("--state-dir", help=(
+    "State dir: store, keys, checkpoints (default: $CLAWBRIDGE_STATE_DIR, else ~/.clawbridge)."))]
 
 
 def settings_or_exit(config: Path | None, *, backend_flags: dict[str, dict[str, Any]] | None = None,

@@ -20,6 +20,7 @@ from rich.markup import escape
 from clawbridge.cli.common import (
     ConfigOpt,
     StateOpt,
+    UpStateOpt,
     console,
     err,
     interactive,
@@ -73,7 +74,7 @@ def up(
                                       "sets \\[backends.fireworks] yes, over CLAWBRIDGE_FIREWORKS_YES).")] = False,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8400).")] = None,
-    state_dir: StateOpt = None,
+    state_dir: UpStateOpt = None,
     config: ConfigOpt = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
     report_to: Annotated[str | None, typer.Option(

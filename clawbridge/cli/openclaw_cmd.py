@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from clawbridge.address import base_url_for
-from clawbridge.cli.common import console, err
+from clawbridge.cli.common import StateOpt, console, err
 from clawbridge.cli.target import resolve
 from clawbridge.openclaw import installer
 
@@ -27,9 +27,6 @@ app = typer.Typer(
 OpenClawConfigOpt = Annotated[
     Path | None,
     typer.Option("--openclaw-config", help="openclaw.json to edit (default: where OpenClaw looks for it)."),
-]
-StateOpt = Annotated[
-    Path | None, typer.Option("--state-dir", help="clawbridge state dir (default ~/.clawbridge).")
 ]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="clawbridge TOML config file.")]
 

@@ -30,6 +30,10 @@ def sessions_list(
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return
+    if not rows:
+        console.print("no sessions" + (f" {status_}" if status_ else "") + " yet: every model call is recorded "
+                      "in one", highlight=False)
+        return
     import datetime as dt
 
     from clawbridge.store.observe import ObserveStore

@@ -49,6 +49,10 @@ def listing(state_dir: StateOpt = None, config: ConfigOpt = None, as_json: JsonO
     if as_json:
         print(json.dumps(doc, indent=2))
         return
+    if not doc["users"]:
+        console.print("no users yet: `clawbridge users add NAME` creates one (calls with the shared client key "
+                      "are recorded without a user)", highlight=False)
+        return
     listing = table("user", "status", "created", "sessions", "turns", "pending turns", "mean reward")
     for u in doc["users"]:
         mean = u.get("mean_reward")
