@@ -80,3 +80,17 @@ def test_the_demo_piped_prints_progress_lines_not_bars(tmp_path: Path) -> None:
     bars = [ln for ln in out.stdout.splitlines() if "━" in ln and ("reward (last" in ln or "loading model" in ln)]
     assert not bars, bars  # rich's bar (━ glyphs beside the task's description) is drawn only in a terminal
     assert not [frame for frame in BAR_FRAMES if frame in (tmp_path / "state" / "proxy.log").read_text()]
+
+
+def test_a_failed_step_in_status_names_no_version_in_words() -> None:
+    import io
+
+    from rich.console import Console
+
+    from clawbridge.cli.status import print_trainer
+
+    out = io.StringIO()
+    print_trainer(Console(file=out, width=200), {
+        "samples": {"pending": 8, "consumed": 0, "dropped": {}}, "steps": {"ok": 0, "failed": 1},
+        "recent_steps": [{"step": 3, "status": "failed", "policy_version": None, "metrics": None}]})
+    assert "step 3 failed (no version committed)" in out.getvalue() and "None" not in out.getvalue()
