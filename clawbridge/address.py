@@ -7,11 +7,13 @@ user's index of running servers (`servers_dir()`: `~/.clawbridge/servers/`, one 
 server), so a command given no state dir finds the one server that runs (`running_servers`).
 
 Invariants:
-- A server is running only when its state dir's `server.json` names a live pid AND something
-  accepts connections at its URL (`server_for`): a file left by a killed server (its pid gone, or
-  reused by a process that does not listen there) is never taken for a running server, and a
-  reader never falls back to some other address: a command talks to the server of the state dir
-  it chose, or to none.
+- A server is running only when its state dir's `server.json` names a live pid of this OS user
+  AND that process listens at its URL (`server_for`; where /proc shows sockets, the listening
+  socket must be one of that pid's own, elsewhere something must accept connections there): a
+  file left by a killed server (its pid gone, or reused by a process that does not listen there)
+  is never taken for a running server, nor is another program that took its port, so the admin
+  key is never sent there. A reader never falls back to some other address: a command talks to
+  the server of the state dir it chose, or to none.
 - Files are replaced atomically (temp file + `os.replace`), created 0600 (the index folder 0700):
   a reader sees the old or the new one, and no other OS user reads them.
 - A server writes them only once it is listening (a failed bind leaves another server's alone)
@@ -134,16 +136,50 @@ def _entry_path(state_dir: Path, pid: int) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (a zombie counts; `listening` tells those apart)."""
+    """Whether a process with this pid exists and is this OS user's (a zombie counts; `listening`
+    tells those apart)."""
     if pid <= 0:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or another OS user's: not our server
         return False
-    except PermissionError:  # it exists, as another OS user's process
-        return True
-    return True
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == os.getuid()  # root may signal anyone's process
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no /proc here: the signal is all we can tell
+    except OSError:
+        return False
+
+
+def owns_listener(pid: int, url: str) -> bool | None:
+    """Whether process `pid` holds a socket listening on `url`'s port (Linux /proc: the listening
+    sockets' inodes in /proc/net/tcp*, against the pid's open files); None where /proc cannot tell."""
+    port = urlsplit(url).port
+    if port is None or not Path("/proc/net/tcp").exists():
+        return None
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False  # not ours to read: not our server
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(fds / name) in inodes:
+                return True
+    return False
 
 
 def listening(url: str, timeout_s: float = LIVENESS_TIMEOUT_S) -> bool:
@@ -162,7 +198,8 @@ def server_for(state_dir: Path) -> RunningServer | None:
     """The server running on `state_dir`: its recorded pid is alive and its URL accepts connections
     (see the module invariants); None when no server runs there."""
     addr = read_address(state_dir)
-    if addr is None or not pid_alive(addr.pid) or not listening(addr.url):
+    if addr is None or not pid_alive(addr.pid) or owns_listener(addr.pid, addr.url) is False \
+            or not listening(addr.url):
         return None
     return RunningServer(state_dir=state_dir, address=addr)
 

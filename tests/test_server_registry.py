@@ -105,3 +105,23 @@ def test_a_newer_server_on_the_same_state_dir_keeps_its_entry(tmp_path: Path, li
     [found] = running_servers()
     assert found.address.pid == os.getpid() and not old.exists()
     assert len(list(servers_dir().glob("*.json"))) == 1
+
+
+def test_another_process_on_the_port_is_not_the_server(tmp_path: Path) -> None:
+    """The recorded pid is alive and ours, and something listens at the recorded URL, but the
+    listener is another process (a program that took a killed server's port): not the server, so
+    no command sends it the admin key."""
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("no /proc/net/tcp here: which process holds a socket cannot be told")
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(120)")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None
+        url = f"http://127.0.0.1:{other.stdout.readline().strip()}"
+        state = tmp_path / "state"
+        write_address(state, url)  # names this process, which does not listen there
+        assert server_for(state) is None and running_servers() == []
+    finally:
+        other.kill()
+        other.wait()
