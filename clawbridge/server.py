@@ -234,10 +234,14 @@ class ProxyServer(uvicorn.Server):
     """
 
     def __init__(self, config: uvicorn.Config, state_dir: Path, drain: Drain | None = None,
-                 drain_grace_s: float = 0.0, lock: StateDirLock | None = None, tune_gc: bool = False) -> None:
+                 drain_grace_s: float = 0.0, lock: StateDirLock | None = None, tune_gc: bool = False,
+                 model: str = "") -> None:
         """`tune_gc`: this process only serves (`clawbridge serve`/`up`), so `tune_gc()` once it
-        listens; off for a server embedded in another program (a test run)."""
+        listens; off for a server embedded in another program (a test run). `model`: the served
+        name, recorded with the address (`clawbridge.address`) so commands can say which server
+        they found."""
         super().__init__(config)
+        self.model = model
         self.tunes_gc = tune_gc
         self.state_dir = state_dir
         self.drain = drain
@@ -249,13 +253,14 @@ class ProxyServer(uvicorn.Server):
         whose timeout is set past the grace period so our error answers go out before it cancels."""
         if self.drain is not None:
             self.drain.begin(self.drain_grace_s)
+        clear_address(self.state_dir)  # no command finds a server that no longer takes requests
         await super().shutdown(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:  # bound: a failed bind must not overwrite another server's address
             url = root_url_for(self.config.host, self.config.port)
-            write_address(self.state_dir, url)
+            write_address(self.state_dir, url, self.model)
             if self.lock is not None:
                 self.lock.record(url)
             if self.tunes_gc:
@@ -306,7 +311,8 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     state = await build_state(settings)
     app = build_app(state)
     config = uvicorn_config(app, settings)
-    server = ProxyServer(config, settings.state_path, state.drain, settings.drain_grace_s, lock, tune_gc=True)
+    server = ProxyServer(config, settings.state_path, state.drain, settings.drain_grace_s, lock, tune_gc=True,
+                         model=state.model_info.name)
     keys = resolve_keys(settings)
     base = base_url_for(settings.host, settings.port)
     key_where = "$CLAWBRIDGE_API_KEY" if keys.client.source == "env" else f"contents of {keys.client.source}"

@@ -13,5 +13,7 @@ pkgs=(-e ".[dev]")
 for b in backends/local backends/tinker backends/fireworks; do
   [ -f "$b/pyproject.toml" ] && pkgs+=(-e "$b")
 done
-pip install -q "${pkgs[@]}"
+# setuptools says "Editable installation ... be careful with folders in your working directory"
+# once per editable package (an information-only warning; nothing to act on): not four times here.
+PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" pip install -q "${pkgs[@]}"
 echo "installed into $(pwd)/.venv"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -134,3 +135,21 @@ def test_doctor_names_what_to_fix(tmp_path: Path) -> None:
     (tmp_path / "client_key").chmod(0o644)
     r = cli("doctor", "--backend", "local", "--state-dir", str(tmp_path), check=False)
     assert "chmod 600" in r.stdout and r.returncode == 1
+
+
+def test_doctor_advice_names_its_own_flags_and_checks_the_store(tmp_path: Path) -> None:
+    """Every `--flag` doctor's advice names is one doctor takes, and it says what the store is."""
+    r = cli("doctor", "--backend", "tinker", "--state-dir", str(tmp_path), check=False)
+    advised = set(re.findall(r"(--[a-z][a-z-]+)", r.stdout))
+    assert {"--model", "--tokenizer"} <= advised, r.stdout
+    offered = cli("doctor", "--help").stdout
+    assert not [flag for flag in advised if flag not in offered], (advised, offered)
+    assert f"ok   store {tmp_path / 'clawbridge.db'}: none yet" in r.stdout
+    r = cli("doctor", "--backend", "tinker", "--model", "Qwen/Qwen3-8B", "--state-dir", str(tmp_path), check=False)
+    assert "no base model" not in r.stdout and "no tokenizer" not in r.stdout, r.stdout
+    _seed_store(tmp_path)
+    r = cli("doctor", "--backend", "local", "--state-dir", str(tmp_path), check=False)
+    assert re.search(r"ok   store .*clawbridge\.db: intact \([\d,]+ bytes, quick_check ok\)", r.stdout), r.stdout
+    (tmp_path / "clawbridge.db").write_bytes(b"not a database" * 100)
+    r = cli("doctor", "--backend", "local", "--state-dir", str(tmp_path), check=False)
+    assert r.returncode == 1 and "FAIL store" in r.stdout and "clawbridge store recover" in r.stdout, r.stdout

@@ -10,6 +10,7 @@ import openai
 
 from clawbridge.address import read_address
 from clawbridge.cli.status import gather_status
+from clawbridge.cli.target import target_of
 from clawbridge.config import Settings
 from clawbridge.store import Store
 from tests.support import ProxyProcess, free_port
@@ -56,7 +57,7 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
                 pass
 
         # `status` with no --port finds the server at the address `up` recorded in the state dir.
-        seen = gather_status(_status_settings(state))
+        seen = gather_status(target_of(_status_settings(state)))
         assert seen["running"] and seen["server"] == proxy.base, seen
 
         t = threading.Thread(target=long_stream)
@@ -68,7 +69,7 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
         proxy.stop()
     # The killed server's address file is left behind; status tries it, gets no answer, reads the store.
     assert read_address(state) is not None
-    after_kill = gather_status(_status_settings(state))
+    after_kill = gather_status(target_of(_status_settings(state)))
     assert not after_kill["running"] and after_kill["store"]["turns"]["main"] >= len(answered)
 
     # Restart on the same state dir: the answered turns are all there, intact.
@@ -92,7 +93,7 @@ def test_kill_mid_stream_and_after_loses_no_answered_turn(tiny_model_dir: Path, 
         # Committed before the response was sent (the proxy's invariant): there at once, no polling.
         assert len(store.session_view("durable")["turns"]) == len(view["turns"]) + 1  # type: ignore[index]
         store.close()
-        assert gather_status(_status_settings(state))["server"] == proxy2.base
+        assert gather_status(target_of(_status_settings(state)))["server"] == proxy2.base
     finally:
         proxy2.stop()
     assert read_address(state) is None, "a clean exit removes the address file"

@@ -7,8 +7,12 @@ engine for the sampler numerics; clients are the real `openai` / `anthropic` SDK
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -65,18 +69,65 @@ def test_sessions_offset_out_of_sqlite_range_is_422(env: InProcessProxy) -> None
     assert httpx.get(f"{env.base}/rl/sessions?offset=4611686018427387904", headers=h).json() == {"sessions": []}
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+@pytest.mark.parametrize("content_type", ["text/plain", "multipart/form-data", "application/xml"])
 def test_non_json_content_type_is_415(env: InProcessProxy, content_type: str) -> None:
     body = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
     for path in ("/v1/chat/completions", "/v1/messages", "/rl/start_session"):
         r = httpx.post(env.base + path, content=body, headers={**auth(env, admin=True), "Content-Type": content_type})
         assert r.status_code == 415, (path, r.text)
         assert "application/json" in r.text
-    # JSON with parameters, a +json type, and no Content-Type at all (curl without -H) are read as JSON.
-    for ct in ("application/json; charset=utf-8", "application/vnd.api+json", None):
+    # JSON with parameters, a +json type, no Content-Type at all, and curl -d's default type are read as JSON.
+    for ct in ("application/json; charset=utf-8", "application/vnd.api+json", None, "application/x-www-form-urlencoded"):
         headers = auth(env) | ({"Content-Type": ct} if ct else {})
         r = httpx.post(env.base + "/v1/chat/completions", content=body, headers=headers)
         assert r.status_code == 200, (ct, r.text)
+
+
+def test_curl_data_bodies_are_read_as_json(env: InProcessProxy) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` sends a form type (docs/api.md
+    says such bodies are accepted): the real curl, on a chat call and an /rl call."""
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    chat = subprocess.run(
+        [curl, "-sS", "-w", "\n%{http_code}", env.base + "/v1/chat/completions", "-H",
+         f"Authorization: Bearer {env.state.keys.client}", "-H", "X-Session-Id: curl-data",
+         "-d", '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'],
+        capture_output=True, text=True, timeout=60)
+    body, _, code = chat.stdout.rpartition("\n")
+    assert code == "200", chat.stdout
+    reward = subprocess.run(
+        [curl, "-sS", "-w", "\n%{http_code}", env.base + "/rl/set_reward", "-H",
+         f"Authorization: Bearer {env.state.keys.admin}", "-H", "X-Session-Id: curl-data", "-d", '{"reward": 1}'],
+        capture_output=True, text=True, timeout=60)
+    body, _, code = reward.stdout.rpartition("\n")
+    assert code == "200" and json.loads(body)["session_id"] == "curl-data", reward.stdout
+    # A form body that is not JSON is 400 (malformed JSON), never 500.
+    r = httpx.post(env.base + "/rl/set_reward", content=b"reward=1", headers={
+        **auth(env, admin=True), "Content-Type": "application/x-www-form-urlencoded"})
+    assert_error(r, 400, "invalid_json")
+
+
+def test_admin_rewards_a_session_named_by_x_session_id(env: InProcessProxy) -> None:
+    """The README's reward call: the admin key and the X-Session-Id the agent's calls carried."""
+    call = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    r = httpx.post(env.base + "/v1/chat/completions", json=call, headers={**auth(env), "X-Session-Id": "by-header"})
+    assert r.status_code == 200, r.text
+    admin = {**auth(env, admin=True), "X-Session-Id": "by-header"}
+    r = httpx.post(env.base + "/rl/set_reward", json={"reward": 1}, headers=admin)
+    assert r.status_code == 200 and r.json()["session_id"] == "by-header", r.text
+    assert r.json()["interaction_id"] == env.state.store.last_turn_id("by-header")
+    r = httpx.post(env.base + "/rl/set_session_reward", json={"reward": 0.5}, headers=admin)
+    assert r.status_code == 200 and r.json()["session_id"] == "by-header", r.text
+    # The body's session_id still works alone; the two disagreeing is refused, not guessed.
+    r = httpx.post(env.base + "/rl/set_reward", json={"reward": 1, "session_id": "other"}, headers=admin)
+    assert assert_error(r, 400)["param"] == "session_id" and "differ" in r.text
+    r = httpx.post(env.base + "/rl/set_reward", json={"reward": 1}, headers=auth(env, admin=True))
+    assert "X-Session-Id" in str(assert_error(r, 400)["message"])
+    r = httpx.post(env.base + "/rl/set_reward", json={"reward": 1}, headers={**admin, "X-Session-Id": "nope"})
+    assert_error(r, 404, "session_not_found")
+    r = httpx.post(env.base + "/rl/end_session", json={}, headers=admin)
+    assert r.status_code == 200 and r.json()["session_id"] == "by-header" and r.json()["ended"], r.text
 
 
 def test_too_many_messages_is_400_before_validation(env: InProcessProxy) -> None:
@@ -162,6 +213,21 @@ def test_openapi_needs_a_key(env: InProcessProxy) -> None:
     r = httpx.get(env.base + "/openapi.json", headers=auth(env))
     assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
     assert httpx.get(env.base + "/docs").status_code == 404
+
+
+def test_openapi_declares_every_path_parameter(env: InProcessProxy) -> None:
+    """Each `{name}` in a path is a required path parameter of every operation on it (schema-driven
+    clients refuse an operation whose path names an undeclared one), and nothing else is."""
+    doc = httpx.get(env.base + "/openapi.json", headers=auth(env)).json()
+    assert {"/s/{session_id}/v1/models", "/{trajectory_uid}/{prompt_uid}/v1/models"} <= set(doc["paths"])
+    wrong = []
+    for path, ops in doc["paths"].items():
+        names = set(re.findall(r"{([^{}/]+)}", path))
+        for method, op in ops.items():
+            declared = {p["name"] for p in op.get("parameters", []) if p["in"] == "path" and p.get("required")}
+            if declared != names:
+                wrong.append(f"{method.upper()} {path}: declares {sorted(declared)}")
+    assert not wrong, wrong
 
 
 def test_non_loopback_bind_needs_strong_distinct_keys(tmp_path: Path) -> None:

@@ -269,16 +269,17 @@ def test_status_warns_past_the_store_budget(tmp_path: Path) -> None:
     from rich.console import Console
 
     from clawbridge.cli.status import gather_status, print_status
+    from clawbridge.cli.target import target_of
     from clawbridge.config import Settings
 
     state = tmp_path / "state"
     fill_store(state, 20)
     settings = Settings(state_dir=state, port=free_port(), store_budget_bytes=4096)
-    info = gather_status(settings)
+    info = gather_status(target_of(settings))
     assert info["store"]["size_bytes"] > 4096
     assert any("store_budget_bytes" in w for w in info["warnings"])
     console = Console(record=True, width=200)
     print_status(console, info)
     assert "warning: the store is" in console.export_text()
-    roomy = gather_status(Settings(state_dir=state, port=settings.port))
+    roomy = gather_status(target_of(Settings(state_dir=state, port=settings.port)))
     assert "warnings" not in roomy

@@ -140,8 +140,18 @@ def test_cached_model_is_not_fetched_again_and_get_copies_it(smollm2_dir: Path, 
               env=unreachable_index_env())  # the cache answers; the index is never asked
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == sorted(p.name for p in smollm2_dir.iterdir())
+    # The same command again (a pasted guide run twice) is done already; a folder holding anything
+    # else is never written into.
     out = cli("model", "get", "smollm2-135m-instruct", str(tmp_path / "m"), "--cache-dir", str(model_cache_dir()))
-    assert out.returncode == 1 and "not empty" in out.stderr
+    assert out.returncode == 0 and "already holds smollm2-135m-instruct" in out.stdout, out.stderr
+    (tmp_path / "m" / SOURCE_FILE).unlink()  # a hard link to the cache's file: never write through it
+    (tmp_path / "m" / SOURCE_FILE).write_text('{"model": "another"}')
+    out = cli("model", "get", "smollm2-135m-instruct", str(tmp_path / "m"), "--cache-dir", str(model_cache_dir()))
+    assert out.returncode == 1 and "holds another model" in out.stderr
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    out = cli("model", "get", "smollm2-135m-instruct", str(tmp_path / "other"), "--cache-dir", str(model_cache_dir()))
+    assert out.returncode == 1 and "not empty" in out.stderr and (tmp_path / "other" / "notes.txt").read_text() == "keep me"
 
 
 @pytest.mark.slow

@@ -347,6 +347,6 @@ def test_cli_install_status_uninstall(cfg: Path, tmp_path: Path, monkeypatch: py
     assert data["agents"]["defaults"]["model"]["primary"] == "clawbridge/default"
     status = runner.invoke(app, ["status", *common, "--json"])
     assert status.exit_code == 0, status.output
-    assert json.loads(status.output)["installed"] is True
+    assert json.loads(status.stdout)["installed"] is True  # stdout: the JSON; stderr: which state dir
     assert runner.invoke(app, ["uninstall", *common]).exit_code == 0
     assert cfg.read_text() == USER_CONFIG

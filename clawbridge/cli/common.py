@@ -1,5 +1,10 @@
 """What the `clawbridge` commands share: the consoles, the --config/--state-dir options, and
-reading the settings and the store with a clear error instead of a traceback."""
+reading the settings and the store with a clear error instead of a traceback.
+
+Invariant: output is never cut. In a terminal, lines wrap at its width and table cells fold; in a
+pipe or a log (not a terminal) nothing is wrapped at all (`PIPE_WIDTH`), so `clawbridge config show
+| grep keep` sees whole lines. Progress (bars, spinners) is drawn only in a terminal (`interactive`).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,44 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Column, Table
 
 import clawbridge.plugins  # noqa: F401  (registers where a backend's old flat option moved: clawbridge.plugins)
 from clawbridge.config import Settings, load_settings
 
-console = Console()
+PIPE_WIDTH = 100_000
+"""The width output is laid out for when it does not go to a terminal: wider than any line we print."""
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console for stdout (or stderr) that wraps at the terminal's width, or not at all when the
+    stream is not a terminal (see the module invariant)."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal:
+        return probe
+    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True)
+
+
+def interactive(c: Console) -> bool:
+    """Whether progress may be drawn on `c` (a terminal, not a pipe or a log file)."""
+    return c.is_terminal and not c.is_dumb_terminal
+
+
+def table(*headers: str) -> Table:
+    """A table whose cells fold (wrap inside the cell) where a terminal is too narrow, never cut."""
+    return Table(*(Column(h, overflow="fold") for h in headers))
+
+
+console = make_console()
 """Where command output goes."""
-err = Console(stderr=True)
+err = make_console(stderr=True)
 """Where errors and progress go (stdout stays machine-readable)."""
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help=(
+    "State dir (default: $CLAWBRIDGE_STATE_DIR, else the running server's when one runs, else ~/.clawbridge)."))]
+UpStateOpt = Annotated[Path | None, typer.Option("--state-dir", help=(
+    "State dir: store, keys, checkpoints (default: $CLAWBRIDGE_STATE_DIR, else ~/.clawbridge)."))]
 
 
 def settings_or_exit(config: Path | None, *, backend_flags: dict[str, dict[str, Any]] | None = None,

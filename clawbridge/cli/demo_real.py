@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from clawbridge.cli.common import table
 
 CAPABILITY_BOUND = 0.25
 """The capability check fails if the share of fact questions answered with the right entity falls
@@ -53,12 +54,12 @@ def run(out_dir: Path, lora_rank: int | None, learning_rate: float | None, seed:
         raise typer.Exit(1) from None
     b, a = result.before, result.after
     assert b is not None and a is not None
-    table = Table("held-out measure", f"before (v{b.policy_version})", f"after (v{a.policy_version})")
-    table.add_row(f"preference rate (answer ends within {cfg.short_tokens} tokens)",
-                  f"{b.preference_rate:.2f}", f"{a.preference_rate:.2f}")
-    table.add_row("mean answer tokens", f"{b.mean_tokens:.1f}", f"{a.mean_tokens:.1f}")
-    table.add_row(f"capability ({len(b.facts)} facts named)", f"{b.capability:.2f}", f"{a.capability:.2f}")
-    console.print(table)
+    measures = table("held-out measure", f"before (v{b.policy_version})", f"after (v{a.policy_version})")
+    measures.add_row(f"preference rate (answer ends within {cfg.short_tokens} tokens)",
+                     f"{b.preference_rate:.2f}", f"{a.preference_rate:.2f}")
+    measures.add_row("mean answer tokens", f"{b.mean_tokens:.1f}", f"{a.mean_tokens:.1f}")
+    measures.add_row(f"capability ({len(b.facts)} facts named)", f"{b.capability:.2f}", f"{a.capability:.2f}")
+    console.print(measures)
     for q, before, after in samples(result, 3):
         console.print(f"[bold]{q}[/bold]\n  before: {before!r}\n  after:  {after!r}", highlight=False, soft_wrap=True)
     if result.promotion and result.promotion.get("mode") != "off":

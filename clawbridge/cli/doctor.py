@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from clawbridge.config import Settings
 from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, KeyFileError, read_key_file
@@ -32,6 +33,7 @@ def core_checks(settings: Settings) -> list[Check]:
         out.append((True, f"state dir {state} is writable"))
     except OSError as exc:
         out.append((False, f"state dir {state} is not writable ({exc}): pass --state-dir or fix permissions"))
+    out.append(store_check(state))
     for name, env in ((CLIENT_KEY_FILE, settings.api_key), (ADMIN_KEY_FILE, settings.admin_key)):
         if env is not None:
             out.append((True, f"{name} comes from the environment"))
@@ -48,6 +50,21 @@ def core_checks(settings: Settings) -> list[Check]:
         except OSError:
             out.append((True, f"port {settings.host}:{settings.port} is in use (a running clawbridge, or pick --port)"))
     return out
+
+
+def store_check(state_dir: Path) -> Check:
+    """The state dir's store: none yet, intact (SQLite's quick_check), or damaged (with the fix)."""
+    from clawbridge.store import DB_FILENAME
+    from clawbridge.store.health import quick_check, recovery_hint
+
+    db = state_dir / DB_FILENAME
+    if not db.exists():
+        return (True, f"store {db}: none yet (the first `clawbridge up` on this state dir creates it)")
+    size = db.stat().st_size
+    problems = ["the file is 0 bytes"] if size == 0 else quick_check(db)
+    if problems:
+        return (False, f"store {db} is damaged ({'; '.join(problems[:3])}): {recovery_hint(db)}")
+    return (True, f"store {db}: intact ({size:,} bytes, quick_check ok)")
 
 
 def backend_checks(settings: Settings, backend: str) -> list[Check]:

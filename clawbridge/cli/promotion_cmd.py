@@ -11,69 +11,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, settings_or_exit
-from clawbridge.config import Settings
+from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, table
+from clawbridge.cli.target import NoServer, Target, answer_of, no_server_message, resolve, server_request
 
 EVAL_TIMEOUT_S = 3600.0
 """`clawbridge eval` waits this long for the server's answers (a big set on a slow model)."""
-
-
-class NoServer(Exception):
-    """No server answers at the state dir's recorded address or the configured one."""
-
-
-def call_server(settings: Settings, method: str, path: str, body: dict[str, Any] | None = None,
-                timeout_s: float = 120.0) -> httpx.Response:
-    """`method path` on the running server with the admin key; `NoServer` when none answers."""
-    from clawbridge.address import candidate_urls, root_url_for
-    from clawbridge.cli.status import admin_key
-
-    key = admin_key(settings)
-    for base in candidate_urls(settings.state_path, root_url_for(settings.host, settings.port)):
-        try:
-            httpx.get(f"{base}/health", timeout=2.0)
-        except httpx.HTTPError:
-            continue
-        if key is None:
-            err.print(f"a server runs at {base}, but no admin key was found: set CLAWBRIDGE_ADMIN_KEY or pass "
-                      "the --state-dir it uses")
-            raise typer.Exit(1)
-        return httpx.request(method, f"{base}{path}", json=body, timeout=timeout_s,
-                             headers={"Authorization": f"Bearer {key}"})
-    raise NoServer()
-
-
-def _answer(r: httpx.Response) -> dict[str, Any]:
-    try:
-        body = r.json()
-    except ValueError:
-        body = {}
-    if r.status_code != 200:
-        message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
-        err.print(f"[red]the server refused ({r.status_code}):[/red] {escape(str(message or r.text[:500]))}",
-                  soft_wrap=True)
-        raise typer.Exit(1)
-    return dict(body)
 
 
 UserOpt = Annotated[str | None, typer.Option(
     "--user", help="The lane: VERSION is one of this user's own adapter (per_user_adapters), served to her calls.")]
 
 
-def set_serving_online(settings: Settings, version: int, action: str, user: str | None = None) -> bool:
-    """Ask the running server to serve `version` (`action`: promote or rollback) in the shared
-    policy's lane, or in `user`'s; False when no server runs."""
+def set_serving_online(target: Target, version: int, action: str, user: str | None = None) -> bool:
+    """Ask the target's running server to serve `version` (`action`: promote or rollback) in the
+    shared policy's lane, or in `user`'s; False when no server runs on its state dir."""
     body: dict[str, Any] = {"version": version} if user is None else {"version": version, "user": user}
     try:
-        r = call_server(settings, "POST", f"/rl/{action}", body)
+        r = server_request(target, "POST", f"/rl/{action}", body)
     except NoServer:
         return False
-    out = _answer(r)
+    out = answer_of(r)
     if user is not None:
         was = f"v{out['previous']}" if out.get("previous") is not None else "the shared policy"
         console.print(f"{action}: {user}'s calls get v{out['serving_version']} now, v{version}'s adapter (was {was}); "
@@ -93,11 +53,11 @@ def resume(
 ) -> None:
     """End the hold of a `clawbridge rollback`: training goes on from the version that serves
     (its later versions gated as promotion_mode says). Works with or without a running server."""
-    settings = settings_or_exit(config, state_dir=state_dir)
+    target = resolve(config, state_dir)
     try:
-        out = _answer(call_server(settings, "POST", "/rl/resume", {}))
+        out = answer_of(server_request(target, "POST", "/rl/resume", {}))
     except NoServer:
-        out = resume_offline(settings)
+        out = resume_offline(target.state_dir)
     if out["resumed"]:
         console.print(f"resumed: training goes on from v{out['serving_version']} (v{out['held_version']} was held "
                       "by a rollback)", highlight=False)
@@ -105,21 +65,21 @@ def resume(
         console.print("nothing to resume: no rollback holds training", highlight=False)
 
 
-def resume_offline(settings: Settings) -> dict[str, Any]:
+def resume_offline(state_dir: Path) -> dict[str, Any]:
     """`resume` on the store while no server runs (under the state dir lock)."""
     from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store import DB_FILENAME, Store
     from clawbridge.store.promotion import PromotionStore
 
-    if not (settings.state_path / DB_FILENAME).exists():
+    if not (state_dir / DB_FILENAME).exists():
         return {"resumed": False, "held_version": None, "serving_version": None}
-    lock = StateDirLock(settings.state_path)
+    lock = StateDirLock(state_dir)
     try:
         lock.acquire()
     except StateDirBusy as exc:
         err.print(f"[red]cannot resume now:[/red] {exc}")
         raise typer.Exit(1) from None
-    store = Store.open(settings.state_path)
+    store = Store.open(state_dir)
     try:
         ps = PromotionStore(store)
         held = ps.release_hold()
@@ -140,10 +100,10 @@ def promote(
     """Serve a committed version now (e.g. one promotion rejected), on the running server; the
     trainer goes on from it. Recorded as an admin decision (`clawbridge status`). A version of a
     user's own adapter serves only her, and only with `--user` naming her."""
-    settings = settings_or_exit(config, state_dir=state_dir)
-    if not set_serving_online(settings, version, "promote", user):
-        err.print("no server is running: start it with `clawbridge up` (promote acts on a running server; "
-                  "`clawbridge rollback N` also works offline)")
+    target = resolve(config, state_dir)
+    if not set_serving_online(target, version, "promote", user):
+        err.print(escape(no_server_message(target, "`clawbridge promote`") + " (`clawbridge rollback N` also works "
+                         "with no server running)"), highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -173,7 +133,8 @@ def evaluate(
     with a 95% (Wilson) interval, mean judge score (rubric lines) and mean answer length."""
     from clawbridge.promotion.evalset import EvalSetError, load_eval_set
 
-    settings = settings_or_exit(config, state_dir=state_dir)
+    target = resolve(config, state_dir)
+    settings = target.settings
     body: dict[str, Any] = {"versions": _parse_versions(versions)}
     if eval_set is not None:
         try:
@@ -183,9 +144,9 @@ def evaluate(
             raise typer.Exit(2) from None
         body["eval_set"] = eval_set.expanduser().read_text(encoding="utf-8")
     try:
-        out = _answer(call_server(settings, "POST", "/rl/eval", body, EVAL_TIMEOUT_S))
+        out = answer_of(server_request(target, "POST", "/rl/eval", body, EVAL_TIMEOUT_S))
     except NoServer:
-        err.print("no server is running: `clawbridge eval` asks the running server (start it with `clawbridge up`)")
+        err.print(escape(no_server_message(target, "`clawbridge eval`")), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         import json
@@ -193,11 +154,11 @@ def evaluate(
         print(json.dumps(out, indent=2))
         return
     console.print(f"eval set: {out['eval_set']} ({out['items']} items)", highlight=False)
-    table = Table("version", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens",
-                  "seconds")
+    results = table("version", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens",
+                    "seconds")
     for r in out["results"]:
         judge = "-" if r["mean_judge_score"] is None else f"{r['mean_judge_score']:+.2f}"
-        table.add_row(f"v{r['version']}", f"{r['passed']}/{r['items']}",
-                      f"{r['pass_rate']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f})", f"{r['score']:.3f}", judge,
-                      f"{r['mean_answer_tokens']:.1f}", f"{r['seconds']:.1f}")
-    console.print(table)
+        results.add_row(f"v{r['version']}", f"{r['passed']}/{r['items']}",
+                        f"{r['pass_rate']:.3f} ({r['ci_low']:.3f}-{r['ci_high']:.3f})", f"{r['score']:.3f}", judge,
+                        f"{r['mean_answer_tokens']:.1f}", f"{r['seconds']:.1f}")
+    console.print(results)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, settings_or_exit, store_or_exit
+from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, store_or_exit, table
+from clawbridge.cli.target import resolve
 
 app = typer.Typer(help="Read recorded sessions from the store (works while the server is down).",
                   no_args_is_help=True)
@@ -25,23 +25,27 @@ def sessions_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List sessions, newest first."""
-    store = store_or_exit(settings_or_exit(config, state_dir=state_dir))
+    store = store_or_exit(resolve(config, state_dir).settings)
     rows = store.list_sessions(limit=limit, status=status_)
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return
+    if not rows:
+        console.print("no sessions" + (f" {status_}" if status_ else "") + " yet: every model call is recorded "
+                      "in one", highlight=False)
         return
     import datetime as dt
 
     from clawbridge.store.observe import ObserveStore
 
     rewards = {s.session_id: s for s in ObserveStore(store).session_summaries(limit, 0, status_)}
-    table = Table("session", "status", "source", "turns", "reward (mean of n)", "created", "end reason")
+    listing = table("session", "status", "source", "turns", "reward (mean of n)", "created", "end reason")
     for r in rows:
         summary = rewards.get(r.session_id)
         reward = "" if summary is None or summary.reward is None else f"{summary.reward:g} ({summary.rewards})"
-        table.add_row(r.session_id, r.status, r.source, str(r.turn_count), reward,
+        listing.add_row(r.session_id, r.status, r.source, str(r.turn_count), reward,
                       dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M:%S"), r.end_reason or "")
-    console.print(table)
+    console.print(listing)
 
 
 @app.command("end")
@@ -56,7 +60,7 @@ def sessions_end(
     next poll) and while it is down."""
     from clawbridge.lifecycle import SessionLifecycle
 
-    settings = settings_or_exit(config, state_dir=state_dir)
+    settings = resolve(config, state_dir).settings
     store = store_or_exit(settings)
     if store.get_session(session_id) is None:
         err.print(f"no session {session_id!r}")
@@ -75,7 +79,7 @@ def sessions_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print the full record as JSON.")] = False,
 ) -> None:
     """Show one session: its turns (token ids, logprobs, policy version, reward) and rewards."""
-    store = store_or_exit(settings_or_exit(config, state_dir=state_dir))
+    store = store_or_exit(resolve(config, state_dir).settings)
     view = store.session_view(session_id)
     if view is None:
         err.print(f"no session {session_id!r}")
@@ -84,12 +88,12 @@ def sessions_show(
         print(json.dumps(view))
         return
     console.print(f"[bold]{view['session_id']}[/bold] {view['status']} (source {view['source']})")
-    table = Table("#", "turn", "type", "status", "prompt tok", "completion tok", "version", "reward", "finish")
+    turns = table("#", "turn", "type", "status", "prompt tok", "completion tok", "version", "reward", "finish")
     for t in view["turns"]:
-        table.add_row(str(t["seq"]), t["turn_id"], t["turn_type"], t["status"], str(len(t["prompt_token_ids"])),
+        turns.add_row(str(t["seq"]), t["turn_id"], t["turn_type"], t["status"], str(len(t["prompt_token_ids"])),
                       str(len(t["completion_token_ids"])), str(t["policy_version"]),
                       "" if t["reward"] is None else f"{t['reward']:g}", t["finish_reason"] or "")
-    console.print(table)
+    console.print(turns)
     from clawbridge.content import loose_text as text_of
     from clawbridge.shapes.recorded import answer_message
 
@@ -151,7 +155,7 @@ def sessions_export(
     if status_ not in (None, "active", "ended") or turn_type not in (None, "main", "side"):
         err.print("--status must be active or ended; --turn-type main or side")
         raise typer.Exit(2)
-    settings = settings_or_exit(config, state_dir=state_dir)
+    settings = resolve(config, state_dir).settings
     store = store_or_exit(settings)
     if format_ == "sessions":
         n = _export_sessions(store, out, status_, _when(since, "--since"), _when(until, "--until"), user)

@@ -8,52 +8,41 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from clawbridge.address import candidate_urls, root_url_for
-from clawbridge.config import Settings
-from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
+from clawbridge.cli.target import Target, admin_key
 
 
-def admin_key(settings: Settings) -> str | None:
-    """The admin key from the settings (environment) or the state dir's key file; None if neither."""
-    if settings.admin_key is not None:
-        return settings.admin_key.get_secret_value()
-    try:
-        return read_key_file(settings.state_path / ADMIN_KEY_FILE)
-    except Exception:
-        return None
-
-
-def gather_status(settings: Settings) -> dict[str, Any]:
-    """Server view when it answers (at the address `up` recorded, else the configured one), else the store's."""
+def gather_status(target: Target) -> dict[str, Any]:
+    """The view of the target's server when one runs on its state dir (`clawbridge.cli.target`),
+    else the view of its store; never one server's answers beside another state dir's store."""
     from clawbridge.store import DB_FILENAME, Store
 
-    configured = root_url_for(settings.host, settings.port)
-    info: dict[str, Any] = {"server": configured, "running": False}
-    key = admin_key(settings)
-    for base in candidate_urls(settings.state_path, configured):
+    settings = target.settings
+    info: dict[str, Any] = {"state_dir": str(target.state_dir), "state_dir_from": target.chosen_by,
+                            "server": None, "running": False}
+    health: dict[str, Any] = {}
+    if target.server is not None:
+        base = target.server.url
         try:
-            h = httpx.get(f"{base}/health", timeout=2.0).json()
+            health = dict(httpx.get(f"{base}/health", timeout=5.0).json())
         except (httpx.HTTPError, ValueError):
-            continue
-        info.update(server=base, running=True, model=h.get("model"), backend=h.get("backend"),
-                    policy_version=h.get("policy_version"))
+            health = {}
+    if health:
+        info.update(server=base, running=True, model=health.get("model"), backend=health.get("backend"),
+                    policy_version=health.get("policy_version"))
+        key = admin_key(settings)
         if key:
             try:
                 r = httpx.get(f"{base}/rl/status", headers={"Authorization": f"Bearer {key}"}, timeout=5.0)
                 if r.status_code == 200:
-                    info["store"] = r.json()["store"]
-                    info["trainer"] = r.json().get("trainer")
-                    info["privacy"] = r.json().get("privacy")
-                    info["engine"] = r.json().get("engine")
-                    info["users"] = r.json().get("users")
-                    info["lanes"] = r.json().get("lanes")
-                    info["promotion"] = r.json().get("promotion")
-                    info["remote_deletions"] = r.json().get("remote_deletions")
-            except (httpx.HTTPError, ValueError):
+                    doc = r.json()
+                    info["store"] = doc["store"]
+                    for part in ("trainer", "privacy", "engine", "users", "lanes", "promotion",
+                                 "remote_deletions"):
+                        info[part] = doc.get(part)
+            except (httpx.HTTPError, ValueError, KeyError):
                 pass
-        break
-    if info["running"] and h.get("status") == "failing":
-        info.setdefault("warnings", []).append(f"the server cannot record turns: {h.get('store')}")
+        if health.get("status") == "failing":
+            info.setdefault("warnings", []).append(f"the server cannot record turns: {health.get('store')}")
     if "store" not in info:
         path = settings.state_path / DB_FILENAME
         if path.exists():
@@ -86,7 +75,7 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
         console.print(f"server: [green]running[/green] at {info['server']} — model {info.get('model')!r}, "
                       f"backend {info.get('backend')}, serving policy v{info.get('policy_version')}")
     else:
-        console.print(f"server: [yellow]not running[/yellow] at {info['server']}")
+        console.print(f"server: [yellow]not running[/yellow] on state dir {info['state_dir']} (the store's view)")
     for warning in info.get("warnings", []):
         console.print(f"[red]warning:[/red] {warning}", highlight=False)
     s = info.get("store")
@@ -97,8 +86,9 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     console.print(f"sessions: {s['sessions']['active']} active, {s['sessions']['ended']} ended")
     console.print(f"turns: {s['turns']['main']} main, {s['turns']['side']} side (last at {last}); "
                   f"tokens: {s['prompt_tokens']} prompt, {s['completion_tokens']} completion")
-    console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; "
-                  f"last trained policy: {s['last_trained_policy_version']}")
+    trained = s["last_trained_policy_version"]
+    console.print(f"rewards: {s['rewards']}; training steps: {s['training_steps']}; last trained policy: "
+                  + ("none yet (no training step has run)" if trained is None else f"v{trained}"))
     print_users(console, info.get("users"), info.get("lanes"))
     print_promotion(console, info.get("promotion"))
     print_trainer(console, info.get("trainer"))
@@ -206,8 +196,11 @@ def print_trainer(console: Console, t: dict[str, Any] | None) -> None:
                       f"({m['datums']} datums), {m['breaks']} prefix breaks; {m['tokens_sent']} tokens sent instead "
                       f"of {m['tokens_unmerged']} (since start-up)", highlight=False)
     for step in t.get("recent_steps", [])[:5]:
-        console.print(f"  step {step['step']} {step['status']} -> policy v{step['policy_version']}: "
-                      f"{_fmt_metrics(step.get('metrics'))}", highlight=False)
+        version = step["policy_version"]
+        made = f" -> policy v{version}" if version is not None else " (no version committed)"
+        metrics = _fmt_metrics(step.get("metrics"))
+        console.print(f"  step {step['step']} {step['status']}{made}" + (f": {metrics}" if metrics else ""),
+                      highlight=False)
     if t.get("last_error"):
         console.print(f"  last error (step {t['last_error']['step']}): {t['last_error']['error']}", highlight=False)
 

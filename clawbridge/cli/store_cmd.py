@@ -6,29 +6,18 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from clawbridge.config import load_settings
+from clawbridge.cli.common import ConfigOpt, StateOpt, console, err
+from clawbridge.cli.target import resolve
 
 app = typer.Typer(help="Check, back up and recover the store (the SQLite file in the state dir).",
                   no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
-
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
 
 
 def _db(state_dir: Path | None, config: Path | None) -> Path:
     from clawbridge.store import DB_FILENAME
 
-    try:
-        settings = load_settings(config, state_dir=state_dir)
-    except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    return settings.state_path / DB_FILENAME
+    return resolve(config, state_dir).settings.state_path / DB_FILENAME
 
 
 @app.command("check")
@@ -56,13 +45,23 @@ def recover(state_dir: StateOpt = None, config: ConfigOpt = None) -> None:
 
     The damaged file is kept beside it as clawbridge.db.damaged-<time>.
     """
+    from clawbridge.instance import StateDirBusy, StateDirLock
     from clawbridge.store.health import recover_store
 
     db = _db(state_dir, config)
     if not db.exists():
         err.print(f"no store at {db}")
         raise typer.Exit(1)
-    report = recover_store(db)
+    lock = StateDirLock(db.parent)  # a running server writes to the file being replaced
+    try:
+        lock.acquire()
+    except StateDirBusy as exc:
+        err.print(f"[red]cannot recover now:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    try:
+        report = recover_store(db)
+    finally:
+        lock.release()
     for table, n in report.rows.items():
         lost = report.lost.get(table, 0)
         console.print(f"  {table}: {n} rows recovered" + (f", {lost} unreadable" if lost else ""), highlight=False, soft_wrap=True)

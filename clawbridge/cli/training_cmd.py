@@ -12,38 +12,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from clawbridge.config import load_settings
+from clawbridge.cli.common import ConfigOpt, StateOpt, console, err, store_or_exit, table
+from clawbridge.cli.target import resolve
 
 checkpoints_app = typer.Typer(help="The trainer's checkpoints (one per committed policy version).",
                               no_args_is_help=True)
-console = Console()
-err = Console(stderr=True)
-
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="State dir (default ~/.clawbridge).")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file (keys = option names).")]
-
-
-def _store(state_dir: Path | None, config: Path | None):  # type: ignore[no-untyped-def]
-    from clawbridge.store import DB_FILENAME, Store
-
-    try:
-        settings = load_settings(config, state_dir=state_dir)
-    except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    path = settings.state_path / DB_FILENAME
-    if not path.exists():
-        err.print(f"no store at {path}; run `clawbridge up` first or pass --state-dir")
-        raise typer.Exit(1)
-    return settings, Store(path)
 
 
 @checkpoints_app.command("list")
@@ -57,7 +34,7 @@ def checkpoints_list(
     The newest is what `clawbridge up` serves; any not pruned is a `clawbridge rollback` target."""
     from clawbridge.store.versions import VersionStore
 
-    _, store = _store(state_dir, config)
+    store = store_or_exit(resolve(config, state_dir).settings)
     rows = VersionStore(store).listing(limit)
     if as_json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
@@ -65,14 +42,14 @@ def checkpoints_list(
     if not rows:
         console.print("no checkpoints yet: the first one is written before the first training step")
         return
-    table = Table("version", "kind", "from", "step", "committed", "checkpoint", "model")
+    listing = table("version", "kind", "from", "step", "committed", "checkpoint", "model")
     for r in rows:
         src = f"v{r.source_version}" if r.source_version is not None else ""
         when = dt.datetime.fromtimestamp(r.committed_at).strftime("%Y-%m-%d %H:%M:%S") if r.committed_at else ""
         model = (r.identity or {}).get("model") or ""
         where = f"pruned ({r.checkpoint})" if r.pruned_at is not None else (r.checkpoint or "")
-        table.add_row(f"v{r.version}", r.kind, src, "" if r.step is None else str(r.step), when, where, str(model))
-    console.print(table)
+        listing.add_row(f"v{r.version}", r.kind, src, "" if r.step is None else str(r.step), when, where, str(model))
+    console.print(listing)
     pruned = sum(r.pruned_at is not None for r in rows)
     if pruned:
         console.print(f"{pruned} pruned: their checkpoints were deleted (keep_checkpoints); "
@@ -96,21 +73,16 @@ def rollback(
     from clawbridge.store.versions import VersionStore
     from clawbridge.trainer.checkpoints import no_checkpoint_message
 
-    try:
-        online = set_serving_online(load_settings(config, state_dir=state_dir), version, "rollback", user)
-    except typer.Exit:
-        raise
-    except Exception as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    if online:
+    target = resolve(config, state_dir)
+    if set_serving_online(target, version, "rollback", user):
         return
-    settings, store = _store(state_dir, config)
-    lock = StateDirLock(settings.state_path)
+    store = store_or_exit(target.settings)
+    lock = StateDirLock(target.state_dir)
     try:
         lock.acquire()
     except StateDirBusy as exc:
-        err.print(f"[red]cannot roll back now:[/red] {exc}")
+        store.close()
+        err.print(f"[red]cannot roll back now:[/red] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     try:
         versions = VersionStore(store, user or "")  # bound to the lane: another lane's version is not found

@@ -328,8 +328,7 @@ def wait_trained(base: str, admin: str, expected_datums: int, timeout_s: float,
         st = _status(base, admin)
         trainer = st.get("trainer") or {}
         judge = st.get("judge") or {}
-        line = (f"policy v{st.get('policy_version')}: {trainer.get('steps')} steps, backlog {trainer.get('backlog')}, "
-                f"judgements {judge.get('judgements')}, scores {judge.get('scores')}")
+        line = progress_line(st)
         if line != last:
             say(line)
             last = line
@@ -348,6 +347,22 @@ def _gate_settled(promotion: dict[str, Any] | None, steps: int) -> bool:
         return True
     decided = sum(1 for d in promotion.get("decisions") or [] if d.get("source") != "admin")
     return not promotion.get("holding") and decided >= min(steps, 20)
+
+
+def _counts(counts: dict[str, Any] | None, empty: str = "none") -> str:
+    """`{'ok': 11, 'failed': 0}` as `11 ok, 0 failed` (in words, not a Python dict)."""
+    return ", ".join(f"{n} {name}" for name, n in (counts or {}).items()) or empty
+
+
+def progress_line(st: dict[str, Any]) -> str:
+    """One line of training progress from `/rl/status`, in words."""
+    trainer = st.get("trainer") or {}
+    judge = st.get("judge") or {}
+    scores = ", ".join(f"{n} scored {float(score):+g}" for score, n in sorted(
+        (judge.get("scores") or {}).items(), key=lambda kv: -float(kv[0])))
+    return (f"policy v{st.get('policy_version')}: training steps {_counts(trainer.get('steps'))}; "
+            f"{trainer.get('backlog', 0)} turn(s) waiting to train; judge verdicts "
+            f"{_counts(judge.get('judgements'))}" + (f" ({scores})" if scores else ""))
 
 
 def _settled(trainer: dict[str, Any], judge: dict[str, Any], expected_datums: int) -> bool:

@@ -3,9 +3,11 @@
 Invariants:
 - A body larger than `max_body_bytes` is refused with 413 before it is fully read; a body not
   fully received within `timeout_s` is 408.
-- Content-Type: a JSON media type (`application/json`, `*/*+json`, any parameters) or none at all
-  (read as JSON, as curl users often omit it); anything else (text/plain, a form) is 415. The
-  OpenAI API refuses those too, so a client that works here works there.
+- Content-Type: a JSON media type (`application/json`, `*/*+json`, any parameters), none at all,
+  or `application/x-www-form-urlencoded` (what `curl -d '{...}'` sends without `-H`): all read as
+  JSON (a body that is not JSON is then 400 as any malformed body). Anything else (text/plain,
+  multipart/form-data, ...) is 415. No route is weakened by reading a form-typed body: every route
+  that changes anything needs a key in a header, which a cross-site form cannot send.
 - A body with more than `max_messages` messages is 400 right after JSON parsing, before
   validation or rendering (which grow with the message count).
 - Messages are parsed once, here, into `clawbridge.messages.ChatMessage`s (the renderer takes
@@ -32,12 +34,16 @@ DEFAULT_MAX_MESSAGES = 4096
 DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
+CURL_DATA_TYPE = "application/x-www-form-urlencoded"
+"""The Content-Type `curl -d` sends when not told another: its bodies are read as JSON."""
+
+
 def check_content_type(value: str | None) -> None:
-    """415 unless `value` is absent or a JSON media type."""
+    """415 unless `value` is absent, a JSON media type or curl's default (see the module invariants)."""
     if value is None or not value.strip():
         return
     media = value.split(";", 1)[0].strip().lower()
-    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+    if media in ("application/json", CURL_DATA_TYPE) or (media.startswith("application/") and media.endswith("+json")):
         return
     raise ApiError(415, f"Content-Type {media!r} is not supported; send the body as JSON with "
                    "'Content-Type: application/json'", code="unsupported_media_type")

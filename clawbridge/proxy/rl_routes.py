@@ -3,6 +3,8 @@
 - POST /rl/start_session {task_id?, api_key?} -> {session_id, api_key}   (admin key, or a user's: the session is theirs)
 - POST /rl/end_session {session_id?} -> {session_id, ended, interaction_count}  (admin, the session's key, its user)
 - POST /rl/set_reward {reward, interaction_id?, session_id?}            (admin, the session's key, its user)
+  (with the admin key or a user's, the session may also be named by the `X-Session-Id` header the
+  model calls named it by, on these and `/rl/set_session_reward`; a body `session_id` that differs is 400)
 - GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own; a
   session key: its own session by id)
 - GET  /rl/status                                                   (admin; per-user counts under `users`,
@@ -43,6 +45,7 @@ from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.ownership import caller, find_session, require, session_target
 from clawbridge.proxy.request import parse_json_object, read_body
+from clawbridge.proxy.sessions import SESSION_HEADER
 from clawbridge.proxy.state import ProxyState
 from clawbridge.sampler import engine_status
 from clawbridge.store import StoreError
@@ -95,6 +98,18 @@ async def _target_session(state: ProxyState, principal: Principal, asked: str | 
     if not asked:
         raise ApiError(400, f"session_id is required with the {principal.kind} key", param="session_id")
     return await find_session(state, principal, asked, resource, action)
+
+
+def _named_session(request: Request, principal: Principal, body_sid: str | None) -> str | None:
+    """The session a call names: the body's `session_id`, else (not with a session key, whose
+    session is its own) the `X-Session-Id` header, as the model calls named the session."""
+    if principal.kind == "session":
+        return body_sid
+    header = (request.headers.get(SESSION_HEADER) or "").strip() or None
+    if body_sid and header and body_sid != header:
+        raise ApiError(400, f"the body's session_id {body_sid!r} and X-Session-Id {header!r} differ; send one",
+                       param="session_id")
+    return body_sid or header
 
 
 def _check_session_key(key: str, state: ProxyState) -> None:
@@ -160,7 +175,8 @@ def build_rl_router(state: ProxyState) -> APIRouter:
     async def end_session(request: Request) -> dict[str, Any]:
         principal = await caller(state, request, "sessions", "end")
         req = _validate(EndSession, await body_of(request), "/rl/end_session")
-        sid = await _target_session(state, principal, req.session_id, "sessions", "end")
+        sid = await _target_session(state, principal, _named_session(request, principal, req.session_id),
+                                    "sessions", "end")
         ended = await state.end_session(sid)
         session = await state.read(state.store.get_session, sid)
         count = session.turn_count if session is not None else 0
@@ -182,12 +198,13 @@ def build_rl_router(state: ProxyState) -> APIRouter:
             if target is None:
                 raise unknown()
             require(principal, "rewards", "write", target, unknown)
-            sid = in_session if req.session_id is None else \
-                await _target_session(state, principal, req.session_id, "rewards", "write")
+            named = _named_session(request, principal, req.session_id)
+            sid = in_session if named is None else await _target_session(state, principal, named, "rewards", "write")
             if sid != in_session:
                 raise ApiError(400, f"interaction {turn_id!r} is not in session {sid!r}")
         else:
-            sid = await _target_session(state, principal, req.session_id, "rewards", "write")
+            sid = await _target_session(state, principal, _named_session(request, principal, req.session_id),
+                                        "rewards", "write")
             turn_id = await state.read(state.store.last_turn_id, sid)
             if turn_id is None:
                 raise ApiError(400, f"session {sid!r} has no answered turn to reward yet")
@@ -204,7 +221,8 @@ def build_rl_router(state: ProxyState) -> APIRouter:
         req = _validate(SetReward, await body_of(request))
         if not math.isfinite(req.reward):
             raise ApiError(422, "reward must be a finite number", param="reward")
-        sid = await _target_session(state, principal, req.session_id, "rewards", "write")
+        sid = await _target_session(state, principal, _named_session(request, principal, req.session_id),
+                                    "rewards", "write")
         try:
             reward_id = await state.writer.call(state.store.add_reward, sid, req.reward, "api", None)
         except StoreError as exc:

@@ -5,10 +5,15 @@ Invariants:
   the local cache (`local_files_only=True`); a local folder always works.
 - `device="auto"` is cuda when available, else cpu; `dtype="auto"` is bfloat16 on cuda and float32
   on cpu. The loaded model is in eval mode on the resolved device.
+- Progress bars (ours and transformers') are drawn only when stderr is a terminal: a server
+  started with its output in a log file gets no bar frames in it (`bars_on_terminal_only`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -43,6 +48,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}") from None
 
 
+@contextlib.contextmanager
+def bars_on_terminal_only() -> Iterator[None]:
+    """transformers' own progress bars (weight loading) off while stderr is not a terminal."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_causal_lm(
     model: str,
     device: torch.device,
@@ -57,7 +77,8 @@ def load_causal_lm(
     if not model:
         raise ValueError("no model given: set --model to a local folder or a cached Hugging Face id")
     source, is_dir = resolve_source(model)
-    with tqdm(total=3, desc=f"loading {model}", unit="stage", disable=not progress) as bar:
+    with bars_on_terminal_only(), tqdm(total=3, desc=f"loading {model}", unit="stage",
+                                       disable=None if progress else True) as bar:  # None: not on a non-TTY
         bar.set_postfix_str("config")
         try:
             AutoConfig.from_pretrained(source, local_files_only=local_files_only)
