@@ -195,8 +195,21 @@ def capability(proxy: Proxy, version: int | None) -> float:
     return hits / len(FACTS)
 
 
-def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: PersonaResult, judged: Callable[[], int],
-         say: Say) -> None:
+def session_judged(state_dir: Path, session_id: str) -> bool:
+    """Whether the judge has finished `session_id` (read-only look at the store)."""
+    db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True, timeout=30)
+    try:
+        row = db.execute("SELECT COUNT(*) FROM judgements WHERE session_id IN (?, ?) AND status IN ('done', 'failed')",
+                         (session_id, session_id.split(":", 1)[-1])).fetchone()
+        return bool(row and row[0])
+    except sqlite3.Error:
+        return False
+    finally:
+        db.close()
+
+
+def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: PersonaResult,
+         judged: Callable[[str], bool], say: Say) -> None:
     """One person's sessions, one at a time (module rules)."""
     client = proxy.openai(key)
     rng = random.Random(f"{persona.key}:{cfg.seed}")
@@ -213,9 +226,9 @@ def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: Pers
         result.sessions.append(SessionLog(persona.key, i, q["content"], answer, met, version))
         say(f"{persona.key} session {i + 1}/{cfg.sessions} (v{version}): {'met' if met else 'missed'}: "
             f"{answer[:70]!r} -> {reply!r}")
-        before = judged()
+        stored = sid if key == proxy.client else f"{persona.key}:{sid}"  # a user's ids are in her namespace
         deadline = time.monotonic() + cfg.judge_wait_s
-        while judged() <= before and time.monotonic() < deadline:  # the judge reads it before the next one
+        while not judged(stored) and time.monotonic() < deadline:  # the judge reads it before the next one
             time.sleep(0.5)
 
 
@@ -265,14 +278,8 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
         result.personas[p.key].before_rate = preference_rate(proxy, keys[p.key], p, cfg, notes=False)
         say(f"before: {p.key} preference {result.personas[p.key].before_rate:.2f}")
     say(f"before: capability {result.capability_before:.2f}")
-    lock = threading.Lock()
-    counted = {"n": 0}
-
-    def judged() -> int:
-        with lock:
-            judge = proxy.status().get("judge") or {}
-            counted["n"] = sum(int(v) for k, v in (judge.get("judgements") or {}).items() if k in ("done", "failed"))
-            return counted["n"]
+    def judged(session_id: str) -> bool:
+        return session_judged(state_dir, session_id)
 
     threads = [threading.Thread(target=talk, args=(proxy, p, keys[p.key], cfg, result.personas[p.key], judged, say))
                for p in personas]
