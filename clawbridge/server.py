@@ -182,8 +182,6 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         state.promotion = build_promoter(settings, state.store, state.router, renderer,
                                          state.judge.judge if state.judge is not None else None)
         await state.promotion.recover()
-        if state.trainer is not None:  # a server that trains has candidates to compare with what serves
-            await state.promotion.baseline_at_start()
     except BaseException:
         store.close()
         await backend.close()

@@ -313,7 +313,7 @@ def test_held_out_items_are_scored_by_how_the_likelihood_moved_toward_the_verdic
         def __init__(self, samplers: dict[int, FakeSampler]) -> None:
             self.samplers = samplers
 
-        async def sampler_for(self, version: int) -> FakeSampler:
+        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> FakeSampler:
             return self.samplers[version]
 
     items = tuple(EvalItem("held_out", f"t{i}", prompt_ids=(1 if i % 2 == 0 else 2, 5, 6), completion_ids=(7, 8, 9),

@@ -52,7 +52,7 @@ def probe_line(probe: dict[str, Any]) -> str:
     """"Still good?" in one line: the capability probe of the serving version against the anchor."""
     serving, anchor = probe.get("serving"), probe.get("anchor")
     if serving is None:
-        return f"capability probe ({probe['items']} facts): the serving version is not evaluated yet"
+        return f"capability probe ({probe['items']} facts): the serving version is being evaluated"
     line = f"capability probe: serving v{serving['version']} answers {serving['passed']} of {serving['items']} facts"
     if anchor is not None:
         diff = serving["passed"] - anchor["passed"]

@@ -72,8 +72,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clawbridge.promotion")
 
-BASELINE_AT_START_S = 300.0
-"""The longest `up` waits at start-up for the serving version's probe figures (then: background)."""
 NOISY_TOLERANCE = 0.05
 """Default tolerance for rubric sets, held-out sessions and canary rewards."""
 
@@ -276,21 +274,10 @@ class Promoter:
                     d.version, self.serving, d.reason)
         return Settled(resume_from=self.serving)
 
-    async def baseline_at_start(self, timeout_s: float = BASELINE_AT_START_S) -> None:
-        """Before any traffic, while the engine is idle (a server that trains): the serving version's
-        figures on the fixed sets (the probe), so no candidate waits for them behind a busy engine,
-        and a model that knows no probe fact never evaluates a candidate on it (`_check`). What is
-        not done in `timeout_s` goes on in the background (`start_baseline`)."""
-        if self.mode == "off":
-            return
-        try:
-            await asyncio.wait_for(self._baseline(attempts=1), timeout_s)
-        except TimeoutError:
-            log.warning("promotion: the serving v%d's capability probe took over %.0f s at start-up; it goes on in "
-                        "the background", self.serving, timeout_s)
-
     def start_baseline(self) -> None:
-        """Evaluate the serving version on the fixed sets in the background, from start-up (`_baseline`)."""
+        """Evaluate the serving version on the fixed sets in the background, from start-up, while
+        the engine is usually still idle (`_baseline`): `up` never waits for it, and the first
+        decision on the probe waits for it instead of evaluating the same version again."""
         if self.mode != "off" and self._baseline_task is None:
             self._baseline_task = asyncio.get_running_loop().create_task(self._baseline(), name="promotion-baseline")
 
@@ -371,6 +358,9 @@ class Promoter:
         if es is self.probe:
             anchor_version = await self._read(self.pstore.anchor_version)
             anchor_version = self.serving if anchor_version is None else anchor_version
+            task = self._baseline_task
+            if task is not None and not task.done():  # the start-up evaluation is on it: wait, never twice
+                await asyncio.shield(task)
             known = await self._read(self.pstore.cached_eval, anchor_version, es.digest)
             if known is not None and float(known["score"]) <= tol:
                 return Check(es.source, True, f"anchor v{anchor_version} answers {known['passed']} of {known['items']} "

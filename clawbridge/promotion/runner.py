@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from clawbridge.versions import VersionRouter
 
 OVERLOAD_RETRIES = 20
+EVAL_CONCURRENCY = 8
+"""Items sampled at once: the engine batches them (40 probe items are 5 rounds), and the agent's
+calls still find room (they wait, never refused)."""
 
 HELD_OUT_SCALE = 4.0
 """Per nat of mean per-token margin: a quarter nat per token toward the verdict scores 0.73."""
@@ -149,7 +152,7 @@ class Evaluator:
     """Greedy answers of a version to each item, scored (module invariants)."""
 
     def __init__(self, router: VersionRouter, renderer: ChatFormat, judge: JudgeModel | None = None,
-                 max_tokens: int = 256, concurrency: int = 4, votes: VoteConfig | None = None) -> None:
+                 max_tokens: int = 256, concurrency: int = EVAL_CONCURRENCY, votes: VoteConfig | None = None) -> None:
         self.router = router
         self.renderer = renderer
         self.judge = judge
