@@ -290,11 +290,22 @@ def doctor(
     backend: Annotated[str | None, typer.Option(help="Check this backend (default: the configured one).")] = None,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
+    learning: Annotated[bool, typer.Option("--learning", help="Instead: is the running server learning, and if "
+                                           "not, why (sessions not ending, no rewards, zero advantage, the judge, "
+                                           "drops, failed steps, the gate), each with its figure and what to "
+                                           "change; exit 1 when something blocks it.")] = False,
 ) -> None:
     """Check keys, packages, state dir and the backend's reachability; say how to fix what is wrong."""
     from clawbridge.cli.doctor import run_doctor
 
     settings = settings_or_exit(config, state_dir=state_dir)
+    if learning:
+        from clawbridge.cli.learning import learning_report
+
+        lines, stuck = learning_report(settings)
+        for line in lines:
+            console.print(escape(line), highlight=False, soft_wrap=True)
+        raise typer.Exit(1 if stuck else 0)
     checks = run_doctor(settings, backend)
     for ok, line in checks:
         console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + escape(line), highlight=False, soft_wrap=True)
