@@ -136,3 +136,12 @@ def test_no_server_and_no_store_say_so(tmp_path: Path) -> None:
     out = cli("doctor", "--learning", "--state-dir", str(tmp_path / "none"), check=False)
     assert out.returncode == 1
     assert f"learning is blocked: no store at {tmp_path / 'none' / 'clawbridge.db'} yet" in " ".join(out.stdout.split())
+
+
+def test_without_a_judge_there_are_no_notes_to_show(proxy: ProxyProcess) -> None:
+    """Notes come from a judge's hints: `clawbridge notes` says they are off, status says nothing of them."""
+    out = cli("notes", "--state-dir", str(proxy.state_dir), check=False)
+    assert out.returncode == 1 and "notes are off" in out.stderr
+    status = cli("status", "--state-dir", str(proxy.state_dir)).stdout
+    assert "server: running" in status
+    assert "learning from talk" not in status and "still good?" not in status  # promotion off: no probe either

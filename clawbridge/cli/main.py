@@ -435,12 +435,14 @@ def config_show(
 
 def _mount_optional() -> None:
     """Sub-commands that live in their own modules."""
+    from clawbridge.cli.notes_cmd import app as notes_app
     from clawbridge.cli.sessions_cmd import app as sessions_app
     from clawbridge.cli.store_cmd import app as store_app
     from clawbridge.cli.users_cmd import app as users_app
 
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(users_app, name="users")
+    app.add_typer(notes_app, name="notes")
 
     app.add_typer(store_app, name="store")
     try:
