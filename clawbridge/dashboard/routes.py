@@ -7,6 +7,7 @@
 - POST /dashboard/api/sessions/{id}/reward {reward, turn_id?}, /dashboard/api/sessions/{id}/end
 - POST /dashboard/api/promotion/promote {version}, /dashboard/api/promotion/rollback {version},
   /dashboard/api/promotion/resume {} (ends a rollback's hold)
+- POST /dashboard/api/notes/{note_id}/delete   (a note from talk, any user's: gone from the store and the next call)
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
@@ -225,6 +226,18 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         out = await set_serving(state, version, action)
         log.info("v%d served from the dashboard (%s)", version, action)
         return _json(out)
+
+    @router.post("/dashboard/api/notes/{note_id}/delete")
+    async def delete_note(request: Request, note_id: int) -> JSONResponse:
+        auth.require_write(request)
+        book = state.notes
+        if book is None:
+            raise ApiError(404, "notes are off: they come from a judge's hints (set judge, and notes = true)",
+                           code="notes_off")
+        if not await state.writer.call(book.delete, note_id, None):
+            raise ApiError(404, f"no note {note_id}", code="note_not_found", param="note_id")
+        log.info("note %d deleted from the dashboard", note_id)
+        return _json({"note_id": note_id, "deleted": True})
 
     # ------------------------------------------------------------------ metrics
     metrics_key = state.settings.metrics_key.get_secret_value() if state.settings.metrics_key else None
