@@ -105,6 +105,15 @@ def test_notes_from_talk_listed_added_deleted_and_shown_in_status(proxy: ProxyPr
     assert [n["note_id"] for n in json.loads(run(proxy, "notes", "--json").stdout)["notes"]] != [note_id]
     again = run(proxy, "notes", "delete", str(note_id), check=False)
     assert again.returncode == 1 and f"no note {note_id}" in again.stderr
+    # an id no SQLite row can have is "no such note" too, on the API, the CLI and the dashboard (not a 500)
+    huge = str(2**64)
+    assert "no note" in run(proxy, "notes", "delete", huge, check=False).stderr
+    headers = {"Authorization": f"Bearer {proxy.admin_key}"}
+    for path in (f"/rl/notes/{huge}", f"/rl/notes/-{huge}"):
+        r = httpx.delete(proxy.base + path, headers=headers)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "note_not_found", r.text
+    r = httpx.post(f"{proxy.base}/dashboard/api/notes/{huge}/delete", headers=headers)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "note_not_found", r.text
     cleared = run(proxy, "notes", "clear", "--user", "alice", "--yes").stdout
     assert "deleted 1 note(s) of alice" in cleared
     assert json.loads(run(proxy, "notes", "--json").stdout)["notes"] == []
