@@ -1,8 +1,9 @@
 """What `clawbridge doctor --learning` reads from the store: the figures behind "is it learning?".
 
 Invariants:
-- Read-only: the file is opened with `mode=ro` (never migrated, never written, no lock taken), so
-  it may be read while a server runs on it, and reading it changes nothing a server decides.
+- Read-only: the file is opened with `mode=ro` (never migrated, never written, no lock taken; SQLite
+  may create its empty -wal/-shm files beside it, with the store's mode), so it may be read while
+  a server runs on it, and reading it changes nothing a server decides.
 - "Recent" is the newest `RECENT` rows of each kind (samples that left the queue, judgements,
   votes, rewards, task groups): what holds NOW, not what held once and was mended since.
 """
