@@ -290,7 +290,7 @@ class Settings(BaseSettings):
         True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
         "the user's next calls carry (appended to the last user message) while training teaches it to the weights "
         "(noted turns train on the prompt without the note); notes retire once sessions served without them are "
-        "accepted. List and delete them with `clawbridge notes` (docs/training.md).",
+        "accepted. List and delete them with `clawbridge notes` (docs/rewards.md).",
     )
     notes_max: int = Field(3, ge=1, le=20, description="Active notes kept per user (the oldest retires).")
     notes_check_share: float = Field(

@@ -84,3 +84,35 @@ def start_trained_proxy(model_dir: Path, state_dir: Path, **settings: Any) -> Tr
     except BaseException:
         proxy.stop()
         raise
+
+
+LONG_NOTE = ("Always cite the file you changed, e.g. ~/projects/clawbridge/clawbridge/dashboard/static/dashboard.js, "
+             "and keep answers under thirty words.")
+"""A note by hand with a long path in it: a cell that must wrap between words, never inside one."""
+CORRECTION = "You didn't use my name. Please call me Sam."
+
+
+def start_talking_proxy(model_dir: Path, state_dir: Path, judge_url: str) -> TrainedProxy:
+    """`start_trained_proxy` with a judge (the rule-based endpoint at `judge_url`), so notes from
+    talk are on; then one session corrected by the user (the judge's hint becomes a note of the
+    shared key) and a note written by hand for user alice (`LONG_NOTE`)."""
+    t = start_trained_proxy(model_dir, state_dir, judge="endpoint", judge_base_url=judge_url,
+                            judge_model="rule-based", judge_votes=1, judge_poll_interval_s=0.05)
+    try:
+        admin = {"Authorization": f"Bearer {t.admin}"}
+        client = openai.OpenAI(base_url=t.base + "/v1", api_key=t.client_key, max_retries=0)
+        question = {"role": "user", "content": "How do I make tea?"}
+        first = client.chat.completions.create(model="tiny", messages=[question],
+                                               extra_headers={"X-Session-Id": "talk-0"})
+        client.chat.completions.create(
+            model="tiny", extra_headers={"X-Session-Id": "talk-0", "X-Session-Done": "true"},
+            messages=[question, {"role": "assistant", "content": first.choices[0].message.content or ""},
+                      {"role": "user", "content": CORRECTION}])
+        wait_for(lambda: httpx.get(t.base + "/rl/notes", headers=admin).json()["notes"], 60, "the note from talk")
+        assert httpx.post(t.base + "/rl/users", json={"user": "alice"}, headers=admin).status_code == 200
+        r = httpx.post(t.base + "/rl/notes", json={"text": LONG_NOTE, "user": "alice"}, headers=admin)
+        assert r.status_code == 200, r.text
+        return t
+    except BaseException:
+        t.proxy.stop()
+        raise

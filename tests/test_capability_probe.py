@@ -21,7 +21,7 @@ from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings, load_settings
 from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
-from clawbridge.promotion.describe import promotion_lines
+from clawbridge.promotion.describe import promotion_lines, still_good_line
 from clawbridge.promotion.promoter import Promoter, promotion_line
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.sampler import FakeSampler
@@ -95,6 +95,27 @@ def test_probe_mode_rejects_a_candidate_that_lost_facts_and_keeps_one_within_the
     lines = promotion_lines(status)
     assert lines[0].startswith(f"promotion: probe on {PROBE_SOURCE}")
     assert f"capability probe: serving v3 answers 30 of {PROBE_ITEMS} facts (anchor v0: 30; +0)" in lines[1]
+    store.close()
+
+
+def test_still_good_says_in_words_how_the_serving_version_does_against_the_base(tmp_path: Path) -> None:
+    fake = FakeEvaluator({0: 30, 1: 29, 2: 28, 3: 31})
+    promoter, store = _promoter(tmp_path, Settings(), fake)
+    assert still_good_line(promoter.status()) == ("still good? not measured yet: the capability probe (40 facts) has "
+                                                  "not run on the serving v0; it runs when a trained version is gated")
+    assert _decide(promoter, 1).verdict == "promoted"
+    assert still_good_line(promoter.status()) == ("still good? yes, within the slack: serving v1 answers 29 of 40 probe "
+                                                  "facts, the base v0 30 (-1; a version may lose 1 fact(s))")
+    assert _decide(promoter, 2).verdict == "rejected"  # two fewer than the base: it never serves
+    assert _decide(promoter, 3).verdict == "promoted"
+    status = promoter.status()
+    assert still_good_line(status) == ("still good? yes: serving v3 answers 31 of 40 probe facts, the base v0 30 (+1; "
+                                       "a version may lose 1 fact(s))")
+    # a version past the slack serves only when someone chose it (promotion off, or `clawbridge promote`)
+    status["capability_probe"]["serving"] = {**status["capability_probe"]["serving"], "version": 2, "passed": 28}
+    assert still_good_line(status) == ("still good? no: serving v2 answers 28 of 40 probe facts, the base v0 30 (-2, "
+                                       "past the 1-fact slack: `clawbridge rollback N` serves an earlier version again)")
+    assert still_good_line(promoter.status() | {"capability_probe": None}) is None  # probe off: nothing to say
     store.close()
 
 

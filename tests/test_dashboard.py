@@ -123,6 +123,8 @@ def test_writes_need_the_csrf_token_and_reach_the_store(trained: TrainedProxy) -
     assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
     r = c.post(url, json={"reward": 0.25, "turn_id": turn_id}, headers={"X-CSRF-Token": csrf + "x"})
     assert r.status_code == 403
+    r = c.post("/dashboard/api/notes/1/delete", json={})  # deleting a note is a write like any other
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
     store = trained.proxy.state.store
     assert all(rw.source != "dashboard" for rw in store.session_rewards("dash-0"))
     r = c.post(url, json={"reward": 0.25, "turn_id": turn_id}, headers={"X-CSRF-Token": csrf})
@@ -147,6 +149,8 @@ def test_writes_need_the_csrf_token_and_reach_the_store(trained: TrainedProxy) -
         ("/dashboard/api/sessions/dash-0/reward", b"[1, 2]", 400),
         ("/dashboard/api/sessions/nope/reward", b'{"reward": 1}', 404),
         ("/dashboard/api/sessions/nope/end", b"{}", 404),
+        ("/dashboard/api/notes/1/delete", b"{}", 404),  # no judge here: notes are off
+        ("/dashboard/api/notes/not-a-number/delete", b"{}", 422),
     ],
 )
 def test_bad_writes_get_a_clear_4xx(trained: TrainedProxy, path: str, body: bytes, status: int) -> None:

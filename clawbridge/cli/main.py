@@ -312,12 +312,24 @@ def doctor(
     tokenizer: Annotated[str | None, typer.Option(help="The tokenizer, as `up --tokenizer` takes it.")] = None,
     state_dir: StateOpt = None,
     config: ConfigOpt = None,
+    learning: Annotated[bool, typer.Option("--learning", help="Instead: is the running server learning, and if "
+                                           "not, why (sessions not ending, no rewards, zero advantage, the judge, "
+                                           "drops, failed steps, the gate), each with its figure and what to "
+                                           "change; exit 1 when something blocks it.")] = False,
 ) -> None:
     """Check keys, packages, the state dir and its store, and the backend's reachability; say how to
     fix what is wrong."""
     from clawbridge.cli.doctor import run_doctor
 
-    settings = resolve(config, state_dir, model=model, tokenizer=tokenizer).settings
+    target = resolve(config, state_dir, model=model, tokenizer=tokenizer)
+    settings = target.settings
+    if learning:
+        from clawbridge.cli.learning import learning_report
+
+        lines, stuck = learning_report(target)
+        for line in lines:
+            console.print(escape(line), highlight=False, soft_wrap=True)
+        raise typer.Exit(1 if stuck else 0)
     checks = run_doctor(settings, backend)
     for ok, line in checks:
         console.print(("[green]ok[/green]   " if ok else "[red]FAIL[/red] ") + escape(line), highlight=False, soft_wrap=True)
@@ -452,12 +464,14 @@ def config_show(
 
 def _mount_optional() -> None:
     """Sub-commands that live in their own modules."""
+    from clawbridge.cli.notes_cmd import app as notes_app
     from clawbridge.cli.sessions_cmd import app as sessions_app
     from clawbridge.cli.store_cmd import app as store_app
     from clawbridge.cli.users_cmd import app as users_app
 
     app.add_typer(sessions_app, name="sessions")
     app.add_typer(users_app, name="users")
+    app.add_typer(notes_app, name="notes")
 
     app.add_typer(store_app, name="store")
     try:

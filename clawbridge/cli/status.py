@@ -9,6 +9,7 @@ import httpx
 from rich.console import Console
 
 from clawbridge.cli.target import Target, admin_key
+from clawbridge.config import Settings
 
 
 def gather_status(target: Target) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def gather_status(target: Target) -> dict[str, Any]:
                     doc = r.json()
                     info["store"] = doc["store"]
                     for part in ("trainer", "privacy", "engine", "users", "lanes", "promotion",
-                                 "remote_deletions"):
+                                 "remote_deletions", "notes"):
                         info[part] = doc.get(part)
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
@@ -58,6 +59,7 @@ def gather_status(target: Target) -> dict[str, Any]:
                 info["trainer"] = {**ts.training_stats(),
                                    "waiting": ts.waiting(settings.reward_wait_s, settings.batch_size)}
                 info["promotion"] = stored_promotion(store)
+                info["notes"] = stored_notes(settings, store)
                 info["remote_deletions"] = OwedDeletionStore(store).status()
             finally:
                 store.close()
@@ -91,6 +93,7 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
                   + ("none yet (no training step has run)" if trained is None else f"v{trained}"))
     print_users(console, info.get("users"), info.get("lanes"))
     print_promotion(console, info.get("promotion"))
+    print_talk(console, info.get("notes"), info.get("promotion"))
     print_trainer(console, info.get("trainer"))
     for line in owed_lines(info.get("remote_deletions")):
         console.print(line, highlight=False, soft_wrap=True)
@@ -112,6 +115,26 @@ def stored_promotion(store: Any) -> dict[str, Any] | None:
             "candidate_version": state.candidate_version, "holding": None, "eval_set": None, "tolerance": None,
             "held_version": state.held_version, "held_since": state.held_since,
             "decisions": [d.as_dict() for d in ps.decisions(20)], "rejected_samples": ps.rejected_samples()}
+
+
+def stored_notes(settings: Settings, store: Any) -> list[dict[str, Any]] | None:
+    """Every note as the store has them (no server running); None when notes are off."""
+    from clawbridge.rewards.notes import NoteBook
+
+    return NoteBook(store).status() if settings.notes else None
+
+
+def print_talk(console: Console, notes: list[dict[str, Any]] | None, promotion: dict[str, Any] | None) -> None:
+    """"Is it learning what I asked, and is it still good?": the notes from talk, grouped by user,
+    and the capability probe of the serving version against the base (nothing when neither)."""
+    from clawbridge.promotion.describe import still_good_line
+    from clawbridge.rewards.notes_describe import notes_lines
+
+    for line in notes_lines(notes):
+        console.print(line, highlight=False, soft_wrap=True)
+    good = still_good_line(promotion)
+    if good is not None:
+        console.print(good, highlight=False, soft_wrap=True)
 
 
 def print_promotion(console: Console, p: dict[str, Any] | None) -> None:

@@ -121,14 +121,26 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
         "versions": versions,
         "checkpoints": checkpoints(state),
         "promotion": promotion(state),
+        "notes": notes(state),
         "config": config,
     }
 
 
+def notes(state: ProxyState) -> list[dict[str, Any]] | None:
+    """Every note from talk with its columns in words (`clawbridge.rewards.notes_describe`, as
+    `clawbridge notes` prints them); None when notes are off (no judge, or notes = false)."""
+    from clawbridge.rewards.notes_describe import described
+
+    if state.notes is None:
+        return None
+    return [{"note_id": n["note_id"], "status": n["status"], "words": described(n)} for n in state.notes.status()]
+
+
 def promotion(state: ProxyState) -> dict[str, Any] | None:
-    """The `/rl/status` promotion object, the same in words (`clawbridge status`'s lines), and each
-    evaluated version's figures (newest evaluations first), as `clawbridge eval` prints them."""
-    from clawbridge.promotion.describe import promotion_lines
+    """The `/rl/status` promotion object, the same in words (`clawbridge status`'s lines and its
+    "still good?" line), and each evaluated version's figures (newest evaluations first), as
+    `clawbridge eval` prints them."""
+    from clawbridge.promotion.describe import promotion_lines, still_good_line
     from clawbridge.store.promotion import PromotionStore
 
     if state.promotion is None:
@@ -137,7 +149,7 @@ def promotion(state: ProxyState) -> dict[str, Any] | None:
     evals = [{"version": v, "digest": d, **{k: f.get(k) for k in (
         "source", "items", "passed", "pass_rate", "ci_low", "ci_high", "score", "mean_judge_score",
         "mean_answer_tokens", "seconds")}} for v, d, f in PromotionStore(state.store).evals(40)]
-    return {**status, "lines": promotion_lines(status), "evals": evals}
+    return {**status, "lines": promotion_lines(status), "still_good": still_good_line(status), "evals": evals}
 
 
 def checkpoints(state: ProxyState, limit: int = 20) -> dict[str, Any]:

@@ -8,6 +8,7 @@
 - POST /dashboard/api/promotion/promote {version, user?}, /dashboard/api/promotion/rollback {version, user?}
   (`clawbridge.proxy.promotion_routes.set_serving`: a user's version only in the lane named),
   /dashboard/api/promotion/resume {} (ends a rollback's hold)
+- POST /dashboard/api/notes/{note_id}/delete   (a note from talk, any user's: gone from the store and the next call)
 - GET  /metrics                                 Prometheus text (admin key, metrics key, or login)
 
 Invariants: no data leaves without a login or the admin key (`DashboardAuth`); pages and API
@@ -224,6 +225,18 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         out = await set_serving(state, OPERATOR, req, action)  # a login is the admin's (DashboardAuth)
         log.info("v%d served from the dashboard (%s%s)", req.version, action, f", user {req.user}" if req.user else "")
         return _json(out)
+
+    @router.post("/dashboard/api/notes/{note_id}/delete")
+    async def delete_note(request: Request, note_id: int) -> JSONResponse:
+        auth.require_write(request)
+        book = state.notes
+        if book is None:
+            raise ApiError(404, "notes are off: they come from a judge's hints (set judge, and notes = true)",
+                           code="notes_off")
+        if not await state.writer.call(book.delete, note_id, None):
+            raise ApiError(404, f"no note {note_id}", code="note_not_found", param="note_id")
+        log.info("note %d deleted from the dashboard", note_id)
+        return _json({"note_id": note_id, "deleted": True})
 
     # ------------------------------------------------------------------ metrics
     metrics_key = state.settings.metrics_key.get_secret_value() if state.settings.metrics_key else None

@@ -60,3 +60,39 @@ def probe_line(probe: dict[str, Any]) -> str:
     if serving.get("failed"):
         line += f"; misses {', '.join(serving['failed'][:5])}"
     return line
+
+
+def still_good_line(p: dict[str, Any] | None) -> str | None:
+    """"Still good?" in words: the capability probe of the serving version against the base (and
+    the gate's anchor, when that is another version), from `/rl/status`' `promotion` object; None
+    when the probe is off."""
+    probe = (p or {}).get("capability_probe")
+    if not probe:
+        return None
+    assert p is not None
+    serving, base, anchor = probe.get("serving"), probe.get("base"), probe.get("anchor")
+    slack = int(probe.get("slack_items") or 0)
+    items = probe["items"]
+    if serving is None:
+        if base is not None and base["passed"] == 0:
+            return (f"still good? nothing to lose: the base v0 answers none of the {items} probe facts, so trained "
+                    "versions are not probed (a model that knows no fact cannot lose one)")
+        return (f"still good? not measured yet: the capability probe ({items} facts) has not run on the serving "
+                f"v{p.get('serving_version')}; it runs when a trained version is gated")
+    facts = f"{serving['passed']} of {serving['items']} probe facts"
+    if serving["version"] == 0:
+        return f"still good? the base (v0) serves: {facts}; no trained version serves yet"
+    if base is None:
+        return f"still good? serving v{serving['version']} answers {facts}; the base was not probed"
+    diff = serving["passed"] - base["passed"]
+    if diff >= -slack:
+        verdict = "yes" if diff >= 0 else "yes, within the slack"
+        tail = f" ({diff:+d}; a version may lose {slack} fact(s))"
+    else:
+        verdict = "no"
+        tail = (f" ({diff:+d}, past the {slack}-fact slack: `clawbridge rollback N` serves an earlier version "
+                "again)")
+    line = f"still good? {verdict}: serving v{serving['version']} answers {facts}, the base v0 {base['passed']}{tail}"
+    if anchor is not None and anchor["version"] != 0:
+        line += f"; the gate's anchor v{anchor['version']}: {anchor['passed']}"
+    return line

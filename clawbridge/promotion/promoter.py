@@ -553,9 +553,9 @@ class Promoter:
         }
 
     def _probe_status(self) -> dict[str, Any] | None:
-        """The capability probe's figures for status: the serving version's and the anchor's (the
-        base until an admin chooses another) from the cache, so a person sees "still good?" at a
-        glance. None when the probe is off."""
+        """The capability probe's figures for status: the serving version's, the anchor's (the
+        base until an admin chooses another) and the base's, from the cache, so a person sees
+        "still good?" at a glance (`describe.still_good_line`). None when the probe is off."""
         if self.probe is None:
             return None
         anchor = self._anchor_version()
@@ -569,7 +569,8 @@ class Promoter:
 
         return {"items": len(self.probe.items), "slack_items": self.settings.capability_probe_slack,
                 "floor": self.mode != "probe", "serving": score(self.serving),
-                "anchor": score(anchor) if anchor != self.serving else None}
+                "anchor": score(anchor) if anchor != self.serving else None,
+                "base": score(0)}  # the shared lane's base is version 0 (`VersionStore.commit_base`)
 
     def _anchor_version(self) -> int:
         """The drift guard's anchor (`_anchor`): the serving version before any decision."""

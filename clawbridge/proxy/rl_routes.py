@@ -8,7 +8,8 @@
 - GET  /rl/sessions?limit&offset&status, GET /rl/sessions/{id}     (admin: all; a user: their own; a
   session key: its own session by id)
 - GET  /rl/status                                                   (admin; per-user counts under `users`,
-  what serves and the promotion decisions under `promotion`: clawbridge.proxy.promotion_routes)
+  what serves and the promotion decisions under `promotion`: clawbridge.proxy.promotion_routes;
+  every user's notes from talk and how their sessions met each under `notes`, None when notes are off)
 
 Who may call which route on which session is `clawbridge.access`'s table, asked through
 `clawbridge.proxy.ownership`: a user's key reaches only that user's sessions (another user's
@@ -262,6 +263,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,
                 "promotion": await state.read(state.promotion.status) if state.promotion is not None else None,
+                "notes": await state.read(state.notes.status) if state.notes is not None else None,
                 "remote_deletions": await state.read(OwedDeletionStore(state.store).status),
                 "engine": engine_status(state.backend.sampler())}
 

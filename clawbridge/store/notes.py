@@ -24,6 +24,8 @@ from clawbridge.store.store import Store
 NoteStatus = Literal["active", "retired"]
 MAX_NOTE_CHARS = 300
 """A note longer than this is cut (it rides along with every call of its user)."""
+SQLITE_INT = range(-(2**63), 2**63)
+"""The ids a row can have: any other id (`/rl/notes/18446744073709551616`) is no note, not an error."""
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,16 @@ class NoteStore:
         return [_row(r) for r in rows]
 
     def get(self, note_id: int) -> Note | None:
+        if note_id not in SQLITE_INT:
+            return None
         with self.store.read() as c:
             r = c.execute("SELECT * FROM notes WHERE note_id=?", (note_id,)).fetchone()
         return None if r is None else _row(r)
 
     def delete(self, note_id: int, user: str | None = None) -> bool:
         """Delete note `note_id` (only if it is `user`'s, when a user is named); whether it existed."""
+        if note_id not in SQLITE_INT:
+            return False
         with self.store.write() as c:
             if user is None:
                 n = c.execute("DELETE FROM notes WHERE note_id=?", (note_id,)).rowcount

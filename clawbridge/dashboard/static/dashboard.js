@@ -32,9 +32,29 @@ function age(seconds) {
   if (seconds < 86400) return `${(seconds / 3600).toFixed(1)} h`;
   return `${(seconds / 86400).toFixed(1)} d`;
 }
+// Text with a line-break chance (<wbr>) inside a long word (12+ characters: a path, an option name)
+// after . _ / , : = or - where a letter, / or ~ follows, so it wraps there and never inside a word or
+// a number (the CSS forbids every other break inside a word).
+function breakable(text) {
+  const frag = document.createDocumentFragment();
+  for (const word of String(text).split(/(\s+)/)) {
+    word.split(word.length < 12 ? /(?!)/ : /(?<=[._\/,:=-])(?=[A-Za-z\/~])/).forEach((part, i) => {
+      if (i) frag.appendChild(document.createElement("wbr"));
+      frag.appendChild(document.createTextNode(part));
+    });
+  }
+  return frag;
+}
 function table(headers, rows) {
-  return el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))),
-            el("tbody", {}, ...rows.map((r) => el("tr", {}, ...r.map((c) => el("td", {}, c))))));
+  const cell = (tag, c) => el(tag, {}, typeof c === "string" ? breakable(c) : c);
+  return el("div", {class: "tablewrap"}, el("table", {},
+    el("thead", {}, el("tr", {}, ...headers.map((h) => cell("th", h)))),
+    el("tbody", {}, ...rows.map((r) => el("tr", {}, ...r.map((c) => cell("td", c)))))));
+}
+// Nested configuration sections as one row per option: `backends.local.engine`.
+function flatten(obj, prefix) {
+  return Object.entries(obj).flatMap(([k, v]) => (v && typeof v === "object" && !Array.isArray(v))
+    ? flatten(v, `${prefix}${k}.`) : [[`${prefix}${k}`, JSON.stringify(v)]]);
 }
 async function getJSON(url) {
   const r = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}});
@@ -87,11 +107,14 @@ function renderTraining(t) {
   const ok = t.steps.filter((s) => s.status === "ok");
   const series = (key, name, color) => ({name, color, line: true,
     points: ok.filter((s) => typeof s.metrics[key] === "number").map((s) => [s.step, s.metrics[key]])});
-  drawChart(document.getElementById("loss-chart"), {
-    series: [series("loss", "loss", "#dc2626"), series("kl", "kl", "#2563eb"),
-             series("clip_fraction", "clip fraction", "#059669"), series("reward_mean", "reward mean", "#d97706")],
-    xlabel: "step", empty: "no training steps yet",
-  });
+  // one small chart per metric, each on its own axis: on one shared axis a kl of 0.001 lay flat under
+  // the clip fraction, and the loss's scale hid both
+  for (const [id, key, name, color] of [["loss-chart", "loss", "loss", "#dc2626"],
+      ["reward-mean-chart", "reward_mean", "reward mean", "#d97706"], ["kl-chart", "kl", "kl", "#2563eb"],
+      ["clip-chart", "clip_fraction", "clip fraction", "#059669"]]) {
+    drawChart(document.getElementById(id), {series: [series(key, name, color)], xlabel: "step", height: 170, legend: false,
+                                            empty: ok.length ? `no ${name} reported` : "no training steps yet"});
+  }
   fill("steps", table(["step", "status", "version", "samples", "loss", "kl", "clip", "tokens", "train s", "publish s", "error"],
     t.steps.slice(-20).reverse().map((s) => [String(s.step), s.status, num(s.policy_version), String(s.samples),
       num(s.metrics.loss, 4), num(s.metrics.kl, 4), num(s.metrics.clip_fraction), num(s.metrics.tokens ?? s.metrics.loss_tokens),
@@ -112,8 +135,10 @@ function renderHealth(doc) {
   const h = doc.health;
   const e = h.engine;  // the KV budget of an engine that reports one (torch engine), else null
   const kv = e ? `${Math.round(e.kv_used_fraction * 100)}% of ${e.kv_budget_tokens} tokens, ${e.running} running, ${e.waiting} waiting` : "–";
-  fill("health", table(["model", "backend", "serving version", "training", "judge", "sessions", "up", "KV budget"],
-    [[h.model, h.backend, `v${h.serving_policy_version}`, h.training, h.judge, String(h.sessions), age(h.uptime_s), kv]]));
+  const strip = [["model", h.model], ["backend", h.backend], ["serving version", `v${h.serving_policy_version}`],
+    ["training", h.training], ["judge", h.judge], ["sessions", String(h.sessions)], ["up", age(h.uptime_s)], ["KV budget", kv]];
+  fill("health", el("div", {class: "strip"}, ...strip.map(([k, v]) =>
+    el("div", {}, el("span", {class: "label"}, k), el("span", {class: "value"}, breakable(v))))));
   fill("versions", table(["version", "published by step", "published", "turns served"],
     doc.versions.map((v) => [`v${v.policy_version}`, num(v.step),
       v.published_at ? new Date(v.published_at * 1000).toLocaleString() : (v.policy_version === 0 ? "base" : "–"),
@@ -135,7 +160,8 @@ function renderHealth(doc) {
         r.pruned ? `pruned (${r.checkpoint})` : (r.checkpoint || "–"), serve(r)])),
     el("p", {class: "muted"}, ck.note)));
   renderPromotion(doc.promotion);
-  fill("config", table(["option", "value"], Object.entries(doc.config).map(([k, v]) => [k, JSON.stringify(v)])));
+  fill("config", table(["option", "value"], flatten(doc.config, "")));
+  renderTalk(doc.notes, doc.promotion);
 }
 function renderPromotion(p) {
   if (!p) { fill("promotion", el("p", {class: "muted"}, "promotion is not set up")); return; }
@@ -153,8 +179,27 @@ function renderPromotion(p) {
   fill("evals", p.evals.length === 0 ? el("p", {class: "muted"}, "no version evaluated yet") :
     table(["version", "set", "passed", "pass rate (95% CI)", "score", "mean judge score", "mean answer tokens", "seconds"],
       p.evals.map((e) => [`v${e.version}`, e.source, `${e.passed}/${e.items}`,
-        `${num(e.pass_rate)} (${num(e.ci_low)}–${num(e.ci_high)})`, num(e.score), num(e.mean_judge_score),
+        `${num(e.pass_rate)} (${num(e.ci_low)} to ${num(e.ci_high)})`, num(e.score), num(e.mean_judge_score),
         num(e.mean_answer_tokens, 1), num(e.seconds, 2)])));
+}
+function renderTalk(notes, p) {
+  const good = p && p.still_good;
+  const line = document.getElementById("still-good");
+  line.textContent = good || "still good? not checked: the capability probe is off (promotion_mode, capability_probe)";
+  line.className = good && good.startsWith("still good? no:") ? "stillgood no" : "stillgood";
+  if (notes === null || notes === undefined) {
+    fill("notes", el("p", {class: "muted"}, "notes are off: they come from a judge's hints (set judge, and notes = true)"));
+    return;
+  }
+  const remove = (n) => el("button", {class: "delete-note", "data-note-id": String(n.note_id), onclick: async () => {
+    try { await post(`/dashboard/api/notes/${n.note_id}/delete`, {}); setStatus(`note ${n.note_id} deleted`, false); }
+    catch (e) { setStatus(`delete refused: ${e.message}`, true); }
+  }}, "delete");
+  fill("notes", notes.length === 0 ? el("p", {class: "muted"}, "no note yet: a note is made when the judge reads a correction") :
+    table(["user", "note", "correction", "met since", "stable", "state", ""], notes.map((n) => {
+      const w = n.words;
+      return [w.owner, w.text, w.corrections, w.met, w.stable, w.state, remove(n)];
+    })));
 }
 const SPARKS = "▁▂▃▄▅▆▇█";
 function sparkline(values) {
