@@ -96,10 +96,11 @@ class LocalSettings(BaseModel):
                                  json_schema_extra=_env("max_grad_norm"))
     micro_batch_size: int = Field(8, ge=1, description="Datums per forward/backward; larger batches accumulate.",
                                   json_schema_extra=_env("micro_batch_size"))
-    activation_checkpointing: bool = Field(
-        True, description="Recompute each decoder layer's activations in the backward pass instead of keeping "
+    activation_checkpointing: Literal["auto"] | bool = Field(
+        "auto", description="Recompute each decoder layer's activations in the backward pass instead of keeping "
         "them all from the forward: a step holds about one layer's activations, for one more forward of compute "
-        "(both measured in bench/engine_memory.py and bench/train_throughput.py).",
+        "(both measured in bench/engine_memory.py and bench/train_throughput.py). auto: on CUDA keep them when a "
+        "micro-batch's estimate fits half the free GPU memory (recompute after running out), on CPU recompute.",
         json_schema_extra=_new_env("activation_checkpointing"))
     train_world_size: int = Field(
         1, ge=1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process unless "
