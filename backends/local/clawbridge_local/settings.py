@@ -52,6 +52,11 @@ class LocalSettings(BaseModel):
         True, description="Torch engine: run the decode steps of concurrent requests as one batched forward (several "
         "times the tokens/s on CPU; logprobs equal unbatched ones to 1e-4; bench/engine_batching.py measures it).",
         json_schema_extra=_env("engine_batch_decode"))
+    engine_cuda_graphs: bool = Field(
+        True, description="Torch engine on CUDA: replay decode steps from CUDA graphs (per batch and length "
+        "bucket) and pack the prefills of a round into one forward; logprobs equal the eager steps' to float "
+        "summation order. false: eager steps (as on CPU, where this does nothing).",
+        json_schema_extra=_new_env("engine_cuda_graphs"))
     engine_threads: int = Field(
         0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two "
         "cores; measured in bench/engine_threads.py).", json_schema_extra=_env("engine_threads"))
