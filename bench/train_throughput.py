@@ -44,7 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,8 @@ class Runner:
     close: Callable[[], None]
     seconds: list[float]
     last_loss: float = float("nan")
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last step's metrics (the trainer's; empty for the plain loop)."""
 
 
 def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: Checkpointing = "auto") -> TrainerConfig:
@@ -196,9 +198,11 @@ def fsdp_runner(
     print(f"  {name}: started in {time.perf_counter() - t0:.1f}s")
 
     def step(batch: list[Datum], loss: LossConfig) -> float:
-        return client.train_step(batch, loss).metrics["loss"]
+        runner.metrics = client.train_step(batch, loss).metrics
+        return runner.metrics["loss"]
 
-    return Runner(name, step, client.close, [])
+    runner = Runner(name, step, client.close, [])
+    return runner
 
 
 def profile_step(r: Runner, batch: list[Datum], loss: LossConfig, top: int = 14) -> None:

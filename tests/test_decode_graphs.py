@@ -161,3 +161,28 @@ def test_a_prompt_prefilled_in_a_pack_repeats_bit_identically(make_engine: Any) 
     packed, again = asyncio.run(go())
     assert eng.packed_prefills == 1
     assert again == packed[2]  # served from the kept end: no forward, the same computation
+
+
+def test_a_fixed_shape_step_that_raises_falls_back_to_eager_steps(make_engine: Any, monkeypatch: Any) -> None:
+    """A fixed-shape step that breaks (a model or torch it does not fit) never fails a request:
+    that step and every later one run eagerly, with the eager engine's tokens."""
+    fixed: TorchEngine = make_engine(graphs="static")
+    eager: TorchEngine = make_engine(graphs="off")
+    assert fixed.static is not None
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("this model cannot run fixed shapes")
+
+    monkeypatch.setattr(fixed.static, "_run", broken)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    async def go(eng: TorchEngine) -> list[list[tuple[int, float]]]:
+        async def one(p: list[int]) -> list[tuple[int, float]]:
+            stream = await eng.sample(p, params)
+            return [(t.token_id, t.logprob) async for t in stream]
+        return list(await asyncio.gather(one([1, 2, 3]), one([4, 5, 6, 7])))
+
+    got, want = asyncio.run(go(fixed)), asyncio.run(go(eager))
+    assert [[t for t, _ in g] for g in got] == [[t for t, _ in w] for w in want]
+    assert all(abs(a - b) <= 1e-4 for g, w in zip(got, want, strict=True) for (_, a), (_, b) in zip(g, w, strict=True))
+    assert fixed.static.broken is not None and "cannot run fixed shapes" in fixed.static.broken

@@ -28,7 +28,9 @@ here has both:
 
 Where it does not apply the engine's eager path runs instead: a step with a LoRA adapter on any
 row (the hooks' per-row tensors are not captured), a model with sliding-window attention, a batch
-or window past the largest bucket, and a capture that fails (logged once; that bucket runs eager).
+or window past the largest bucket, and every step once a fixed-shape step has raised (`broken`).
+A capture that fails after its eager warm-up worked is logged and capture stops: that bucket and
+every later one run with fixed shapes eagerly.
 A full-weight publish that moves a parameter (a tied output embedding untied) drops the model's
 graphs (`forget`); one that copies in place keeps them (the addresses are the same).
 
@@ -107,7 +109,7 @@ class StaticDecode:
         shapes eagerly (CPU, tests)."""
         self.pool = pool
         self.capture = capture
-        self._graphs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], _Graph | None]] = (
+        self._graphs: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], _Graph]] = (
             weakref.WeakKeyDictionary())
         self._pool_at = pool.keys[0].data_ptr()
         self._mempool: Any = torch.cuda.graph_pool_handle() if capture else None
@@ -118,7 +120,9 @@ class StaticDecode:
         self.eager_runs = 0
         """Steps run with fixed shapes but no graph (capture off, or a bucket's warmup)."""
         self.failed: list[str] = []
-        """Why captures failed (each bucket once)."""
+        """Why a capture failed (capture is off after the first)."""
+        self.broken: str | None = None
+        """Why fixed-shape steps stopped (a step raised): every step runs eagerly since."""
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -129,6 +133,16 @@ class StaticDecode:
         """The last-position logits [len(rows), vocab] of one decode token per row (no adapter on any
         row), writing each row's key/value into the pool; None where this step does not apply (the
         caller runs it eagerly). The result is a view valid until the next call."""
+        if self.broken is not None:
+            return None
+        try:
+            return self._forward(model, tokens, rows)
+        except Exception as e:  # never fail a request for this: the eager step rewrites what it wrote
+            self.broken = f"{type(e).__name__}: {e}"
+            log.exception("fixed-shape decode steps stop; eager steps from now on")
+            return None
+
+    def _forward(self, model: torch.nn.Module, tokens: list[int], rows: list[Row]) -> torch.Tensor | None:
         n = len(rows)
         batch = bucket(n, BATCH_BUCKETS)
         length = bucket(max(r.cached for r in rows) + 1, LENGTH_BUCKETS)
@@ -142,8 +156,6 @@ class StaticDecode:
         if key not in graphs:
             graphs[key] = self._build(model, batch, length)
         g = graphs[key]
-        if g is None:
-            return None
         host = g.host
         host[:, n:] = torch.tensor([0, 0, 0, 1, 0, 0])[:, None]  # padding rows (module docstring)
         host[:, :n] = torch.tensor([tokens, [r.cached for r in rows], [r.start for r in rows],
@@ -164,25 +176,28 @@ class StaticDecode:
 
     # ------------------------------------------------------------------ building
 
-    def _build(self, model: torch.nn.Module, batch: int, length: int) -> _Graph | None:
+    def _build(self, model: torch.nn.Module, batch: int, length: int) -> _Graph:
         device = self.pool.keys[0].device
         host = torch.zeros((_ROWS, batch), dtype=torch.long, pin_memory=device.type == "cuda")
         host[3] = 1
         g = _Graph(batch, length, host.to(device), host)
         if not self.capture:
             return g
+        self._warm_up(model, g)  # raises (caught in `forward`) when the fixed-shape step itself fails
         try:
             self._capture(model, g)
-        except Exception as e:  # a model or torch version that cannot be captured: eager from now on
+        except Exception as e:  # this model or torch cannot be captured: fixed shapes, eagerly, from now on
+            self.capture = False
             why = f"batch {batch} x length {length}: {type(e).__name__}: {e}"
             self.failed.append(why)
-            log.warning("decode step not captured in a CUDA graph (%s); it runs eagerly", why)
-            return None
+            log.warning("decode steps not captured in CUDA graphs (%s); they run eagerly", why)
+            return g
         self.captured += 1
         return g
 
-    def _capture(self, model: torch.nn.Module, g: _Graph) -> None:
-        """Warm `g` up on a side stream (padding rows only: the pool is unchanged), then capture it."""
+    def _warm_up(self, model: torch.nn.Module, g: _Graph) -> None:
+        """Run `g` eagerly on a side stream (padding rows only: the pool is unchanged), where lazy
+        initialisations (cuBLAS workspaces) happen before a capture."""
         device = g.meta.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -190,6 +205,9 @@ class StaticDecode:
             for _ in range(WARMUP_RUNS):
                 self._run(model, g)
         torch.cuda.current_stream(device).wait_stream(side)
+
+    def _capture(self, model: torch.nn.Module, g: _Graph) -> None:
+        """Capture `g`'s step into a CUDA graph (recorded, not run)."""
         graph = torch.cuda.CUDAGraph()
         # thread_local: the in-process trainer may allocate on its own thread meanwhile.
         with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
