@@ -21,7 +21,9 @@ Threading:
 - On CUDA (`graphs="auto"`) decode steps without adapters run with fixed shapes, replayed from
   CUDA graphs (`clawbridge_local.decode_graphs`), and the prefills of a round on the same weights
   and adapter run packed in one forward (`clawbridge_local.packed_prefill`); both keep a request's
-  logprobs equal to its unbatched eager ones up to float summation order, as batching does.
+  logprobs equal to its unbatched eager ones up to float summation order, as batching does (so a
+  prompt repeated after its prefix was evicted matches its first prefill to that order, not bit
+  for bit, when either ran packed; a repeat served from its kept end is still bit-identical).
   `graphs="static"` runs the same fixed shapes without capture on any device (tests); `"off"`
   and CPU under `"auto"` keep the eager steps. Sampling reads the device once per step for all
   rows without truncation or alternatives (`sampling.choose_rows`).
