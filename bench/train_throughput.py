@@ -32,6 +32,8 @@ Run (about 1-2 minutes on 2 CPU cores):
     . .venv/bin/activate && python bench/train_throughput.py
     python bench/train_throughput.py --model tiny --steps 4 --no-torchrun   # quicker
     python bench/train_throughput.py --no-torchrun --profile               # where a step goes
+    python bench/train_throughput.py --device cuda --shape qwen3-0.6b --full-shape --batch 8 \
+        --prompt-len 256 --completion-len 256 --no-torchrun --profile          # the same on a GPU
 """
 
 from __future__ import annotations
@@ -180,17 +182,19 @@ class Runner:
     """The last step's metrics (the trainer's; empty for the plain loop)."""
 
 
-def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: Checkpointing = "auto") -> TrainerConfig:
+def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: Checkpointing = "auto",
+                   device: str = "auto") -> TrainerConfig:
     """The trainer under measurement: the plain loop's optimizer settings, one micro-batch per step."""
     return TrainerConfig(model_path=str(model_dir), lora=lora, learning_rate=LR, betas=BETAS, eps=EPS,
-                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024, activation_checkpointing=checkpointing)
+                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024, activation_checkpointing=checkpointing,
+                         device=device)
 
 
 def fsdp_runner(
     name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int,
-    checkpointing: Checkpointing = "auto",
+    checkpointing: Checkpointing = "auto", device: str = "auto",
 ) -> Runner:
-    client = FsdpTrainerClient(trainer_config(model_dir, lora, checkpointing), work,
+    client = FsdpTrainerClient(trainer_config(model_dir, lora, checkpointing, device), work,
                                launcher="inprocess" if world == 1 else "torchrun")
     t0 = time.perf_counter()
     with env(OMP_NUM_THREADS=str(max(1, threads // world))):
@@ -209,12 +213,14 @@ def profile_step(r: Runner, batch: list[Datum], loss: LossConfig, top: int = 14)
     """One more step of `r` under the torch profiler: its ops by self time (where a step goes)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = torch.cuda.is_initialized()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
         r.step(batch, loss)
     events = prof.key_averages()
     reads = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
-    print(f"\n  profile of one {r.name} step (self CPU time, top {top}); scalar reads: {reads}")
-    table = events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=48)
+    by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"\n  profile of one {r.name} step ({by}, top {top}); scalar reads: {reads}")
+    table = events.table(sort_by=by, row_limit=top, max_name_column_width=48)
     print("\n".join("    " + line for line in table.splitlines()))
 
 
@@ -223,12 +229,12 @@ def bench_mode(
 ) -> None:
     print(f"\n== {label}")
     tokens = sum(len(d.tokens) - 1 for d in batch)
-    plain = PlainLoop(model_dir, lora)
+    plain = PlainLoop(model_dir, lora, device=args.device)
     runners = [Runner("plain", plain.step, lambda: None, [])]
     with tempfile.TemporaryDirectory() as tmp:
-        runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads))
+        runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads, device=args.device))
         runners.append(fsdp_runner("fsdp-1-keep", model_dir, Path(tmp) / "w1k", lora, 1, args.threads,
-                                   checkpointing=False))
+                                   checkpointing=False, device=args.device))
         if not args.no_torchrun:
             runners.append(fsdp_runner("fsdp-2", model_dir, Path(tmp) / "w2", lora, 2, args.threads))
         loss = LossConfig("importance_sampling")
@@ -284,6 +290,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--full-shape", action="store_true", help="with --shape: every layer, the real hidden size")
     ap.add_argument("--profile", action="store_true", help="after timing: a torch profile of one step per runner")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the plain loop and ours run "
+                    "(cuda: use --no-torchrun; the plain loop and ours are in memory together)")
     ap.add_argument("--batch", type=int, default=8, help="datums per step")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=64)
@@ -305,7 +313,7 @@ def main() -> None:
             f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} here, {max(1, args.threads // 2)} per torchrun rank; "
             f"cpu_count={os.cpu_count()}"
         )
-        batch = make_batch(model_dir, args.batch, args.prompt_len, args.completion_len)
+        batch = make_batch(model_dir, args.batch, args.prompt_len, args.completion_len, device=args.device)
         if args.mode in ("full", "both"):
             bench_mode("full fine-tuning", model_dir, None, batch, args)
         if args.mode in ("lora", "both"):
