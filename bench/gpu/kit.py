@@ -1,8 +1,9 @@
 """The GPU validation kit: one table of what the local backend does on this machine's accelerator.
 
 `bash bench/gpu/run.sh [--out DIR] [options]` installs the wheel folder (offline) and runs this;
-docs/gpu-kit.md says what each row means. The parts (bench/gpu/kit_parts.py, in `PARTS` order:
-quickest evidence first) run one after the other, each in its own process under its own time
+docs/gpu-kit.md says what each row means. The parts (`kit_parts.PARTS`, in order: quickest
+evidence first; measured in kit_serving.py and kit_training.py) run one after the other, each in
+its own process under its own time
 budget, inside the kit's whole `--deadline`:
 
 - after every part the table so far is printed (stdout) and written to the output folder
