@@ -7,13 +7,15 @@ Invariants:
 - A train step = zero grads; for each micro-batch: forward, token-sum loss, backward (FSDP
   reduces gradients with SUM, only after the last micro-batch); clip global grad norm; AdamW
   step. Metrics are all-reduced sums, identical on every rank.
-- A step waits for the device once, at its end (the metrics): loss sums, the gradient norm and
-  the clipping stay on the device until then (issue 36: per-micro-batch `.item()`s and a host-side
+- A step waits for the device once, at its end (the metrics; under FSDP on CUDA once more, when
+  the ranks agree on activation checkpointing): loss sums, the gradient norm and the clipping stay
+  on the device until then (issue 36: per-micro-batch `.item()`s and a host-side
   clip decision each stalled the GPU's queue).
 - Activation checkpointing `auto` decides per step (`_recompute`): on CUDA it keeps activations
-  when the largest micro-batch's estimate (`model.activation_bytes`) fits half the free memory, and
-  a step that runs out of memory keeping them runs again recomputing (nothing was applied: the
-  optimizer had not stepped); on CPU it recomputes. Gradients are the same either way.
+  when the largest micro-batch's estimate (`model.activation_bytes`) fits half the free memory (on
+  every rank: the ranks agree), and an in-process step that runs out of memory keeping them runs
+  again recomputing (nothing was applied: the optimizer had not stepped); on CPU it recomputes.
+  Gradients are the same either way.
 - Collective methods (`train_step`, `export`, `save_checkpoint`, `restore_checkpoint`) must be
   called on every rank in the same order with the same arguments. Only rank 0 writes files.
 """
@@ -170,6 +172,10 @@ class TrainerCore:
             free = available_bytes(self.device)
             tokens = max((len(m) * max(len(d.tokens) - 1 for d in m) for m in micros if m), default=1)
             on = free == 0 or model_io.activation_bytes(self.model, tokens) > free // 2
+            if self.distributed and free > 0:  # every rank the same (a recompute runs FSDP's collectives again)
+                flag = torch.tensor([int(on)], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                on = bool(flag.item())
         model_io.set_checkpointing(self._checkpointed, on)
         return on
 
