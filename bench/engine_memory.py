@@ -105,6 +105,7 @@ def engine_class(which: str) -> Any:
             @classmethod
             def load(cls, model: str, **kw: Any) -> Any:
                 kw.pop("kv_budget_tokens", None)
+                kw.pop("graphs", None)  # newer than it (CUDA graphs; CPU runs eager steps anyway)
                 return super().load(model, **kw)
 
         return OldEngine

@@ -4,11 +4,12 @@ What is compared, for full fine-tuning and for LoRA (peft, rank 8, all 7 project
 - `plain`: the baseline. `AutoModelForCausalLM` (+ `get_peft_model`), AdamW, the importance-sampling
   token-sum loss `-(exp(logp - logp_sampler) * adv * mask).sum()`, grad-norm clip 1.0, written here
   from scratch (own padding, own loss) so it shares no code with the trainer.
-- `fsdp-1`: `FsdpTrainerClient` in-process (world size 1: `TrainerCore`, no process group), with
-  activation checkpointing (the default: each decoder layer's forward runs again in the backward).
+- `fsdp-1`: ours, `FsdpTrainerClient` in-process (world size 1: `TrainerCore`, no process group and
+  no FSDP wrapping), with the default `activation_checkpointing = "auto"` (on CPU: each decoder
+  layer's forward runs again in the backward; on CUDA: activations kept where they fit).
 - `fsdp-1-keep`: the same with `activation_checkpointing = false` (activations kept, as `plain`).
-- `fsdp-2`: `FsdpTrainerClient` (activation checkpointing) under `torchrun --nproc_per_node=2` (FSDP2 `fully_shard`, gloo),
-  including the client's real overhead (batch file, request/response files).
+- `fsdp-2`: `FsdpTrainerClient` (default checkpointing) under `torchrun --nproc_per_node=2` (FSDP2
+  `fully_shard`, gloo), including the client's real overhead (batch file, request/response files).
 Same model, same batch, same hyperparameters (lr 1e-5, betas 0.9/0.95, eps 1e-8, no weight
 decay, micro-batch = whole batch). Steps of the three run interleaved (plain, fsdp-1, fsdp-2,
 plain, ...) so load from other processes on the machine hits them alike. The first
@@ -22,9 +23,17 @@ Threads: the script sets OMP_NUM_THREADS (default `--threads 2`) for this proces
 `plain` and `fsdp-1`; each torchrun rank gets threads // 2 (so the 2-rank group uses the same
 2 cores in total).
 
+`--profile` adds, per in-process runner, a torch profile of one more step (ops by self time) and
+its scalar reads (`aten::_local_scalar_dense`: `.item()`/`float(t)`, each a wait for the GPU's
+queue on CUDA). `--shape qwen3-0.6b` measures a published shape (scaled to `--layers`/`--hidden`
+with its real 151,936-token vocabulary, or `--full-shape`).
+
 Run (about 1-2 minutes on 2 CPU cores):
     . .venv/bin/activate && python bench/train_throughput.py
     python bench/train_throughput.py --model tiny --steps 4 --no-torchrun   # quicker
+    python bench/train_throughput.py --no-torchrun --profile               # where a step goes
+    python bench/train_throughput.py --device cuda --shape qwen3-0.6b --full-shape --batch 8 \
+        --prompt-len 256 --completion-len 256 --no-torchrun --profile          # the same on a GPU
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +59,7 @@ set_threads_from_argv(default=2)
 
 import torch  # noqa: E402
 from clawbridge_local.trainer.client import FsdpTrainerClient  # noqa: E402
-from clawbridge_local.trainer.config import LoraSettings, TrainerConfig  # noqa: E402
+from clawbridge_local.trainer.config import Checkpointing, LoraSettings, TrainerConfig  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
@@ -169,19 +178,23 @@ class Runner:
     close: Callable[[], None]
     seconds: list[float]
     last_loss: float = float("nan")
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last step's metrics (the trainer's; empty for the plain loop)."""
 
 
-def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: bool = True) -> TrainerConfig:
+def trainer_config(model_dir: Path, lora: LoraSettings | None, checkpointing: Checkpointing = "auto",
+                   device: str = "auto") -> TrainerConfig:
     """The trainer under measurement: the plain loop's optimizer settings, one micro-batch per step."""
     return TrainerConfig(model_path=str(model_dir), lora=lora, learning_rate=LR, betas=BETAS, eps=EPS,
-                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024, activation_checkpointing=checkpointing)
+                         max_grad_norm=MAX_GRAD_NORM, micro_batch_size=1024, activation_checkpointing=checkpointing,
+                         device=device)
 
 
 def fsdp_runner(
     name: str, model_dir: Path, work: Path, lora: LoraSettings | None, world: int, threads: int,
-    checkpointing: bool = True,
+    checkpointing: Checkpointing = "auto", device: str = "auto",
 ) -> Runner:
-    client = FsdpTrainerClient(trainer_config(model_dir, lora, checkpointing), work,
+    client = FsdpTrainerClient(trainer_config(model_dir, lora, checkpointing, device), work,
                                launcher="inprocess" if world == 1 else "torchrun")
     t0 = time.perf_counter()
     with env(OMP_NUM_THREADS=str(max(1, threads // world))):
@@ -189,9 +202,26 @@ def fsdp_runner(
     print(f"  {name}: started in {time.perf_counter() - t0:.1f}s")
 
     def step(batch: list[Datum], loss: LossConfig) -> float:
-        return client.train_step(batch, loss).metrics["loss"]
+        runner.metrics = client.train_step(batch, loss).metrics
+        return runner.metrics["loss"]
 
-    return Runner(name, step, client.close, [])
+    runner = Runner(name, step, client.close, [])
+    return runner
+
+
+def profile_step(r: Runner, batch: list[Datum], loss: LossConfig, top: int = 14) -> None:
+    """One more step of `r` under the torch profiler: its ops by self time (where a step goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_initialized()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        r.step(batch, loss)
+    events = prof.key_averages()
+    reads = sum(e.count for e in events if e.key == "aten::_local_scalar_dense")
+    by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"\n  profile of one {r.name} step ({by}, top {top}); scalar reads: {reads}")
+    table = events.table(sort_by=by, row_limit=top, max_name_column_width=48)
+    print("\n".join("    " + line for line in table.splitlines()))
 
 
 def bench_mode(
@@ -199,12 +229,12 @@ def bench_mode(
 ) -> None:
     print(f"\n== {label}")
     tokens = sum(len(d.tokens) - 1 for d in batch)
-    plain = PlainLoop(model_dir, lora)
+    plain = PlainLoop(model_dir, lora, device=args.device)
     runners = [Runner("plain", plain.step, lambda: None, [])]
     with tempfile.TemporaryDirectory() as tmp:
-        runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads))
+        runners.append(fsdp_runner("fsdp-1", model_dir, Path(tmp) / "w1", lora, 1, args.threads, device=args.device))
         runners.append(fsdp_runner("fsdp-1-keep", model_dir, Path(tmp) / "w1k", lora, 1, args.threads,
-                                   checkpointing=False))
+                                   checkpointing=False, device=args.device))
         if not args.no_torchrun:
             runners.append(fsdp_runner("fsdp-2", model_dir, Path(tmp) / "w2", lora, 2, args.threads))
         loss = LossConfig("importance_sampling")
@@ -217,6 +247,10 @@ def bench_mode(
                     r.last_loss = value
                     if i >= args.warmup:
                         r.seconds.append(dt)
+            if args.profile:
+                for r in runners:
+                    if r.name != "fsdp-2":  # another process: the profiler sees only its client
+                        profile_step(r, batch, loss)
         finally:
             for r in runners:
                 r.close()
@@ -235,9 +269,29 @@ def bench_mode(
         )
 
 
+def build_model(out: Path, args: argparse.Namespace) -> Path:
+    """The measured model: a tiny spec, or a (scaled) published shape with its real vocabulary."""
+    if args.shape is None:
+        return build_tiny_model(out, spec=MODEL_SPECS[args.model])
+    from clawbridge.devtools.shapes import SHAPES, build_shape, scaled
+
+    shape = SHAPES[args.shape]
+    if not args.full_shape:
+        shape = scaled(shape, layers=args.layers, hidden=args.hidden, vocab=shape.vocab_size)
+    return build_shape(out, shape, dtype="fp32", seed=0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(MODEL_SPECS), default="small")
+    ap.add_argument("--shape", default=None, help="a published shape instead (clawbridge.devtools.shapes, e.g. "
+                    "qwen3-0.6b), scaled by --layers/--hidden with its real vocabulary unless --full-shape")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--full-shape", action="store_true", help="with --shape: every layer, the real hidden size")
+    ap.add_argument("--profile", action="store_true", help="after timing: a torch profile of one step per runner")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the plain loop and ours run "
+                    "(cuda: use --no-torchrun; the plain loop and ours are in memory together)")
     ap.add_argument("--batch", type=int, default=8, help="datums per step")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--completion-len", type=int, default=64)
@@ -252,14 +306,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", spec=MODEL_SPECS[args.model])
+        model_dir = build_model(Path(tmp) / "model", args)
         n_params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
         print(
-            f"model {args.model}: {n_params / 1e6:.2f}M parameters; torch {torch.__version__}; "
+            f"model {args.shape or args.model}: {n_params / 1e6:.2f}M parameters; torch {torch.__version__}; "
             f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} here, {max(1, args.threads // 2)} per torchrun rank; "
             f"cpu_count={os.cpu_count()}"
         )
-        batch = make_batch(model_dir, args.batch, args.prompt_len, args.completion_len)
+        batch = make_batch(model_dir, args.batch, args.prompt_len, args.completion_len, device=args.device)
         if args.mode in ("full", "both"):
             bench_mode("full fine-tuning", model_dir, None, batch, args)
         if args.mode in ("lora", "both"):

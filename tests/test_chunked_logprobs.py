@@ -73,3 +73,27 @@ def test_chunked_logprobs_equal_full_forward_under_lora(tiny_model_dir: Path) ->
         on = token_logprobs(model, c)
     assert (off_part - off_full).abs().max().item() <= 1e-4
     assert (on - off_full).abs().max().item() > 1e-3  # the adapter is really applied on the chunked path
+
+
+def test_one_chunk_runs_the_head_once_and_equals_the_full_forward(tiny_model_dir: Path) -> None:
+    """Where every position fits one chunk (CUDA with memory to spare) the head runs once, forward
+    only (no recompute in the backward), with the full forward's logprobs and gradients; on CPU the
+    default chunk stays 16 MB."""
+    from clawbridge_local.trainer.logprobs import CHUNK_ELEMENTS, default_chunk_elements
+
+    assert default_chunk_elements(torch.device("cpu")) == CHUNK_ELEMENTS
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    c = _batch()
+    calls = [0]
+    model.lm_head.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    full, g_full = _loss_grads(model, c, None)
+    calls[0] = 0
+    one, g_one = _loss_grads(model, c, c.targets.numel() * model.config.vocab_size)
+    assert calls[0] == 1
+    assert (one - full).abs().max().item() <= 1e-5
+    for name, g in g_full.items():
+        assert torch.allclose(g, g_one[name], atol=1e-6, rtol=1e-5), name
+    calls[0] = 0
+    _loss_grads(model, c, 3 * c.targets.shape[0] * model.config.vocab_size)
+    assert calls[0] > 2 * 3  # several chunks, each run again in the backward

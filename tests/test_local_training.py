@@ -199,6 +199,37 @@ def test_stream_started_before_publish_finishes_on_old_weights(tiny_model_dir: P
     asyncio.run(scenario())
 
 
+def test_full_publish_copies_the_trained_tensors_in_place(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Full fine-tuning in process: a publish copies the trainer's tensors into the served ones
+    (same addresses: nothing reloaded, no export written to disk), the engine then serves exactly
+    what the trainer computes, and a later step that is not published changes nothing served."""
+    backend = LocalBackend(settings_for(tiny_model_dir, tmp_path, 0), progress=False)
+
+    async def scenario() -> None:
+        await backend.start()
+        try:
+            engine = backend.sampler()
+            served = engine._current.model
+            where = [p.data_ptr() for p in served.parameters()]
+            samples = await greedy_all(engine)
+            await backend.train_step(batch_from(samples), LossConfig("importance_sampling"))
+            assert await backend.publish() == 1
+            assert engine._current.model is served and [p.data_ptr() for p in served.parameters()] == where
+            assert backend._trainer is not None
+            assert not list((backend._trainer.work_dir / "exports").glob("*")), "a publish went through the disk"
+            published = await greedy_all(engine)
+            for prompt, (ids, lps, v) in zip(PROMPTS, published, strict=True):
+                assert v == 1 and lps == pytest.approx(trainer_logprobs(backend, prompt, ids), abs=1e-5)
+            assert max(abs(a - b) for (_, x, _), (_, y, _) in zip(samples, published, strict=True)
+                       for a, b in zip(x, y, strict=True)) > 1e-3  # the step moved what is served
+            await backend.train_step(batch_from(published), LossConfig("importance_sampling"))
+            assert await greedy_all(engine) == published  # a copy, not the trainer's live tensors
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
+
+
 # ------------------------------------------------------------------ (3) LoRA merge = trainer's model
 
 

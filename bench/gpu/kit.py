@@ -1,340 +1,171 @@
 """The GPU validation kit: one table of what the local backend does on this machine's accelerator.
 
-`bash bench/gpu/run.sh` installs the wheel folder (offline) and runs this; docs/gpu-kit.md says
-what each row means. Every part is measured beside a baseline taken in the same run, and every part
-that cannot run becomes a "skipped: <reason>" row (a part that breaks: "failed: <error>"), so one
-run always prints the whole table.
+`bash bench/gpu/run.sh [--out DIR] [options]` installs the wheel folder (offline) and runs this;
+docs/gpu-kit.md says what each row means. The parts (`kit_parts.PARTS`, in order: quickest
+evidence first; measured in kit_serving.py and kit_training.py) run one after the other, each in
+its own process under its own time
+budget, inside the kit's whole `--deadline`:
 
-Parts (reusing the bench scripts, not copies of them):
-- demo: `clawbridge up` + the tiny demo (clawbridge.devtools.demo) on --device, LoRA and full, bf16
-  on CUDA; the figure is the mean reward of the last 20% of sessions against the first 20%.
-- train: trainer tokens/s and model FLOPs utilization (recomputed activations not counted: the
-  trainer's default activation checkpointing runs each layer's forward twice, the plain loop once)
-  for the qwen3-0.6b and qwen3-1.7b shapes
-  (random weights, clawbridge.devtools.shapes), LoRA and full, FSDP2 world 1 (bench/train_throughput.py's
-  `fsdp_runner`) against its plain transformers/peft loop (`PlainLoop`), run one after the other
-  (each alone in memory).
-- decode: torch engine tokens/s at 1, 32 and 128 streams (bench/engine_batching.py's `measure`);
-  baseline: 1 stream.
-- publish: seconds from a train step to the first token of the new version, LoRA and full
-  (bench/publish_latency.py's `bench_mode`); baseline: a from_pretrained reload.
-- sglang, fsdp-N: only when `sglang` is importable on CUDA / more than one GPU is visible.
+- after every part the table so far is printed (stdout) and written to the output folder
+  (`gpu-kit.md`, `gpu-kit.json`; each part's log in `logs/`), so a run cut short keeps what it
+  measured; each part's wall time is a column;
+- a part that breaks gives `failed: <error>` rows (its traceback in its log) and the kit goes on;
+  one that overruns its budget is killed, keeps the rows it had finished, and gets a `cut after`
+  row; one that cannot start in the time left gets `skipped: out of time`; one that cannot run
+  here (no sglang, one GPU) a `skipped: <reason>` row without starting a process.
 
-`--quick` shrinks every size (2-layer scaled shapes, a few steps and sessions) so the whole
-table runs on a CPU in minutes: the test of the kit (tests/test_gpu_kit.py) runs it that way.
+`--quick` shrinks every size (2-layer scaled shapes, a few steps and sessions) so the whole table
+runs on a CPU in minutes: the kit's test (tests/test_gpu_kit.py) runs it that way.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import importlib.util
+import json
 import os
-import statistics
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from kit_parts import PARTS, Kit, Row  # noqa: E402
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
-                    "L4": 121.0, "A10": 125.0, "RTX 4090": 165.0, "B200": 2250.0}
-"""Dense bf16 tensor-core peak per GPU name (vendor datasheets; SXM figures for H100/A100). MFU
-uses the first key found in `torch.cuda.get_device_name()`; `--peak-tflops` overrides."""
-
-
-@dataclass
-class Row:
-    """One line of the table."""
-
-    part: str
-    what: str
-    figure: str
-    baseline: str = ""
+ROW_PREFIX = "@row "
+"""How a part's process hands a row to the kit (one JSON object per line on its stdout)."""
+DEADLINE_S = 420.0
+"""The whole kit's default time (full sizes): about 7 minutes, the install not counted."""
+MIN_START_S = 20.0
+"""A part does not start with less time than this left."""
 
 
-def bench_module(name: str) -> ModuleType:
-    """Import bench/<name>.py (the bench scripts are scripts, not a package)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+# ------------------------------------------------------------------------------------------ one part
 
 
-def guarded(part: str, what: str, fn: Callable[[], list[Row]]) -> list[Row]:
-    """Run one part; a failure becomes a row, never the end of the run."""
-    t0 = time.perf_counter()
+def part_main(args: argparse.Namespace) -> int:
+    """`--part NAME`: run one part in this process, each row to stdout as soon as it is measured."""
+    rows_out = sys.stdout
+    sys.stdout = sys.stderr  # the bench scripts' own prints go to the part's log
+
+    def emit(row: Row) -> None:  # under the part's name (train_rows serves train-0.6b, train-1.7b and fsdp-N)
+        print(ROW_PREFIX + json.dumps(asdict(replace(row, part=args.part))), file=rows_out, flush=True)
+
+    kit = Kit(args.device, args.quick, args.work, args.peak_tflops)
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the bench scripts' own prints: stdout is the table's
-            rows = fn()
-    except Skip as s:
-        return [Row(part, what, f"skipped: {s}")]
-    except Exception as exc:  # the table must come out whatever one part does
+        if args.inject_failure == args.part:
+            raise RuntimeError("failure injected by --inject-failure (the kit's own test)")
+        for row in PARTS[args.part].rows(kit):
+            emit(row)
+    except Exception as exc:  # the kit goes on: this part's error becomes its row
+        import traceback
+
         traceback.print_exc()
-        return [Row(part, what, f"failed: {type(exc).__name__}: {str(exc)[:160]}")]
-    print(f"[kit] {part} {what}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
-    return rows
+        emit(Row(args.part, "", f"failed: {type(exc).__name__}: {str(exc)[:200]}"))
+        return 1
+    return 0
 
 
-class Skip(Exception):
-    """A part that cannot run here; the message is the reason."""
+def run_part(name: str, budget: float, args: argparse.Namespace, logs: Path) -> tuple[list[Row], str]:
+    """Run part `name` in a child process for at most `budget` seconds; its rows and how it ended."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--part", name, "--device", args.device,
+           "--work", str(args.work)]
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else []
+    cmd += ["--inject-failure", args.inject_failure] if args.inject_failure else []
+    rows: list[Row] = []
+    log_path = logs / f"{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
 
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(ROW_PREFIX):
+                    rows.append(Row(**json.loads(line[len(ROW_PREFIX):])))
+                    print(f"[kit] {name}: {rows[-1].what}: {rows[-1].figure}", file=sys.stderr, flush=True)
 
-@dataclass
-class Kit:
-    """Sizes and placement of one run."""
-
-    device: str
-    quick: bool
-    work: Path
-    peak_tflops: float | None
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.startswith("cuda")
-
-    @property
-    def dtype(self) -> str:
-        return "bfloat16" if self.cuda else "float32"
-
-    def shape_dir(self, name: str) -> Path:
-        """The shape's model folder (built once per run; scaled to 2 layers with --quick)."""
-        from clawbridge.devtools.shapes import SHAPES, build_shape, scaled
-
-        out = self.work / name
-        if not (out / "config.json").exists():
-            shape = scaled(SHAPES[name], layers=2, hidden=128, vocab=6000) if self.quick else SHAPES[name]
-            build_shape(out, shape, dtype="fp32", seed=0)
-        return out
-
-    def free(self) -> None:
-        import gc
-
-        gc.collect()
-        if self.cuda:
-            import torch
-
-            torch.cuda.empty_cache()
-
-
-# ------------------------------------------------------------------------------------------------ parts
-
-
-def demo_rows(kit: Kit) -> list[Row]:
-    from clawbridge.devtools.demo import DemoConfig, run_demo
-
-    rows = []
-    for rank in (8, 0):
-        mode = f"LoRA r{rank}" if rank else "full"
-        cfg = DemoConfig(sessions=32 if kit.quick else 240, lora_rank=rank, seed=0, settings={
-            "CLAWBRIDGE_LOCAL_ENGINE": "torch", "CLAWBRIDGE_LOCAL_DEVICE": kit.device,
-            "CLAWBRIDGE_LOCAL_DTYPE": kit.dtype})
-        res = run_demo(cfg, kit.work / f"demo-{rank}")
-        first, last = res.head_tail()
-        versions = max(e.policy_version for e in res.episodes)
-        rows.append(Row("demo", f"tiny demo via clawbridge up, {mode}, {kit.dtype}",
-                        f"reward {last:.3f} (last 20%), {versions} versions, {res.seconds:.0f}s",
-                        f"first 20% {first:.3f}"))
-    return rows
-
-
-def mfu(kit: Kit, n_params: int, tokens_per_s: float, lora: bool) -> str:
-    """Model FLOPs utilization: 6N per token for full training, 4N for LoRA (no weight gradients of
-    the frozen base), attention FLOPs left out; against the GPU's dense bf16 peak."""
-    if not kit.cuda:
-        return "MFU n/a (cpu)"
-    import torch
-
-    peak = kit.peak_tflops
-    if peak is None:
-        name = torch.cuda.get_device_name()
-        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-        if peak is None:
-            return f"MFU n/a (peak of {name!r} unknown: --peak-tflops)"
-    return f"MFU {100 * (4 if lora else 6) * n_params * tokens_per_s / (peak * 1e12):.1f}%"
-
-
-def train_rows(kit: Kit, shape: str, world: int = 1) -> list[Row]:
-    from clawbridge.devtools.shapes import SHAPES, count_parameters
-
-    tt = bench_module("train_throughput")
-    model_dir = kit.shape_dir(shape)
-    n_params = count_parameters(SHAPES[shape]) if not kit.quick else _count(model_dir)
-    batch_n, plen, clen, steps = (4, 16, 16, 2) if kit.quick else (8, 256, 256, 5)
-    batch = tt.make_batch(model_dir, batch_n, plen, clen, device=kit.device)
-    tokens = sum(len(d.tokens) - 1 for d in batch)
-    loss = tt.LossConfig("importance_sampling")
-    rows = []
-    for lora in (tt.LORA, None):
-        mode = f"LoRA r{tt.LORA.rank}" if lora else "full"
-
-        def timed(step: Callable[[Any, Any], float]) -> float:
-            step(batch, loss)  # warmup
-            secs = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step(batch, loss)
-                if kit.cuda:
-                    import torch
-
-                    torch.cuda.synchronize()
-                secs.append(time.perf_counter() - t0)
-            return tokens / statistics.median(secs)
-
-        base = None
-        if world == 1:
-            plain = tt.PlainLoop(model_dir, lora, device=kit.device)
-            base = timed(plain.step)
-            del plain
-            kit.free()
-        with tempfile.TemporaryDirectory(dir=kit.work) as tmp:
-            runner = tt.fsdp_runner(f"fsdp-{world}", model_dir, Path(tmp), lora, world,
-                                    int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
-            try:
-                tps = timed(runner.step)
-            finally:
-                runner.close()
-        kit.free()
-        label = shape + (" (scaled)" if kit.quick else "")
-        rows.append(Row("train", f"{label} {mode}, FSDP2 world {world}, activation checkpointing",
-                        f"{tps:,.0f} tok/s, {mfu(kit, n_params, tps * world if world > 1 else tps, bool(lora))}",
-                        f"plain loop {base:,.0f} tok/s ({tps / base:.2f}x)" if base else "world 1 rows above"))
-    return rows
-
-
-def _count(model_dir: Path) -> int:
-    from safetensors import safe_open
-
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        return sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
-
-
-def _prod(xs: list[int]) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
-def decode_rows(kit: Kit) -> list[Row]:
-    eb = bench_module("engine_batching")
-    model_dir = str(kit.shape_dir("qwen3-0.6b"))
-    tokens = 8 if kit.quick else 128
-    rows, one = [], None
-    for streams in (1, 32, 128):
-        secs, _ = eb.measure(model_dir, True, tokens, streams, device=kit.device, dtype=kit.dtype)
-        tps = tokens * streams / secs
-        one = one or tps
-        rows.append(Row("decode", f"torch engine, qwen3-0.6b{' (scaled)' if kit.quick else ''}, {streams} streams "
-                        f"x {tokens} tokens", f"{tps:,.0f} tok/s", f"1 stream {one:,.0f} tok/s ({tps / one:.1f}x)"))
-        kit.free()
-    return rows
-
-
-def publish_rows(kit: Kit) -> list[Row]:
-    pl = bench_module("publish_latency")
-    model_dir = kit.shape_dir("qwen3-0.6b")
-    args = argparse.Namespace(publishes=2 if kit.quick else 5, device=kit.device, dtype=kit.dtype)
-    rows = []
-    for rank in (8, 0):
-        t = asyncio.run(pl.bench_mode(model_dir, rank, args))
-        p, r = statistics.median(t["publish"]), statistics.median(t["reload"])
-        rows.append(Row("publish", f"qwen3-0.6b{' (scaled)' if kit.quick else ''} {'LoRA r8' if rank else 'full'}: "
-                        "train step -> first token of the new version",
-                        f"{1e3 * p:,.0f} ms (with a stream in flight {1e3 * statistics.median(t['publish+stream']):,.0f})",
-                        f"reload {1e3 * r:,.0f} ms ({r / p:.1f}x)"))
-        kit.free()
-    return rows
-
-
-def sglang_rows(kit: Kit) -> list[Row]:
-    if importlib.util.find_spec("sglang") is None:
-        raise Skip("the sglang package is not importable (not in the wheel folder: install it on the box)")
-    if not kit.cuda:
-        raise Skip("SGLang serves on CUDA only; --device is " + kit.device)
-    return asyncio.run(_sglang(kit))
-
-
-async def _sglang(kit: Kit) -> list[Row]:
-    """Untested by this project's CI (no GPU there): the local backend with engine sglang on the
-    qwen3-0.6b shape; 32 streams x 64 tokens, then a LoRA train step and its publish."""
-    from clawbridge_local.backend import LocalBackend
-
-    from clawbridge.backend import Datum, LossConfig
-    from clawbridge.config import Settings
-    from clawbridge.sampler import SamplingParams
-
-    with tempfile.TemporaryDirectory(dir=kit.work) as state:
-        settings = Settings.model_validate({"model": str(kit.shape_dir("qwen3-0.6b")), "state_dir": state,
-                                            "backends": {"local": {"engine": "sglang"}}, "lora_rank": 8})
-        backend = LocalBackend(settings, progress=False)
-        await backend.start()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         try:
-            sampler = backend.sampler()
-
-            async def one(i: int) -> tuple[list[int], list[int], list[float]]:
-                prompt = [10 + i, 11, 12, 13]
-                stream = await sampler.sample(prompt, SamplingParams(max_tokens=64, seed=i))
-                toks = [t async for t in stream]
-                return prompt, [t.token_id for t in toks], [t.logprob for t in toks]
-
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(one(i) for i in range(32)))
-            secs = time.perf_counter() - t0
-            n = sum(len(o[1]) for o in outs)
-            batch = [Datum.from_turn(p, c, lp, [1.0] * len(c), 0) for p, c, lp in outs[:8]]
-            await backend.train_step(batch, LossConfig())
-            t0 = time.perf_counter()
-            await backend.publish()
-            pub = time.perf_counter() - t0
-        finally:
-            await backend.close()
-    return [Row("sglang", "qwen3-0.6b, 32 streams x 64 tokens; LoRA publish",
-                f"{n / secs:,.0f} tok/s; publish {1e3 * pub:,.0f} ms", "torch engine rows above")]
+            code = proc.wait(timeout=budget)
+            ended = "ok" if code == 0 else f"exit {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            ended = "cut"
+        reader.join(timeout=10)
+    if ended == "cut":
+        rows.append(Row(name, "", f"cut after {budget:.0f}s (its time budget); the rows above are what it finished",
+                        f"log: logs/{log_path.name}"))
+    elif ended != "ok" and not any(r.figure.startswith("failed:") for r in rows):
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+        rows.append(Row(name, "", f"failed: {ended}: {tail[0][:200]}", f"log: logs/{log_path.name}"))
+    return rows, ended
 
 
-def multi_gpu_rows(kit: Kit) -> list[Row]:
-    import torch
-
-    n = torch.cuda.device_count() if kit.cuda else 0
-    if n < 2:
-        raise Skip(f"{n} GPU(s) visible; multi-GPU FSDP needs 2 or more")
-    return train_rows(kit, "qwen3-0.6b", world=n)
+# ------------------------------------------------------------------------------------------ the table
 
 
-# ------------------------------------------------------------------------------------------------ table
-
-
-def parts(kit: Kit) -> Iterator[list[Row]]:
-    yield guarded("demo", "tiny demo via clawbridge up", lambda: demo_rows(kit))
-    for shape in ("qwen3-0.6b", "qwen3-1.7b"):
-        yield guarded("train", shape, lambda shape=shape: train_rows(kit, shape))  # type: ignore[misc]
-    yield guarded("decode", "torch engine decode", lambda: decode_rows(kit))
-    yield guarded("publish", "publish latency", lambda: publish_rows(kit))
-    yield guarded("sglang", "SGLang serving", lambda: sglang_rows(kit))
-    yield guarded("fsdp-N", "multi-GPU FSDP", lambda: multi_gpu_rows(kit))
-
-
-def render(rows: list[Row], header: str) -> str:
-    cols = ("part", "what", "figure", "baseline (same run)")
-    cells = [cols, *((r.part, r.what, r.figure, r.baseline) for r in rows)]
-    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+def render(rows: list[Row], seconds: dict[str, float], header: str) -> str:
+    """The table as text: one line per row, the part's wall time on its first row."""
+    cols = ("part", "what", "figure", "baseline (same run)", "part s")
+    cells = [cols]
+    seen: set[str] = set()
+    for r in rows:
+        wall = f"{seconds[r.part]:.0f}" if r.part in seconds and r.part not in seen else ""
+        seen.add(r.part)
+        cells.append((r.part, r.what, r.figure, r.baseline, wall))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     lines = [header, " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)),
              "-+-".join("-" * w for w in widths)]
     lines += [" | ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells[1:]]
     return "\n".join(lines)
+
+
+def markdown(rows: list[Row], seconds: dict[str, float], header: str) -> str:
+    """The same table in Markdown (for the README)."""
+    out = [header, "", "| part | what | figure | baseline (same run) | part s |", "|---|---|---|---|---|"]
+    seen: set[str] = set()
+    for r in rows:
+        wall = f"{seconds[r.part]:.0f}" if r.part in seconds and r.part not in seen else ""
+        seen.add(r.part)
+        out.append("| " + " | ".join(c.replace("|", "/") for c in (r.part, r.what, r.figure, r.baseline, wall)) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def publish(out: Path, rows: list[Row], seconds: dict[str, float], header: str, status: dict[str, Any]) -> None:
+    """Print the table so far and write it to `out` (gpu-kit.md, gpu-kit.json)."""
+    print(f"\n=== {status['state']} ===\n" + render(rows, seconds, header), flush=True)
+    write_atomic(out / "gpu-kit.md", markdown(rows, seconds, header))
+    write_atomic(out / "gpu-kit.json", json.dumps({"header": header, "status": status, "seconds": seconds,
+                                                   "rows": [asdict(r) for r in rows]}, indent=1))
+
+
+def describe_machine(device: str) -> str:
+    """The GPU's name from nvidia-smi (torch would create a CUDA context here, and hold its memory
+    for the whole run), or the CPU count."""
+    if not device.startswith("cuda"):
+        return f"cpu x{os.cpu_count()}"
+    index = device.partition(":")[2] or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() or "cuda (nvidia-smi gave no name)"
+    except (OSError, subprocess.TimeoutExpired):
+        return "cuda (no nvidia-smi)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,23 +174,68 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: the whole table in minutes on a CPU")
     ap.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
     ap.add_argument("--work", type=Path, default=None, help="folder for models and state (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for the table and the logs (default: $OUT if set, else ./gpu-kit-out)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help=f"seconds for all parts (default {DEADLINE_S:.0f}; 1800 with --quick)")
+    ap.add_argument("--parts", default=",".join(PARTS), help="which parts, comma-separated (default: all)")
+    ap.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS", help="a part's time budget")
+    ap.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)  # one part, in this process
+    ap.add_argument("--inject-failure", default=None, metavar="PART", help=argparse.SUPPRESS)  # the kit's test
     args = ap.parse_args(argv)
+    if args.part:
+        return part_main(args)
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"no CUDA device visible to torch {torch.__version__}; rerun with --device cpu", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="clawbridge-gpukit-") as tmp:
-        kit = Kit(args.device, args.quick, args.work or Path(tmp), args.peak_tflops)
-        kit.work.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name() if kit.cuda else f"cpu x{os.cpu_count()}"
-        header = (f"clawbridge GPU kit: {name}, torch {torch.__version__}, device {kit.device}, "
-                  f"{'quick (scaled shapes)' if kit.quick else 'full sizes'}")
-        rows = [r for part in parts(kit) for r in part]
-    print(render(rows, header), flush=True)
+    chosen = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        ap.error(f"unknown parts {unknown}; the parts are {', '.join(PARTS)}")
+    budgets = {}
+    for item in args.budget:
+        name, _, secs = item.partition("=")
+        budgets[name] = float(secs)
+    out = args.out or Path(os.environ.get("OUT") or "gpu-kit-out")
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    deadline = args.deadline or (1800.0 if args.quick else DEADLINE_S)
+    own_work = args.work is None
+    args.work = args.work or Path(tempfile.mkdtemp(prefix="clawbridge-gpukit-"))
+    args.work.mkdir(parents=True, exist_ok=True)
+    header = (f"clawbridge GPU kit: {describe_machine(args.device)}, torch {torch.__version__}, device "
+              f"{args.device}, {'quick (scaled shapes)' if args.quick else 'full sizes'}")
+    kit = Kit(args.device, args.quick, args.work, args.peak_tflops)
+    rows: list[Row] = []
+    seconds: dict[str, float] = {}
+    t_start = time.monotonic()
+    try:
+        for i, name in enumerate(chosen):
+            part = PARTS[name]
+            t0 = time.monotonic()
+            left = deadline - (t0 - t_start)
+            why = part.precheck(kit)
+            if why:
+                rows.append(Row(name, "", f"skipped: {why}"))
+            elif left < min(MIN_START_S, deadline / 10):
+                rows.append(Row(name, "", f"skipped: out of time ({left:.0f}s of the kit's {deadline:.0f}s left)"))
+            else:
+                budget = min(budgets.get(name, part.quick_budget_s if args.quick else part.budget_s), left)
+                print(f"[kit] {name}: starting, budget {budget:.0f}s ({left:.0f}s left)", file=sys.stderr, flush=True)
+                got, ended = run_part(name, budget, args, out / "logs")
+                rows += got
+                print(f"[kit] {name}: {ended} in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+            seconds[name] = time.monotonic() - t0
+            state = f"after {name} ({i + 1}/{len(chosen)}), {time.monotonic() - t_start:.0f}s"
+            publish(out, rows, seconds, header, {"state": state, "done": chosen[:i + 1]})
+    finally:
+        if own_work:
+            shutil.rmtree(args.work, ignore_errors=True)
+    publish(out, rows, seconds, header, {"state": f"final, {time.monotonic() - t_start:.0f}s", "done": chosen})
+    print(f"[kit] table written to {out / 'gpu-kit.md'} and {out / 'gpu-kit.json'}", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     raise SystemExit(main())

@@ -190,8 +190,10 @@ def meta_model(config: dict[str, object]) -> object:
         return AutoModelForCausalLM.from_config(cfg)
 
 
-def build_shape(out_dir: Path, shape: Shape, *, dtype: Dtype = "bf16", seed: int = 0) -> Path:
-    """Write a random-initialized model of `shape` + a tokenizer of its vocabulary size to `out_dir`."""
+def build_shape(out_dir: Path, shape: Shape, *, dtype: Dtype = "bf16", seed: int = 0, device: str = "cpu") -> Path:
+    """Write a random-initialized model of `shape` + a tokenizer of its vocabulary size to `out_dir`.
+    `device`: where the random weights are drawn (a GPU draws a 1.7B model in a second; the same
+    seed gives other numbers on another device)."""
     import torch
     from safetensors.torch import save_file
 
@@ -202,13 +204,14 @@ def build_shape(out_dir: Path, shape: Shape, *, dtype: Dtype = "bf16", seed: int
     config = hf_config(shape, ids, dtype)
     model = meta_model(config)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():  # type: ignore[attr-defined]  # tied weights listed once
         if name.endswith("norm.weight"):
             tensors[name] = torch.ones(p.shape, dtype=torch_dtype)
         else:
-            tensors[name] = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen).to(torch_dtype)
+            drawn = torch.empty(p.shape, dtype=torch.float32, device=device).normal_(0.0, 0.02, generator=gen)
+            tensors[name] = drawn.to(torch_dtype).cpu()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     tok.save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", {

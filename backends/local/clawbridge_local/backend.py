@@ -141,6 +141,7 @@ class LocalBackend:
             progress=self._progress,
             batch_decode=o.engine_batch_decode,
             kv_budget_tokens=o.kv_budget_tokens or None,
+            graphs="auto" if o.engine_cuda_graphs else "off",
         )
 
     async def _start_sglang(self) -> None:

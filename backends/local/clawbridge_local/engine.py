@@ -18,6 +18,15 @@ Threading:
   summation order (<= 1e-4), so a seeded request's tokens are reproducible alone, and with
   neighbours except where a draw falls within that distance of a boundary; with `batch_decode`
   off they are the same whether or not other requests run beside it.
+- On CUDA (`graphs="auto"`) decode steps without adapters run with fixed shapes, replayed from
+  CUDA graphs (`clawbridge_local.decode_graphs`), and the prefills of a round on the same weights
+  and adapter run packed in one forward (`clawbridge_local.packed_prefill`); both keep a request's
+  logprobs equal to its unbatched eager ones up to float summation order, as batching does (so a
+  prompt repeated after its prefix was evicted matches its first prefill to that order, not bit
+  for bit, when either ran packed; a repeat served from its kept end is still bit-identical).
+  `graphs="static"` runs the same fixed shapes without capture on any device (tests); `"off"`
+  and CPU under `"auto"` keep the eager steps. Sampling reads the device once per step for all
+  rows without truncation or alternatives (`sampling.choose_rows`).
 - A request that ends by stop or length leaves its cached tokens in the pool as a prefix for a
   later prompt on the same weights (`KVPool.take_prefix`); publishing drops the replaced weights'.
 - Repeatable: a prefill runs the prompt's uncached tokens in one forward and keeps the prompt's
@@ -70,7 +79,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -83,16 +92,23 @@ from clawbridge.sampler import (
     SamplerUnavailable,
     SamplingParams,
 )
+from clawbridge_local import packed_prefill
+from clawbridge_local.decode_graphs import StaticDecode
 from clawbridge_local.kvpool import KVPool, Row, install
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.lora_serving import AdapterHooks, LoraAdapter
-from clawbridge_local.sampling import Choice, choose, make_generator
+from clawbridge_local.sampling import Choice, choose_rows, make_generator
 from clawbridge_local.serving import WeightSource
 
 log = logging.getLogger("clawbridge.engine")
 WeightUpdate = LoraAdapter | Mapping[str, torch.Tensor] | Callable[[torch.nn.Module], None]
 """A LoRA adapter (served unmerged), a new state (all or some parameters, by name) or a function
 that updates a module in place."""
+
+
+GraphMode = Literal["auto", "off", "static"]
+"""Fixed-shape steps: `auto` CUDA graphs on CUDA (eager on CPU), `static` fixed shapes without
+capture on any device, `off` eager steps only (module docstring)."""
 
 
 @dataclass(eq=False)
@@ -241,6 +257,7 @@ class TorchEngine:
         retry_after_s: float = 1.0,
         batch_decode: bool = True,
         kv_budget_tokens: int | None = None,
+        graphs: GraphMode = "auto",
     ) -> None:
         if max_running < 1 or max_queued < 0:
             raise ValueError("max_running must be >= 1 and max_queued >= 0")
@@ -262,9 +279,15 @@ class TorchEngine:
         """Batch the decode steps of running requests on the same base weights, any adapters."""
         self.batched_steps = 0
         """Batched decode forwards run so far (each decodes one token for two or more requests)."""
+        self.packed_prefills = 0
+        """Forwards that ran the prefills of two or more requests (`clawbridge_local.packed_prefill`)."""
         self.waited = 0
         """Requests that found the KV budget full and waited for room (so far)."""
         model.eval()
+        fixed = graphs == "static" or (graphs == "auto" and self.device.type == "cuda")
+        self.static: StaticDecode | None = (
+            StaticDecode(self.pool, capture=graphs == "auto") if fixed and StaticDecode.supports(model) else None)
+        """Fixed-shape decode steps (CUDA graphs under `auto` on CUDA); None: eager decode steps only."""
         self.one_forward_prefill: bool = KVPool.ends_are_exact(model)
         """A prefill is one forward and keeps its prompt's end (see "Repeatable" above)."""
         self._lock = threading.Lock()
@@ -298,6 +321,7 @@ class TorchEngine:
         local_files_only: bool = True,
         batch_decode: bool = True,
         kv_budget_tokens: int | None = None,
+        graphs: GraphMode = "auto",
     ) -> TorchEngine:
         """Load `model` (a folder, or a cached HF id) and start the engine. Blocking."""
         dev = resolve_device(device)
@@ -305,7 +329,7 @@ class TorchEngine:
             model, dev, resolve_dtype(dtype, dev), local_files_only=local_files_only, progress=progress
         )
         return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version,
-                   batch_decode=batch_decode, kv_budget_tokens=kv_budget_tokens)
+                   batch_decode=batch_decode, kv_budget_tokens=kv_budget_tokens, graphs=graphs)
 
     # ------------------------------------------------------------------ asyncio side
 
@@ -540,17 +564,61 @@ class TorchEngine:
         req.start = -1
 
     def _round(self) -> None:
-        """One step for every running request: prefills one by one, then the decode steps of
-        requests on the same base weights in one forward, each with its own version's adapter (or
-        one by one without `batch_decode`)."""
+        """One step for every running request: prefills (one by one, or packed by weights and
+        adapter with fixed-shape steps on), then the decode steps of requests on the same base
+        weights in one forward, each with its own version's adapter (or one by one without
+        `batch_decode`)."""
         decoders: dict[int, list[_Request]] = {}
+        packs: dict[tuple[int, int], list[_Request]] = {}
         for req in list(self._running):
-            if req.generated == 0 or not self.batch_decode:
+            if req.generated == 0 and self._packable(req):
+                packs.setdefault((id(req.weights.model), id(req.weights.adapter)), []).append(req)
+            elif req.generated == 0 or not self.batch_decode:
                 self._step([req])
             else:
                 decoders.setdefault(id(req.weights.model), []).append(req)
+        for pack in packs.values():
+            while pack:
+                take = 1
+                while take < len(pack) and packed_prefill.fits([_new_row(r) for r in pack[:take + 1]]):
+                    take += 1
+                if take == 1:
+                    self._step(pack[:1])
+                else:
+                    self._prefill_packed(pack[:take])
+                pack = pack[take:]
         for group in decoders.values():
             self._step(group)
+
+    def _packable(self, req: _Request) -> bool:
+        """Whether `req`'s prefill may run packed with others (not a repeat served from its kept
+        end, and one forward gives a prefill's logits)."""
+        n = len(req.prompt)
+        return (self.static is not None and self.one_forward_prefill
+                and not (req.cached == n and n in req.ends))
+
+    def _prefill_packed(self, reqs: list[_Request]) -> None:
+        """The prefills of `reqs` (same weights and adapter) in one forward; hand the first tokens over."""
+        try:
+            for r in reqs:
+                r.generator = make_generator(r.params.seed, self.device)
+            self._hooks.set_rows([reqs[0].weights.adapter], self.device)
+            rows = [_new_row(r) for r in reqs]
+            out = packed_prefill.prefill_packed(self.pool, reqs[0].weights.model,
+                                                [r.prompt[r.cached:] for r in reqs], rows)
+            for r, (_, end) in zip(reqs, out, strict=True):
+                r.ends[len(r.prompt)] = end
+                r.cached = len(r.prompt)
+            choices = choose_rows(torch.cat([lg for lg, _ in out]), [r.params for r in reqs],
+                                  [r.generator for r in reqs])
+        except Exception as e:  # a bug in this engine, not an unreachable model
+            log.exception("torch engine failed on a packed prefill")
+            for r in reqs:
+                self._finish(r, _End("cancelled", SamplerFailed(f"torch engine failed: {e!r}")))
+            return
+        self.packed_prefills += 1
+        for r, choice in zip(reqs, choices, strict=True):
+            self._accept(r, choice)
 
     def _step(self, reqs: list[_Request]) -> None:
         """One forward: the prefill of one request (its first step), or one decode token for each
@@ -563,11 +631,16 @@ class TorchEngine:
                 logits = self._prefill(req)
             else:
                 rows = [Row(r.start, r.cached, 1) for r in reqs]
-                self._hooks.set_rows([r.weights.adapter for r in reqs], self.device)
-                logits = self.pool.forward(reqs[0].weights.model, [[r.last_token] for r in reqs], rows)
+                adapters = [r.weights.adapter for r in reqs]
+                self._hooks.set_rows(adapters, self.device)
+                fixed = None
+                if self.static is not None and all(a is None for a in adapters):
+                    fixed = self.static.forward(reqs[0].weights.model, [r.last_token for r in reqs], rows)
+                logits = fixed if fixed is not None else self.pool.forward(
+                    reqs[0].weights.model, [[r.last_token] for r in reqs], rows)
                 for r in reqs:
                     r.cached += 1
-            choices = [choose(logits[b], r.params, r.generator) for b, r in enumerate(reqs)]
+            choices = choose_rows(logits, [r.params for r in reqs], [r.generator for r in reqs])
             if len(reqs) > 1:
                 self.batched_steps += 1
         except Exception as e:  # a bug in this engine, not an unreachable model
@@ -695,13 +768,26 @@ class TorchEngine:
                 self._current = _Weights(cur.model, version)
         self.pool.drop_prefixes(cur)  # their keys/values came from the weights being replaced
         if in_place:
-            _apply_update(cur.model, update)
+            before = _addresses(cur.model)
+            _apply_update(cur.model, update)  # copies into the tensors: the decode graphs stay valid
+            if self.static is not None and _addresses(cur.model) != before:  # e.g. an output layer untied
+                self.static.forget(cur.model)
             return version
         fresh = copy.deepcopy(cur.model)
         _apply_update(fresh, update)
         with self._lock:
             self._current = _Weights(fresh, version)
         return version
+
+
+def _addresses(model: torch.nn.Module) -> list[int]:
+    """Where `model`'s parameters and buffers are (a captured graph reads them there)."""
+    return [t.data_ptr() for t in (*model.parameters(), *model.buffers())]
+
+
+def _new_row(req: _Request) -> Row:
+    """The pool row of `req`'s prefill: its prompt's uncached tokens."""
+    return Row(req.start, req.cached, len(req.prompt) - req.cached)
 
 
 def default_kv_budget(context_window: int, max_running: int) -> int:

@@ -45,13 +45,14 @@ import functools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 
+T = TypeVar("T")
 ATTN_NAME = "clawbridge_pool"
 """The transformers attention implementation name that `install` gives an engine's model."""
 
@@ -71,6 +72,19 @@ class StepPlan:
 
     pool: KVPool
     rows: Sequence[Row]
+    attend: Callable[..., tuple[torch.Tensor, None]] | None = None
+    """Another layout of the forward's rows (`clawbridge_local.decode_graphs`, `packed_prefill`):
+    `pool_attention` hands each layer's (module, query, key, value, attention_mask, scaling,
+    sliding_window) to it instead of attending row by row."""
+
+
+def run_planned(plan: StepPlan, forward: Callable[[], T]) -> T:
+    """`forward()` with `plan` active for `pool_attention` on this thread."""
+    _active.plan = plan
+    try:
+        return forward()
+    finally:
+        _active.plan = None
 
 
 _active = threading.local()
@@ -375,6 +389,8 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,  # type: ignore[return-value]
                                       dropout=dropout, sliding_window=sliding_window, **kwargs)
+    if plan.attend is not None:
+        return plan.attend(module, query, key, value, attention_mask, scaling, sliding_window)
     li = int(module.layer_idx)  # type: ignore[arg-type]
     pk, pv = plan.pool.keys[li], plan.pool.values[li]
     batch, heads, q_n, dim = query.shape  # every row has the same number of new tokens

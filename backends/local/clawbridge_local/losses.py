@@ -14,8 +14,9 @@ Invariants:
 - The KL penalty (k3 estimator, `exp(r) - 1 - r` with `r = logp_ref - logp_train`, always >= 0)
   is added as `kl_coef * sum(mask * k3)`, following the same token-sum rule. It needs reference
   logprobs; without them it is skipped (and `kl` is reported as 0).
-- Metrics are returned as additive SUMS (`LossSums`) so micro-batches and ranks combine by
-  addition; `finalize_metrics` turns the totals into the reported means once, at the end.
+- Metrics are returned as additive SUMS (`LossSums`, or the same numbers as a device tensor,
+  `LossOutput.totals`) so micro-batches and ranks combine by addition; `finalize_metrics` turns the
+  totals into the reported means once, at the end. Computing a loss never waits for the device.
 """
 
 from __future__ import annotations
@@ -81,8 +82,15 @@ class LossOutput:
 
     loss: torch.Tensor
     """Scalar; `backward()` on it gives the token-sum gradient."""
-    sums: LossSums
-    """Detached totals for metrics."""
+    totals: torch.Tensor
+    """Detached totals for metrics: float64 [len(SUM_KEYS)] on the loss's device, in `SUM_KEYS`
+    order. A trainer adds these up over micro-batches on the device and reads them once a step
+    (reading a number off a GPU waits for all queued work: one wait per step, not six per micro-batch)."""
+
+    @property
+    def sums(self) -> LossSums:
+        """`totals` read to the host (waits for the device)."""
+        return LossSums.from_tensor(self.totals.cpu())
 
 
 def _policy_objective(
@@ -125,18 +133,10 @@ def compute_loss(config: LossConfig, inputs: LossInputs) -> LossOutput:
         kl_sum = ((torch.exp(r) - 1.0 - r) * mask).sum()
     loss = pg_loss + config.kl_coef * kl_sum if config.kl_coef else pg_loss
 
-    with torch.no_grad():
-        sums = LossSums(
-            {
-                "loss": float(loss.detach()),
-                "pg_loss": float(pg_loss.detach()),
-                "kl": float(kl_sum.detach()),
-                "clipped": float((clipped * mask).sum()),
-                "tokens": float(mask.sum()),
-                "ratio": float((ratio.detach() * mask).sum()),
-            }
-        )
-    return LossOutput(loss=loss, sums=sums)
+    with torch.no_grad():  # in SUM_KEYS order; no host sync here (LossOutput.totals)
+        totals = torch.stack([loss.detach(), pg_loss.detach(), kl_sum.detach(), (clipped * mask).sum(), mask.sum(),
+                              (ratio.detach() * mask).sum()]).to(torch.float64)
+    return LossOutput(loss=loss, totals=totals)
 
 
 def finalize_metrics(sums: LossSums) -> dict[str, float]:

@@ -11,10 +11,17 @@ Invariants:
   `top_p` cannot crash the engine.
 - Randomness comes only from the `torch.Generator` passed in, so one request's draws do not depend
   on what other requests do.
+- `choose_rows` is `choose` for every row of a batch, the same tokens and logprobs, reading the
+  device once for all the rows that need no truncation and no alternatives (`choose` reads it
+  several times per row: on a GPU each read waits for the queue). It draws as `torch.multinomial`
+  does for one sample (an Exp(1) draw per logit from the row's generator, then argmax of p / q),
+  so a seeded row draws the same token either way; a row whose distribution is not finite still
+  makes that draw (its generator moves on) before it falls back to argmax.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +97,41 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     else:
         gen.manual_seed(seed)
     return gen
+
+
+def _batchable(params: SamplingParams, vocab: int) -> bool:
+    """Rows `choose_rows` takes together: no top-k, no top-p, no alternatives."""
+    return params.top_logprobs == 0 and not 0 < params.top_k < vocab and params.top_p >= 1.0
+
+
+def choose_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None]) -> list[Choice]:
+    """`choose` for each row of `logits` [rows, vocab] (module invariants)."""
+    rows, vocab = logits.shape
+    together = [i for i in range(rows) if _batchable(params[i], vocab)]
+    out: dict[int, Choice] = {i: choose(logits[i], params[i], generators[i])
+                              for i in range(rows) if not _batchable(params[i], vocab)}
+    if together:
+        x = logits[together].float() if len(together) < rows else logits.float()
+        scaled = x.clone()
+        drawn = [k for k, i in enumerate(together) if params[i].temperature > 0.0]
+        for temperature in {params[together[k]].temperature for k in drawn}:  # as `choose` divides
+            idx = [k for k in drawn if params[together[k]].temperature == temperature]
+            scaled[idx] = x[idx] / temperature
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        token = torch.argmax(x, dim=-1)
+        if drawn:
+            probs = torch.softmax(scaled[drawn], dim=-1)
+            q = torch.empty_like(probs)
+            for j, k in enumerate(drawn):  # each row's own generator, as multinomial draws it
+                q[j].exponential_(1.0, generator=generators[together[k]])
+            ok = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0.0)
+            at = torch.tensor(drawn, device=x.device)
+            token[at] = torch.where(ok, torch.argmax(probs / q, dim=-1), token[at])
+            bad = ~ok & ~torch.isfinite(logprobs[at]).all(dim=-1)  # `choose`'s fallback to untempered
+            logprobs[at] = torch.where(bad[:, None], torch.log_softmax(x[at], dim=-1), logprobs[at])
+        picked = logprobs.gather(1, token[:, None])[:, 0]
+        ids, lps = torch.stack([token.double(), picked.double()]).tolist()  # the one read of the device
+        for k, i in enumerate(together):
+            out[i] = Choice(int(ids[k]), float(lps[k]), ())
+    return [out[i] for i in range(rows)]

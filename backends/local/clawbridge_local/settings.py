@@ -52,6 +52,11 @@ class LocalSettings(BaseModel):
         True, description="Torch engine: run the decode steps of concurrent requests as one batched forward (several "
         "times the tokens/s on CPU; logprobs equal unbatched ones to 1e-4; bench/engine_batching.py measures it).",
         json_schema_extra=_env("engine_batch_decode"))
+    engine_cuda_graphs: bool = Field(
+        True, description="Torch engine on CUDA: replay decode steps from CUDA graphs (per batch and length "
+        "bucket) and pack the prefills of a round into one forward; logprobs equal the eager steps' to float "
+        "summation order. false: eager steps (as on CPU, where this does nothing).",
+        json_schema_extra=_new_env("engine_cuda_graphs"))
     engine_threads: int = Field(
         0, ge=0, description="torch CPU threads of the local backend (0: OMP_NUM_THREADS if set, else one per two "
         "cores; measured in bench/engine_threads.py).", json_schema_extra=_env("engine_threads"))
@@ -96,10 +101,11 @@ class LocalSettings(BaseModel):
                                  json_schema_extra=_env("max_grad_norm"))
     micro_batch_size: int = Field(8, ge=1, description="Datums per forward/backward; larger batches accumulate.",
                                   json_schema_extra=_env("micro_batch_size"))
-    activation_checkpointing: bool = Field(
-        True, description="Recompute each decoder layer's activations in the backward pass instead of keeping "
+    activation_checkpointing: Literal["auto"] | bool = Field(
+        "auto", description="Recompute each decoder layer's activations in the backward pass instead of keeping "
         "them all from the forward: a step holds about one layer's activations, for one more forward of compute "
-        "(both measured in bench/engine_memory.py and bench/train_throughput.py).",
+        "(both measured in bench/engine_memory.py and bench/train_throughput.py). auto: on CUDA keep them when a "
+        "micro-batch's estimate fits half the free GPU memory (recompute after running out), on CPU recompute.",
         json_schema_extra=_new_env("activation_checkpointing"))
     train_world_size: int = Field(
         1, ge=1, description="Trainer processes (torchrun, FSDP2); 1 trains in the proxy's process unless "

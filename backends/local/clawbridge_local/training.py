@@ -2,11 +2,15 @@
 
 Invariants:
 - The trainer starts lazily (first step, or a checkpoint to restore): serving-only use pays nothing.
-- Publishing exports the trained weights (a transformers folder, or a peft adapter) and hands the
-  torch engine what it serves, under a new, strictly greater policy version: full weights as a
-  state dict named like the served model's parameters; LoRA as the adapter itself
+- Publishing hands the torch engine what it serves, under a new, strictly greater policy version:
+  full weights as a state dict named like the served model's parameters; LoRA as the adapter itself
   (`clawbridge_local.lora_serving.LoraAdapter`), served unmerged beside the shared base weights,
   so a publish copies no model. Streams already running finish on the weights they started on.
+  An in-process full fine-tuning trainer's state dict is a copy of its tensors made on their own
+  device (`model.live_weights`), which the engine copies into its own in place: on a GPU nothing
+  goes through the host or the disk (issue 36: the export and reload cost ~2.9 s for qwen3-0.6b).
+  Otherwise (torchrun, LoRA) the trained weights are exported (a transformers folder, or a peft
+  adapter) and read back.
 - Checkpoints (weights or adapter + optimizer + step + policy version) go to
   `<state_dir>/checkpoints/local/<name>` (the trainer loop names them), written atomically by the
   trainer; the store records which one each committed version is. A write cut short by a kill
@@ -25,6 +29,7 @@ import asyncio
 import functools
 import json
 import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,12 +49,21 @@ CHECKPOINT_STATE = STATE_FILE
 """The file every complete checkpoint folder holds (written last, atomically)."""
 
 T = TypeVar("T")
-_TRAINING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawbridge-train")
+_TRAINING_THREAD_NAME = "clawbridge-train"
+_TRAINING_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_TRAINING_THREAD_NAME)
 
 
 async def on_training_thread(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` on the one training thread (module invariants), awaited from the event loop."""
     return await asyncio.get_running_loop().run_in_executor(_TRAINING_THREAD, functools.partial(fn, *args))
+
+
+def on_training_thread_sync(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the one training thread (blocking; at once when called there): it runs
+    between steps, never during one."""
+    if threading.current_thread().name.startswith(_TRAINING_THREAD_NAME):
+        return fn(*args)
+    return _TRAINING_THREAD.submit(fn, *args).result()
 
 
 def trainer_config(settings: Settings, model_path: str, cpu_threads: int = 0) -> TrainerConfig:
@@ -172,7 +186,14 @@ class LocalTrainer:
         return self.client.train_step(batch, loss)
 
     def weight_update(self) -> dict[str, Any] | LoraAdapter:
-        """The current trained weights for the torch engine: a state dict, or the LoRA adapter."""
+        """The current trained weights for the torch engine: a state dict (in-process full
+        fine-tuning: copies made on the trainer's device), or the LoRA adapter."""
+        self.ensure_started()
+        core = self.client.core
+        if core is not None and not self.lora:
+            from clawbridge_local.trainer.model import live_weights
+
+            return on_training_thread_sync(live_weights, core.model)
         export = self.export()
         if self.lora:
             return LoraAdapter.from_peft(load_safetensors_dir(export), adapter_scale(export), str(export))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Precision = Literal["auto", "fp32", "bf16"]
+Checkpointing = bool | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,11 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 or less: no clipping; the norm is still reported)."""
     micro_batch_size: int = 8
     """Datums per forward/backward on one rank; larger batches are accumulated."""
-    activation_checkpointing: bool = True
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
+    activation_checkpointing: Checkpointing = "auto"
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them.
+    auto: on CUDA, keep them when a micro-batch's estimated activations fit half the free GPU
+    memory (and recompute after an out-of-memory error); on CPU, recompute (the in-process trainer
+    shares the proxy's memory: docs/engine-memory.md)."""
     precision: Precision = "auto"
     """auto: bf16 mixed precision on GPU, fp32 on CPU. Master weights and optimizer stay fp32."""
     device: str = "auto"

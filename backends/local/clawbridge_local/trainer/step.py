@@ -7,6 +7,15 @@ Invariants:
 - A train step = zero grads; for each micro-batch: forward, token-sum loss, backward (FSDP
   reduces gradients with SUM, only after the last micro-batch); clip global grad norm; AdamW
   step. Metrics are all-reduced sums, identical on every rank.
+- A step waits for the device once, at its end (the metrics; under FSDP on CUDA once more, when
+  the ranks agree on activation checkpointing): loss sums, the gradient norm and the clipping stay
+  on the device until then (issue 36: per-micro-batch `.item()`s and a host-side
+  clip decision each stalled the GPU's queue).
+- Activation checkpointing `auto` decides per step (`_recompute`): on CUDA it keeps activations
+  when the largest micro-batch's estimate (`model.activation_bytes`) fits half the free memory (on
+  every rank: the ranks agree), and an in-process step that runs out of memory keeping them runs
+  again recomputing (nothing was applied: the optimizer had not stepped); on CPU it recomputes.
+  Gradients are the same either way.
 - Collective methods (`train_step`, `export`, `save_checkpoint`, `restore_checkpoint`) must be
   called on every rank in the same order with the same arguments. Only rank 0 writes files.
 """
@@ -36,12 +45,12 @@ from torch.distributed.tensor import DTensor
 from clawbridge.backend import Datum, LossConfig
 from clawbridge.durable import replace_dir
 from clawbridge.faults import fault_point_sync
-from clawbridge_local.losses import LossInputs, LossSums, compute_loss, finalize_metrics
+from clawbridge_local.losses import SUM_KEYS, LossInputs, LossSums, compute_loss, finalize_metrics
 from clawbridge_local.trainer import model as model_io
 from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum
 from clawbridge_local.trainer.config import TrainerConfig
 from clawbridge_local.trainer.intact import OPTIMIZER_FILE, STATE_FILE, WEIGHTS_FILE
-from clawbridge_local.trainer.logprobs import token_logprobs
+from clawbridge_local.trainer.logprobs import available_bytes, token_logprobs
 
 
 def resolve_device(config: TrainerConfig, local_rank: int) -> torch.device:
@@ -73,6 +82,10 @@ class TrainerCore:
         self.device = resolve_device(config, local_rank)
         self.bf16 = model_io.use_bf16(config, self.device)
         self.model = model_io.build_model(config, self.device, base)
+        self._checkpointed = model_io.checkpointed_layers(self.model)
+        """The layers whose recompute `_recompute` turns on and off (empty: checkpointing off)."""
+        self._keep_failed = False
+        """`auto` ran out of memory keeping activations once: recompute from then on."""
         self._place(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -81,6 +94,7 @@ class TrainerCore:
             betas=config.betas,
             eps=config.eps,
             weight_decay=config.weight_decay,
+            fused=True if self.device.type == "cuda" and not distributed else None,  # one kernel per step
         )
         self.step = 0
         """Optimizer steps taken (restored from checkpoints)."""
@@ -123,29 +137,49 @@ class TrainerCore:
         if isinstance(self.model, FSDPModule):
             self.model.set_requires_gradient_sync(enabled)
 
-    def _grad_norm_and_clip(self) -> float:
-        """Global L2 norm of the gradients (float64, over all shards); scale them to max_grad_norm."""
+    def _grad_norm_and_clip(self) -> torch.Tensor:
+        """Global L2 norm of the gradients (a float64 device scalar: per-tensor norms, their squares
+        summed in float64, over all shards); scale them to max_grad_norm. Nothing waits for the
+        device: the scale is min(1, max / (norm + 1e-6)), a multiplication by exactly 1 below it."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for g in local:
-            sq += torch.linalg.vector_norm(g, dtype=torch.float64) ** 2
+        if local:
+            # CPU: float64 per tensor, as torch.linalg.vector_norm(dtype=float64) (the tests compare world
+            # sizes to 1e-5); CUDA: the fused fp32 norms (one kernel, not one per tensor), then float64.
+            wide = torch.float64 if self.device.type != "cuda" else None
+            sq = torch.stack(torch._foreach_norm(local, 2.0, dtype=wide)).to(torch.float64).square().sum()
         if self.distributed:
             dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
-        norm = float(sq.sqrt())
-        if self.config.max_grad_norm > 0 and norm > self.config.max_grad_norm:
-            coef = self.config.max_grad_norm / (norm + 1e-6)
-            with torch.no_grad():
-                for g in local:  # views of the (sharded) .grad tensors
-                    g.mul_(coef)
+        norm = sq.sqrt()
+        if self.config.max_grad_norm > 0 and local:
+            coef = (self.config.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+            with torch.no_grad():  # views of the (sharded) .grad tensors
+                torch._foreach_mul_(local, coef.to(local[0].dtype))
         return norm
 
-    def _all_reduce_sums(self, sums: LossSums) -> LossSums:
-        if not self.distributed:
-            return sums
-        t = sums.as_tensor().to(self.device)
-        dist.all_reduce(t)
-        return LossSums.from_tensor(t.cpu())
+    def _all_reduce_sums(self, totals: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(totals)
+        return totals
+
+    def _recompute(self, micros: Sequence[Sequence[Datum]]) -> bool:
+        """Whether this step's forwards recompute activations (see invariants); sets the layers.
+        `auto` keeps them where the device reports free memory (CUDA; `available_bytes` is 0 on
+        CPU) and the largest micro-batch's estimate fits half of it."""
+        if not self._checkpointed:
+            return False
+        on = True
+        if self.config.activation_checkpointing == "auto" and not self._keep_failed:
+            free = available_bytes(self.device)
+            tokens = max((len(m) * max(len(d.tokens) - 1 for d in m) for m in micros if m), default=1)
+            on = free == 0 or model_io.activation_bytes(self.model, tokens) > free // 2
+            if self.distributed and free > 0:  # every rank the same (a recompute runs FSDP's collectives again)
+                flag = torch.tensor([int(on)], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                on = bool(flag.item())
+        model_io.set_checkpointing(self._checkpointed, on)
+        return on
 
     def _fault_pause(self) -> None:
         """Fault injection for tests: inside a step, wait while `extra["pause_while_exists"]` exists."""
@@ -161,8 +195,42 @@ class TrainerCore:
             validate_datum(d)
         self._fault_pause()
         micros = micro_batches(batch, self.rank, self.world_size, self.config.micro_batch_size)
+        recompute = self._recompute(micros)
+        try:
+            totals = self._forward_backward(micros, loss)
+        except torch.OutOfMemoryError:
+            if recompute or self.config.activation_checkpointing != "auto" or self.distributed:
+                raise
+            # Keeping activations did not fit after all: nothing was applied yet, so run it again recomputing.
+            self._keep_failed = True
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            recompute = self._recompute(micros)
+            totals = self._forward_backward(micros, loss)
+        grad_norm = self._grad_norm_and_clip()
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = LossSums.zero()
+        self.step += 1
+        totals = self._all_reduce_sums(totals)
+        values = torch.cat([totals, grad_norm.reshape(1)]).tolist()  # the step's one wait for the device
+        metrics = finalize_metrics(LossSums.from_tensor(torch.tensor(values[:-1], dtype=torch.float64)))
+        metrics.update(
+            grad_norm=values[-1],
+            step=float(self.step),
+            learning_rate=self.config.learning_rate,
+            datums=float(len(batch)),
+            micro_batches=float(len(micros)),
+            world_size=float(self.world_size),
+            activation_checkpointing=float(recompute),
+            step_seconds=time.perf_counter() - t0,
+        )
+        return metrics
+
+    def _forward_backward(self, micros: Sequence[Sequence[Datum]], loss: LossConfig) -> torch.Tensor:
+        """Zero the gradients, then forward + backward every micro-batch; the loss totals (device)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = torch.zeros(len(SUM_KEYS), dtype=torch.float64, device=self.device)
         for k, micro in enumerate(micros):
             self._set_grad_sync(k == len(micros) - 1)
             c = collate(micro).to(self.device)
@@ -171,22 +239,8 @@ class TrainerCore:
                 logp = token_logprobs(self.model, c)
             out = compute_loss(loss, LossInputs(logp, c.sampler_logprobs, c.advantages, c.mask, ref))
             out.loss.backward()
-            sums = sums + out.sums
-        grad_norm = self._grad_norm_and_clip()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        metrics = finalize_metrics(self._all_reduce_sums(sums))
-        metrics.update(
-            grad_norm=grad_norm,
-            step=float(self.step),
-            learning_rate=self.config.learning_rate,
-            datums=float(len(batch)),
-            micro_batches=float(len(micros)),
-            world_size=float(self.world_size),
-            step_seconds=time.perf_counter() - t0,
-        )
-        return metrics
+            totals += out.totals
+        return totals
 
     def export(self, out_dir: Path, name: str) -> Path:
         """Write weights (full: HF folder; LoRA: peft adapter) to `out_dir/name` atomically."""
