@@ -372,6 +372,8 @@ CASES: list[Case] = [
          lambda c: {"version": c.world.alice_v}),
     Case("dashboard rollback of alice's lane", "POST", "/dashboard/api/promotion/{action}", ("dashboard", "write"),
          fixed("/dashboard/api/promotion/rollback"), LOGIN, lambda c: {"version": c.world.alice_v, "user": "alice"}),
+    Case("dashboard delete of alice's note", "POST", "/dashboard/api/notes/{note_id}/delete", ("dashboard", "write"),
+         lambda c: f"/dashboard/api/notes/{alice_note(c)}/delete", LOGIN),
     Case("metrics", "GET", "/metrics", ("metrics", "read"), fixed("/metrics"), LOGIN),
     Case("resume training after a rollback", "POST", "/rl/resume", ("versions", "serve"), fixed("/rl/resume"),
          ADMIN_ONLY, lambda _: {}),

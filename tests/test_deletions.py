@@ -23,6 +23,9 @@ from clawbridge.trainer.deletions import RETRY_FIRST_S, RETRY_MAX_S, DeletionRet
 from clawbridge.trainer.fake import FakeHostedBackend, SimulatedCrash
 
 INFO = ModelInfo(name="tiny", tokenizer_path="unused", context_window=4096, max_output_tokens=256)
+KEPT = {"fake://v00000000-base", "fake://v00000000-base#sampler", "fake://v00000002-step",
+        "fake://v00000002-step#sampler"}
+"""What the service holds once v1 is pruned with keep=1: the base (never pruned) and the newest."""
 
 
 async def commit_steps(keeper: CheckpointKeeper, n: int) -> None:
@@ -55,11 +58,12 @@ def test_retention_owes_each_object_and_a_retry_deletes_what_was_refused(tmp_pat
     owed = OwedDeletionStore(store)
 
     async def main() -> None:
-        await commit_steps(keeper, 1)
+        await commit_steps(keeper, 2)
         backend.refuse = True
-        assert await keeper.prune() == ["fake://v00000000-base"]
-        # decided once: v0 is pruned (never offered again), both of its objects owed, each tried once
-        assert pruned(store) == {0: True, 1: False}
+        assert await keeper.prune() == ["fake://v00000001-step"]
+        # decided once: v1 is pruned (never offered again; the base v0 is always kept), both of its
+        # objects owed, each tried once
+        assert pruned(store) == {0: False, 1: True, 2: False}
         rows = owed.listing()
         assert sorted((r.kind, r.attempts, r.reason) for r in rows) == [("sampler", 1, "prune"), ("state", 1, "prune")]
         assert all(r.next_try_at == clock.now() + RETRY_FIRST_S and "refused" in (r.last_error or "") for r in rows)
@@ -92,7 +96,7 @@ def test_retention_owes_each_object_and_a_retry_deletes_what_was_refused(tmp_pat
 
     asyncio.run(main())
     assert owed.listing() == [] and owed_lines(owed.status()) == []
-    assert backend.service == {"fake://v00000001-step", "fake://v00000001-step#sampler"}
+    assert backend.service == KEPT
     store.close()
 
 
@@ -103,19 +107,18 @@ def test_a_deletion_owed_before_a_crash_is_finished_by_the_next_run(tmp_path: Pa
     keeper = CheckpointKeeper(store, backend, keep=1)
 
     async def first() -> None:
-        await commit_steps(keeper, 1)
+        await commit_steps(keeper, 2)
         backend.crash_on_delete = True
         await keeper.prune()
 
-    with pytest.raises(SimulatedCrash):  # killed between owing v0's objects and the service deleting them
+    with pytest.raises(SimulatedCrash):  # killed between owing v1's objects and the service deleting them
         asyncio.run(first())
-    assert pruned(store) == {0: True, 1: False}
-    assert len(OwedDeletionStore(store).listing()) == 2 and "fake://v00000000-base" in service
+    assert pruned(store) == {0: False, 1: True, 2: False}
+    assert len(OwedDeletionStore(store).listing()) == 2 and "fake://v00000001-step" in service
     again = FakeHostedBackend(FakeSampler([7]), INFO, service=service)  # a restarted process
     retrier = DeletionRetrier(store, again)
     assert asyncio.run(retrier.owed.retry_due()) == 2
-    assert OwedDeletionStore(store).listing() == [] and service == {"fake://v00000001-step",
-                                                                     "fake://v00000001-step#sampler"}
+    assert OwedDeletionStore(store).listing() == [] and service == KEPT
     store.close()
 
 

@@ -128,7 +128,7 @@ def overview(state: ProxyState, started_at: float, config: dict[str, Any]) -> di
 
 def notes(state: ProxyState) -> list[dict[str, Any]] | None:
     """Every note from talk with its columns in words (`clawbridge.rewards.notes_describe`, as
-    `clawbridge notes` prints them); None when notes are off (no judge, or notes = false)."""
+    `clawbridge notes` prints them); None when notes are off (notes = false)."""
     from clawbridge.rewards.notes_describe import described
 
     if state.notes is None:

@@ -231,7 +231,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
         auth.require_write(request)
         book = state.notes
         if book is None:
-            raise ApiError(404, "notes are off: they come from a judge's hints (set judge, and notes = true)",
+            raise ApiError(404, "notes are off on this server (notes = false)",
                            code="notes_off")
         if not await state.writer.call(book.delete, note_id, None):
             raise ApiError(404, f"no note {note_id}", code="note_not_found", param="note_id")

@@ -37,8 +37,8 @@ class NewNote(BaseModel):
     user: str | None = None
 
 
-def _unknown_note() -> ApiError:
-    return ApiError(404, "no such note", code="note_not_found", param="note_id")
+def _unknown_note(note_id: int) -> ApiError:
+    return ApiError(404, f"no note {note_id}", code="note_not_found", param="note_id")
 
 
 def _whose(principal: Principal, asked: str | None, action: str) -> str | None:
@@ -84,10 +84,10 @@ def build_notes_router(state: ProxyState) -> APIRouter:
         notes = book()
         note = await state.read(notes.notes.get, note_id)
         if note is None:
-            raise _unknown_note()
-        require(principal, "notes", "write", Target(note.user_id or None), _unknown_note)
+            raise _unknown_note(note_id)
+        require(principal, "notes", "write", Target(note.user_id or None), lambda: _unknown_note(note_id))
         if not await state.writer.call(notes.delete, note_id):
-            raise _unknown_note()
+            raise _unknown_note(note_id)
         return {"note_id": note_id, "deleted": True}
 
     @router.delete("")

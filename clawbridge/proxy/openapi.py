@@ -2,12 +2,17 @@
 so FastAPI cannot see them): what `/openapi.json` serves (to a caller with a key) and what
 `scripts/fuzz_api.py` generates requests from.
 
-Invariant: each body schema is the pydantic model the route validates with, so the document and
-the validation cannot drift.
+Invariants:
+- Each body schema is the pydantic model the route validates with, so the document and the
+  validation cannot drift.
+- Every `{name}` in a path is a required string path parameter of every operation on that path
+  (routes that serve one answer under several base URLs do not read them, so FastAPI would leave
+  them out, and schema-driven clients refuse such an operation).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -57,5 +62,17 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         schemas[model.__name__] = schema
         post["requestBody"] = {"required": True,
                                "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}}
+    for path, ops in doc.get("paths", {}).items():
+        _declare_path_parameters(path, ops)
     app.openapi_schema = doc
     return doc
+
+
+def _declare_path_parameters(path: str, ops: dict[str, Any]) -> None:
+    """Add each `{name}` of `path` that an operation does not declare as a required string parameter."""
+    names = re.findall(r"{([^{}/]+)}", path)
+    for op in ops.values():
+        params: list[dict[str, Any]] = op.setdefault("parameters", [])
+        declared = {p.get("name") for p in params if p.get("in") == "path"}
+        params.extend({"name": n, "in": "path", "required": True, "schema": {"type": "string", "title": n}}
+                      for n in names if n not in declared)

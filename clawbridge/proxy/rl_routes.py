@@ -97,7 +97,8 @@ async def _target_session(state: ProxyState, principal: Principal, asked: str | 
     if asked is None and principal.kind == "session":
         asked = principal.session_id
     if not asked:
-        raise ApiError(400, f"session_id is required with the {principal.kind} key", param="session_id")
+        raise ApiError(400, f"session_id (in the body, or an X-Session-Id header) is required with the "
+                       f"{principal.kind} key", param="session_id")
     return await find_session(state, principal, asked, resource, action)
 
 

@@ -188,7 +188,7 @@ function renderTalk(notes, p) {
   line.textContent = good || "still good? not checked: the capability probe is off (promotion_mode, capability_probe)";
   line.className = good && good.startsWith("still good? no:") ? "stillgood no" : "stillgood";
   if (notes === null || notes === undefined) {
-    fill("notes", el("p", {class: "muted"}, "notes are off: they come from a judge's hints (set judge, and notes = true)"));
+    fill("notes", el("p", {class: "muted"}, "notes are off on this server (notes = false)"));
     return;
   }
   const remove = (n) => el("button", {class: "delete-note", "data-note-id": String(n.note_id), onclick: async () => {
