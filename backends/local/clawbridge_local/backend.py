@@ -159,7 +159,7 @@ class LocalBackend:
         try:
             self._engine = await SGLangEngine.connect(
                 url, lora=lora, max_in_flight=o.max_running_requests + o.max_queued_requests,
-                read_timeout_s=s.request_timeout_s,
+                read_timeout_s=s.request_timeout_s, max_loaded_loras=self.sglang_max_loaded_loras() if lora else None,
             )
         except BaseException:
             await self.close()
@@ -174,6 +174,9 @@ class LocalBackend:
             tp_size=o.sglang_tp_size, dp_size=o.sglang_dp_size, mem_fraction=o.sglang_mem_fraction,
             max_running_requests=o.max_running_requests, max_queued_requests=o.max_queued_requests,
             served_model_name=s.model_name, extra_args=tuple(o.sglang_extra_args),
+            max_loaded_loras=self.sglang_max_loaded_loras() if s.lora_rank > 0 else 0,
+            max_loras_per_batch=o.sglang_max_loras_per_batch if s.lora_rank > 0 else 0,
+            lora_eviction_policy=o.sglang_lora_eviction_policy if s.lora_rank > 0 else "",
         )
         env: dict[str, str] = {}
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -183,6 +186,16 @@ class LocalBackend:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return SGLangServer(cfg, s.state_path / "logs" / "sglang.log", command=self._sglang_command or DEFAULT_COMMAND,
                             env=env, startup_timeout_s=o.sglang_startup_timeout_s)
+
+    def sglang_max_loaded_loras(self) -> int:
+        """The adapters SGLang may hold at once (`--max-loaded-loras`): `sglang_max_loaded_loras`, or
+        the served version, the committed versions kept beside it and the users' adapters, and at
+        least the adapters one batch may mix (SGLang requires that)."""
+        o, s = self.options, self.settings
+        if o.sglang_max_loaded_loras > 0:
+            return max(o.sglang_max_loaded_loras, o.sglang_max_loras_per_batch)
+        users = s.max_user_adapters if s.per_user_adapters else 0
+        return max(1 + o.max_loaded_versions + users, o.sglang_max_loras_per_batch)
 
     def _require(self) -> ServingEngine:
         if self._engine is None:

@@ -85,6 +85,19 @@ class LocalSettings(BaseModel):
                                 "publishing needs 1).", json_schema_extra=_env("sglang_dp_size"))
     sglang_mem_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="engine sglang: --mem-fraction-static "
                                        "(0: SGLang's default).", json_schema_extra=_env("sglang_mem_fraction"))
+    sglang_max_loras_per_batch: int = Field(
+        8, ge=1, description="engine sglang with LoRA: adapters one batch may mix, each in a GPU slot "
+        "(--max-loras-per-batch); an adapter without a slot waits until one frees.",
+        json_schema_extra=_new_env("sglang_max_loras_per_batch"))
+    sglang_max_loaded_loras: int = Field(
+        0, ge=0, description="engine sglang with LoRA: adapters the server holds in CPU memory at once "
+        "(--max-loaded-loras; 0: the served version + max_loaded_versions + max_user_adapters with per-user adapters, "
+        "at least sglang_max_loras_per_batch); clawbridge unloads the least recently used idle one before loading "
+        "past it, and loads a kept one again when it is called.",
+        json_schema_extra=_new_env("sglang_max_loaded_loras"))
+    sglang_lora_eviction_policy: Literal["lru", "fifo"] = Field(
+        "lru", description="engine sglang with LoRA: which adapter leaves its GPU slot for another "
+        "(--lora-eviction-policy).", json_schema_extra=_new_env("sglang_lora_eviction_policy"))
     sglang_extra_args: list[str] = Field(default_factory=list, description="engine sglang: more "
                                          "`sglang.launch_server` arguments.", json_schema_extra=_env("sglang_extra_args"))
     sglang_startup_timeout_s: float = Field(900.0, gt=0, description="engine sglang: wait this long for the "
