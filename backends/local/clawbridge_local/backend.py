@@ -44,7 +44,7 @@ from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.trainer.client import Launcher
 from clawbridge_local.training import LocalTrainer, on_training_thread, resolve_model_folder
-from clawbridge_local.user_lane import UserLaneBackend
+from clawbridge_local.user_lane import LaneTrainers, UserLaneBackend
 
 log = logging.getLogger("clawbridge.local")
 
@@ -116,6 +116,7 @@ class LocalBackend:
         self._trainer: LocalTrainer | None = None
         loaded = self.options.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
         self._versions = LoadedVersions(loaded, self._load_version, self._drop_version)
+        self._lane_trainers = LaneTrainers(self.options.max_lane_trainers)
         self._lane_base: torch.nn.Module | None = None
         """Beside SGLang: the base all users' lane trainers share (`_lanes_base`)."""
         """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
@@ -290,6 +291,11 @@ class LocalBackend:
             model.requires_grad_(False)
             self._lane_base = model.to(resolve_device(cfg, 0))
         return self._lane_base
+
+    @property
+    def lane_trainers(self) -> LaneTrainers:
+        """Which users' lane trainers are in memory (`max_lane_trainers`)."""
+        return self._lane_trainers
 
     def unload_versions(self, versions: list[int]) -> None:
         """Stop serving `versions` (a forgotten user's adapters); streams already running finish."""

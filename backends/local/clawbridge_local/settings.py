@@ -70,6 +70,11 @@ class LocalSettings(BaseModel):
         "weights: a copy of the model's weights each).",
         json_schema_extra={"env": ["CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS"]})
 
+    max_lane_trainers: int = Field(
+        2, ge=1, description="per_user_adapters: users' trainers (adapter + optimizer state) kept in memory at once; "
+        "the least recently used idle one is closed and restored from its last checkpoint at its user's next step "
+        "(lanes train one at a time; docs/users.md).", json_schema_extra=_new_env("max_lane_trainers"))
+
     # --- sglang
     sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "
                             "(default: launch one).", json_schema_extra=_env("sglang_url"))
