@@ -37,6 +37,9 @@ from clawbridge.faults import fault_point
 from clawbridge.sampler import Sampler
 from clawbridge.versions import LoadedVersions, VersionUnavailable
 from clawbridge_local.engine import TorchEngine
+from clawbridge_local.kvbudget import MemoryShare, resolve_kv_dtype
+from clawbridge_local.loading import resolve_device, resolve_dtype
+from clawbridge_local.malloc import fix_mmap_threshold
 from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
 from clawbridge_local.settings import LocalSettings, local_settings
@@ -126,12 +129,16 @@ class LocalBackend:
         if self._engine is not None:
             return
         s, o = self.settings, self.options
+        fix_mmap_threshold(o.malloc_mmap_threshold_kib * 1024)
         if self.engine_name == "sglang":
             await self._start_sglang()
             return
         threads = engine_threads(o.engine_threads)
         torch.set_num_threads(threads)
         log.info("torch engine: %d CPU thread(s) (engine_threads)", threads)
+        device = resolve_device(o.device)
+        rule = MemoryShare(o.kv_memory_fraction, training=s.train, lora=s.lora_rank > 0,
+                           trainer_in_process=trainer_launcher(o) == "inprocess")
         self._engine = await asyncio.to_thread(
             TorchEngine.load,
             s.model,
@@ -142,7 +149,10 @@ class LocalBackend:
             progress=self._progress,
             batch_decode=o.engine_batch_decode,
             kv_budget_tokens=o.kv_budget_tokens or None,
+            kv_dtype=resolve_kv_dtype(o.kv_dtype, resolve_dtype(o.dtype, device), device),
+            kv_budget_rule=rule,
         )
+        log.info("torch engine: %s", self._engine.kv_budget.describe())
 
     async def _start_sglang(self) -> None:
         """Connect to `sglang_urls` (replicas) or `sglang_url`, or launch SGLang and wait until healthy."""

@@ -61,9 +61,25 @@ class LocalSettings(BaseModel):
                                      json_schema_extra=_env("max_queued_requests"))
     kv_budget_tokens: int = Field(
         0, ge=0, description="torch engine: token positions of the preallocated KV cache shared by all requests "
-        "(0: auto, max(context window, max_running_requests x min(context, 4096))); requests wait when it is full; "
-        "memory is this x 2 x layers x kv heads x head dim x dtype size (shown by `clawbridge status`).",
-        json_schema_extra=_env("kv_budget_tokens"))
+        "(0: auto, kv_memory_fraction of the memory free after the weights and the trainer, at most "
+        "max_running_requests x min(context, 2048), at least one whole context); requests wait when it is full; "
+        "memory is this x 2 x layers x kv heads x head dim x kv_dtype size (`clawbridge status` shows the figure "
+        "and why).", json_schema_extra=_env("kv_budget_tokens"))
+    kv_memory_fraction: float = Field(
+        0.25, gt=0.0, le=0.95, description="torch engine, kv_budget_tokens 0: the share of the memory free once the "
+        "weights are loaded, less the trainer's estimate, that the KV cache may take (as SGLang's "
+        "--mem-fraction-static).", json_schema_extra=_new_env("kv_memory_fraction"))
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="torch engine: the dtype keys and values are kept in (auto: bfloat16 for a float32 "
+        "model on the CPU, else the model's dtype; bfloat16 halves the KV cache, logprobs recorded are those of the "
+        "keys and values used; docs/engine-memory.md measures the difference).",
+        json_schema_extra=_new_env("kv_dtype"))
+    malloc_mmap_threshold_kib: int = Field(
+        1024, ge=0, description="Allocations of this many KiB or more get memory of their own from the OS, given back "
+        "when freed (glibc's M_MMAP_THRESHOLD, fixed): without it the in-process trainer's per-step activations "
+        "fragment the heap and the process grows at every training step (0: glibc's default, which raises the "
+        "threshold as large blocks are freed; docs/engine-memory.md).",
+        json_schema_extra=_new_env("malloc_mmap_threshold_kib"))
     max_loaded_versions: int = Field(
         2, ge=1, description="Committed versions other than the published one kept loaded for `model: NAME@N` and "
         "promotion, least recently used dropped (LoRA: an adapter each, over the one base; torch engine with full "
