@@ -1,4 +1,11 @@
-"""Torch engine memory and speed: the KV-pool engine against the OLD engine (issue 22 §1), same run.
+"""Torch engine memory and speed: `clawbridge up` itself, and the KV-pool engine against the OLD engine.
+
+The headline rows (issue 32 §1) measure `clawbridge up --backend local` from outside, as a user
+runs it: bench/up_memory.py's HTTP load (the openai SDK, streamed sessions of several turns, every
+turn rewarded, training steps meanwhile) and the peak RSS of the `up` process tree, with the KV
+settings as before issue 32 (a budget of max_running_requests x min(context, 4096) positions, float32)
+against the defaults, one run each. Then, keys and values in bfloat16 against float32 in the same
+greedy streams (how far the logprobs move). The rows below those are issue 22's, object level:
 
 The old engine is `bench/old_engine` (a frozen copy of the engine before the KV pool: a
 `DynamicCache` per request, every cache padded and concatenated per decode token); it is used
@@ -29,8 +36,10 @@ at a time, OMP_NUM_THREADS=1, so peaks do not mix:
   per forward): max |logprob difference| over the tokens both sampled before their first
   difference; and the pool engine's batched logprobs against a plain transformers full forward.
 
-Run (about 10-12 minutes on 2 shared cores):
+Run (about 10-12 minutes on 2 shared cores, and ~10 more per `clawbridge up` run):
     . .venv/bin/activate && python bench/engine_memory.py
+    python bench/engine_memory.py --only-up    # only the `clawbridge up` rows (old settings, defaults)
+    python bench/engine_memory.py --only-kv-dtype   # only bf16 against fp32 keys and values
     python bench/engine_memory.py --quick      # smaller sizes, to check that it runs
     python bench/engine_memory.py --only-serve --repeat 5   # only the serve+train peak
     python bench/engine_memory.py --only-speed --speed-repeat 5   # only decode speed, 5 runs each
@@ -195,11 +204,13 @@ async def growth(which: str, model_dir: Path, n: int) -> dict[str, Any]:
     return {"rss100_kb": rss[100], "rss_n_kb": rss[n]}
 
 
-def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: bool = True) -> dict[str, Any]:
+def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: bool = True,
+          kv_dtype: Any = None) -> dict[str, Any]:
     from clawbridge.sampler import SamplingParams
 
+    kw = {"kv_dtype": kv_dtype} if kv_dtype is not None else {}
     engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=concurrency,
-                                      progress=False, batch_decode=batch)
+                                      progress=False, batch_decode=batch, **kw)
     prompts = [list(range(10 + i, 30 + i + 3 * (i % 8))) for i in range(concurrency)]
 
     async def one(i: int) -> list[tuple[int, float]]:
@@ -315,6 +326,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 diff = max(diff, abs(la - lb_))
         return {"diff": diff, "ref_diff": a["ref_diff"]}
+    if kind == "kvdtype":  # the same 8 greedy streams with a float32 pool and a bfloat16 one
+        import torch
+
+        a = speed("new", model_dir, 8, 32, kv_dtype=torch.float32)
+        b = speed("new", model_dir, 8, 32, kv_dtype=torch.bfloat16)
+        diffs: list[float] = []
+        for x, y in zip(a["lps"], b["lps"], strict=True):
+            for (ta, la), (tb, lb_) in zip(x, y, strict=True):
+                if ta != tb:
+                    break
+                diffs.append(abs(la - lb_))
+        return {"max": max(diffs), "mean": sum(diffs) / len(diffs), "compared": len(diffs),
+                "of": sum(len(x) for x in a["lps"]), "tok_s_fp32": a["tok_s"], "tok_s_bf16": b["tok_s"]}
     raise ValueError(kind)
 
 
@@ -415,7 +439,50 @@ def other_rows(model_dir: Path, tiny: Path, args: argparse.Namespace) -> list[tu
                  f"{ex['new']['diff']:.2e}", "<= 1e-4"))
     rows.append(("SmolLM2 max |batched - full forward logprob|, 8 x 32", "", f"{ex['new']['ref_diff']:.2e}",
                  "<= 1e-4"))
+    rows += kv_dtype_rows(model_dir, args)
     return rows
+
+
+def kv_dtype_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """Keys and values in bfloat16 against float32, the same greedy streams (kv_dtype)."""
+    kv = run_child("kvdtype:new", model_dir, args)
+    return [(f"SmolLM2 |bf16 - fp32 KV logprob|, 8 x 32 greedy, {kv['compared']} of {kv['of']} tokens before the "
+             "first difference: max / mean", "", f"{kv['max']:.2e} / {kv['mean']:.2e}", ""),
+            ("  (same runs: decode tokens/s, fp32 KV (left) / bf16 KV (right))", f"{kv['tok_s_fp32']:.1f}",
+             f"{kv['tok_s_bf16']:.1f}", "")]
+
+
+def up_rows(model_dir: Path, args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    """The headline: `clawbridge up` itself under HTTP load (bench/up_memory.py), the KV settings as
+    before issue 32 (left) against the defaults (right), one run each, one after the other."""
+    from up_load import SessionLoad
+    from up_memory import measure
+
+    load = SessionLoad(args.up_sessions, args.streams, args.up_turns, args.tokens)
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as work:
+        for mode in ("old", "new"):
+            runs[mode] = measure(model_dir, Path(work), mode, load, args.up_drain)
+            print(f"[up:{mode}] {json.dumps(runs[mode])}", file=sys.stderr, flush=True)
+    old, new = runs["old"], runs["new"]
+
+    def kv(r: dict[str, Any]) -> str:
+        k = r["kv"]
+        return f"{k['kv_budget_tokens']:,} {k['kv_dtype']}, {k['kv_high_water_tokens']:,} written"
+
+    def reuse(r: dict[str, Any]) -> str:
+        return f"{r['prefix'].get('token_hit_rate', 0):.0%} / {r['prefix'].get('turn_hit_rate', 0):.0%}"
+
+    return [
+        (f"clawbridge up, SmolLM2 + LoRA, {load.concurrency} streams, {load.sessions} sessions x {load.turns} "
+         f"turns x {load.max_tokens} tok, rewarded: tree peak RSS (old KV settings / defaults)",
+         f"{old['peak_mib']:.0f} MiB", f"{new['peak_mib']:.0f} MiB", "<= 2048 MiB"),
+        ("  KV positions: budget, dtype, written at the end", kv(old), kv(new), ""),
+        ("  prefix cache: share of prompt tokens / of turns reused", reuse(old), reuse(new), "reused"),
+        ("  turns, training steps, errors", f"{old['turns']}, {old['steps']}, {old['n_errors']}",
+         f"{new['turns']}, {new['steps']}, {new['n_errors']}", ""),
+        ("  load average at the end of each run", old["load_avg"], new["load_avg"], ""),
+    ]
 
 
 def main() -> None:
@@ -425,7 +492,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3, help="serve+train runs per engine (peak: min/median/max)")
-    ap.add_argument("--only-serve", action="store_true", help="only the serve+train peak rows")
+    ap.add_argument("--only-serve", action="store_true", help="only the object-level serve+train peak rows")
+    ap.add_argument("--only-up", action="store_true", help="only the `clawbridge up` rows")
+    ap.add_argument("--only-kv-dtype", action="store_true", help="only the bf16 against fp32 KV rows")
+    ap.add_argument("--up-sessions", type=int, default=64, help="clawbridge up rows: sessions")
+    ap.add_argument("--up-turns", type=int, default=3, help="clawbridge up rows: turns per session")
+    ap.add_argument("--up-drain", type=float, default=900.0, help="clawbridge up rows: seconds to finish training")
     ap.add_argument("--only-speed", action="store_true", help="only the decode speed rows")
     ap.add_argument("--speed-repeat", type=int, default=1,
                     help="runs per engine of each decode speed row (median [min-max]; engines alternate first)")
@@ -436,7 +508,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in child(args).items() if k != "lps"}))
         return
     if args.quick:
-        args.streams, args.tokens, args.requests = 4, 16, 200
+        args.streams, args.tokens, args.requests, args.up_sessions, args.up_turns = 4, 16, 200, 8, 2
     from clawbridge_local.trainer.batch import write_batch
     from train_throughput import make_batch
 
@@ -454,9 +526,14 @@ def main() -> None:
         tiny = build_tiny_model(Path(tmp) / "tiny" / "model")
         if args.only_speed:
             rows += speed_rows(work / "model", args)
+        elif args.only_kv_dtype:
+            rows += kv_dtype_rows(work / "model", args)
         else:
-            rows += serve_rows(work / "model", args)
             if not args.only_serve:
+                rows += up_rows(work / "model", args)
+            if not args.only_up:
+                rows += serve_rows(work / "model", args)
+            if not args.only_serve and not args.only_up:
                 rows += other_rows(work / "model", tiny, args)
     widths = [max(len(r[i]) for r in [*rows, ("measurement", "old engine", "KV-pool engine", "target")])
               for i in range(4)]

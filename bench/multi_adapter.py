@@ -1,9 +1,24 @@
-"""Many adapters over one base in the torch engine: what each loaded adapter costs, and decode when
-every stream of a batch runs a different adapter (issue 21 §2: one engine serves every user's adapter).
+"""Many users' adapters over one base: through `clawbridge up` (issue 32 §2), and in the engine alone.
 
-Measured, in one process, OMP_NUM_THREADS=1, on SmolLM2-135M-Instruct fp32 (`--model tiny`: the
-tiny model, to check that it runs):
+`--via up` (the default): one `clawbridge up --backend local --model M` with per-user adapters
+(`per_user_adapters`, LoRA at its defaults, `max_user_adapters` at its default unless
+`--max-user-adapters`), driven over HTTP with the real `openai` SDK:
+1. `--users` users each run one rewarded session (sampled, `--concurrency` at a time), and each
+   user's lane trains one step on it (`batch_size` 1), so every user has a trained adapter;
+2. latency: `--calls` greedy streamed calls one at a time, each from a random user or (one in
+   four) the shared client key (the base, no adapter); a user's call is "resident" when no adapter
+   was loaded during it and "loaded" when its version was loaded from its checkpoint (the server's
+   log says which); the added latency is the call's time to first token less the median of the
+   base calls' in the same run (p50 / p99);
+3. mixing: `--calls` greedy calls of random users, `--concurrency` at a time;
+4. after the server stopped, every user turn of 2-3 is checked against the answer its version's
+   adapter gives loaded alone (its checkpoint in a fresh engine, one request at a time, keys and
+   values in the dtype the server used): tokens equal, or where they differ, the margin between the
+   reference's two best tokens at the first difference (a near tie of batched arithmetic, not the
+   wrong adapter, which differs at once and by far).
+Memory: the RSS of the `up` process tree (psutil) after loading, its peak, and after the calls.
 
+`--via engine`: the engine alone, in one process, OMP_NUM_THREADS=1, on SmolLM2-135M-Instruct fp32:
 - memory: the engine's RSS after loading, then after each of `--adapters` LoRA versions (rank
   `--rank` on the default target modules: every attention and MLP projection and lm_head, random
   weights) is loaded beside the published one (`TorchEngine.load_version`); the growth per adapter
@@ -14,9 +29,11 @@ tiny model, to check that it runs):
   batch), and every stream on its own adapter (one decode forward whose rows add different
   adapters, `lora_serving.AdapterHooks`). Median of the rounds.
 
-Run (about 2-3 minutes on 2 shared cores):
-    . .venv/bin/activate && python bench/multi_adapter.py
-    python bench/multi_adapter.py --model tiny --rounds 1      # quick
+Run:
+    python bench/multi_adapter.py --model tiny                     # 64 users through up (minutes)
+    nice -n 10 python bench/multi_adapter.py --model smollm2       # the same on SmolLM2 (long)
+    python bench/multi_adapter.py --via engine                     # the engine alone (2-3 minutes)
+    python bench/multi_adapter.py --via engine --model tiny --rounds 1      # quick
 """
 
 from __future__ import annotations
@@ -24,10 +41,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +60,10 @@ import torch  # noqa: E402
 from bench_common import model_folder, rss_mib  # noqa: E402
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
+from up_load import TreeRss, UpServer, load_average, median  # noqa: E402
 
 from clawbridge.config import LORA_TARGET_MODULES  # noqa: E402
+from clawbridge.devtools.demo import PROMPTS  # noqa: E402
 from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
 
 
@@ -109,21 +131,205 @@ async def run(model_dir: str, args: argparse.Namespace) -> list[tuple[str, str, 
         engine.shutdown()
 
 
+# ------------------------------------------------------------------------------ through clawbridge up
+
+
+@dataclass
+class Call:
+    """One greedy call through the proxy."""
+
+    user: str | None
+    """None: the shared client key (the base)."""
+    first_token_s: float
+    total_s: float
+    turn_id: str
+    loaded: bool = False
+    """An adapter was loaded from its checkpoint while it ran."""
+
+
+def greedy_call(server: UpServer, key: str, user: str | None, prompt: str, max_tokens: int) -> Call:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=key, max_retries=0, timeout=600)
+    t0 = time.monotonic()
+    first: float | None = None
+    turn_id = ""
+    stream = client.chat.completions.create(model="model", messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=max_tokens, temperature=0.0, stream=True)
+    for chunk in stream:
+        turn_id = chunk.id.replace("chatcmpl-", "turn_")
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.monotonic() - t0
+    total = time.monotonic() - t0
+    return Call(user, total if first is None else first, total, turn_id)
+
+
+def train_users(server: UpServer, keys: dict[str, str], concurrency: int) -> None:
+    """One rewarded, ended session per user (sampled), so each user's lane trains one step."""
+    import httpx
+    import openai
+
+    def one(i: int) -> None:
+        user = list(keys)[i]
+        h = {"Authorization": f"Bearer {keys[user]}"}
+        started = httpx.post(f"{server.base}/rl/start_session", json={}, headers=h, timeout=600)
+        started.raise_for_status()
+        key = started.json()["api_key"]
+        client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=key, max_retries=3, timeout=600)
+        client.chat.completions.create(model="model", messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                                       max_tokens=16, temperature=1.0, seed=i)
+        kh = {"Authorization": f"Bearer {key}"}
+        httpx.post(f"{server.base}/rl/set_reward", json={"reward": float(i % 2)}, headers=kh, timeout=600).raise_for_status()
+        httpx.post(f"{server.base}/rl/end_session", json={}, headers=kh, timeout=600).raise_for_status()
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(len(keys))))
+
+
+def check_alone(model_dir: str, state: Path, calls: list[Call], kv_dtype: str) -> dict[str, Any]:
+    """Each user call's recorded answer against its version's adapter loaded alone (module docstring)."""
+    import sqlite3
+
+    from safetensors.torch import load_file
+
+    from clawbridge.config import Settings
+    from clawbridge.sampler import SamplingParams
+    from clawbridge.store import DB_FILENAME
+    from clawbridge.store.codec import decode_ids
+
+    conn = sqlite3.connect(f"file:{state / DB_FILENAME}?mode=ro", uri=True)
+    ckpt = {int(v): (str(lane), str(c)) for v, lane, c in conn.execute(
+        "SELECT version, lane, checkpoint FROM policy_versions WHERE status='committed' AND lane != ''")}
+    turns = {t: (decode_ids(p), decode_ids(c), int(v)) for t, p, c, v in conn.execute(
+        "SELECT turn_id, prompt_token_ids, completion_token_ids, policy_version FROM turns")}
+    conn.close()
+    s = Settings()
+    scale = float(s.lora_alpha) / s.lora_rank
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[kv_dtype]
+    engine = TorchEngine.load(model_dir, device="cpu", dtype="float32", progress=False, kv_dtype=dtype)
+    alone: dict[int, Any] = {}
+    out: dict[str, Any] = {"checked": 0, "equal": 0, "own_version": 0, "differ": []}
+
+    async def go() -> None:
+        for call in calls:
+            if call.user is None:
+                continue
+            prompt, got, version = turns[call.turn_id]
+            out["checked"] += 1
+            out["own_version"] += ckpt.get(version, ("", ""))[0] == call.user
+            if version not in alone:
+                path = Path(ckpt[version][1])
+                alone[version] = await engine.load_version(
+                    LoraAdapter.from_peft(load_file(str(path / "model.safetensors")), scale, str(path)), version)
+            stream = await alone[version].sample(prompt, SamplingParams(max_tokens=len(got), temperature=0.0,
+                                                                        top_logprobs=2, stop_token_ids=()))
+            ref = [t async for t in stream]
+            ids = [t.token_id for t in ref]
+            if ids == got:
+                out["equal"] += 1
+                continue
+            k = next(i for i, (a, b) in enumerate(zip(ids, got, strict=False)) if a != b)
+            tops = ref[k].top_logprobs
+            out["differ"].append({"user": call.user, "at": k, "margin": tops[0][1] - tops[1][1]})
+
+    try:
+        asyncio.run(go())
+    finally:
+        engine.shutdown()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(q * len(ys)))] if ys else float("nan")
+
+
+def run_up(model_dir: str, work: Path, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    env = {"CLAWBRIDGE_PER_USER_ADAPTERS": "true", "CLAWBRIDGE_BATCH_SIZE": "1", "CLAWBRIDGE_BASELINE": "none",
+           "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.5", "CLAWBRIDGE_LOCAL_DEVICE": "cpu",
+           "CLAWBRIDGE_LOCAL_ENGINE": "torch"}
+    if args.max_user_adapters:
+        env["CLAWBRIDGE_MAX_USER_ADAPTERS"] = str(args.max_user_adapters)
+    t0 = time.monotonic()
+    server = UpServer.start(Path(model_dir), work / "state", env, log_level="info")
+    rss = TreeRss(server.proc.pid)
+    loaded_rss = rss.now()
+    try:
+        keys = {f"user{i:02d}": server.add_user(f"user{i:02d}") for i in range(args.users)}
+        train_users(server, keys, args.concurrency)
+        st = server.wait_trained(args.drain)
+        lanes = st.get("lanes") or {}
+        trained = sum(1 for lane in lanes.values() if lane["serving_version"])
+        trained_s = time.monotonic() - t0
+        after_train = rss.now()
+        rng = random.Random(0)
+        users = list(keys)
+        calls: list[Call] = []
+        for i in range(args.calls):  # one at a time: which calls loaded an adapter is known from the log
+            user = None if rng.random() < 0.25 else rng.choice(users)
+            mark = server.log_size()
+            call = greedy_call(server, keys[user] if user else server.client_key, user, PROMPTS[i % len(PROMPTS)],
+                               args.tokens)
+            call.loaded = "loaded policy version" in server.log_since(mark)
+            calls.append(call)
+        plan = [rng.choice(users) for _ in range(args.calls)]
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            mixed = list(pool.map(lambda iu: greedy_call(server, keys[iu[1]], iu[1], PROMPTS[iu[0] % len(PROMPTS)],
+                                                         args.tokens), enumerate(plan)))
+        final = server.status()
+        steady = rss.now()
+    finally:
+        peak = rss.stop()
+        server.stop()
+    kv_dtype = (final.get("engine") or {}).get("kv_dtype") or "fp32"
+    check = check_alone(model_dir, server.state_dir, calls + mixed, kv_dtype)
+    base = median([c.first_token_s for c in calls if c.user is None])
+    resident = [c.first_token_s - base for c in calls if c.user is not None and not c.loaded]
+    loading = [c.first_token_s - base for c in calls if c.user is not None and c.loaded]
+    mib = 2**20
+    near_ties = [d for d in check["differ"] if d["margin"] < 1e-2]
+    return [
+        ("users with a trained adapter", f"{trained} of {args.users}", f"{trained_s:.0f} s to train them"),
+        ("max_user_adapters / max_loaded_versions / max_lane_trainers",
+         f"{args.max_user_adapters or 'default'}", "(defaults 16 / 2 / 2 unless set)"),
+        ("up tree RSS: loaded / after training / after the calls / peak",
+         f"{loaded_rss / mib:.0f} / {after_train / mib:.0f} / {steady / mib:.0f} / {peak / mib:.0f} MiB", ""),
+        (f"base calls (shared key): time to first token, median of {sum(c.user is None for c in calls)}",
+         f"{base * 1000:.0f} ms", ""),
+        (f"added latency, adapter resident: p50 / p99 of {len(resident)}",
+         f"{pct(resident, 0.5) * 1000:.0f} / {pct(resident, 0.99) * 1000:.0f} ms", ""),
+        (f"added latency, adapter loaded from its checkpoint: p50 / p99 of {len(loading)}",
+         f"{pct(loading, 0.5) * 1000:.0f} / {pct(loading, 0.99) * 1000:.0f} ms", ""),
+        (f"user calls answered by the caller's own version ({args.concurrency} at a time for half)",
+         f"{check['own_version']} of {check['checked']}", ""),
+        ("  their tokens equal to the adapter loaded alone", f"{check['equal']} of {check['checked']}",
+         f"{len(near_ties)} differ at a near tie (< 0.01 nats), {len(check['differ']) - len(near_ties)} otherwise"),
+        ("load average (1, 5, 15 min) at the end", load_average(), ""),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--via", choices=["up", "engine"], default="up")
     ap.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    ap.add_argument("--adapters", type=int, default=8, help="adapters loaded beside the published one")
-    ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--users", type=int, default=64, help="up: users, each with a trained adapter")
+    ap.add_argument("--calls", type=int, default=128, help="up: calls in each of the two phases")
+    ap.add_argument("--concurrency", type=int, default=8, help="up: sessions or calls at a time")
+    ap.add_argument("--max-user-adapters", type=int, default=0, help="up: 0 keeps the default")
+    ap.add_argument("--drain", type=float, default=3600.0, help="up: seconds the lanes get to train")
+    ap.add_argument("--adapters", type=int, default=8, help="engine: adapters loaded beside the published one")
+    ap.add_argument("--rank", type=int, default=8, help="engine: LoRA rank")
+    ap.add_argument("--streams", type=int, default=8, help="engine: concurrent streams")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="engine: rounds")
     args = ap.parse_args()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = model_folder(args.model, tmp)
-        rows = asyncio.run(run(model_dir, args))
-    print(f"\nmodel {args.model}, torch {torch.__version__}, OMP_NUM_THREADS=1, {args.rounds} round(s)")
+        rows = run_up(model_dir, Path(tmp), args) if args.via == "up" else asyncio.run(run(model_dir, args))
+    print(f"\nmodel {args.model} via {args.via}, torch {torch.__version__}, OMP_NUM_THREADS=1"
+          + (f", {args.rounds} round(s)" if args.via == "engine" else f", {args.users} users"))
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>10}  {note}")

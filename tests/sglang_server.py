@@ -12,12 +12,19 @@ UnloadLoRAAdapterReqInput, UpdateWeightFromDiskReqInput), `sampling/sampling_par
   sampling params get 400 (SGLang: `SamplingParams(**d)` raises). Values as `verify()` checks them.
 - `lora_path` must name a loaded adapter; LoRA endpoints need `--enable-lora`; an adapter's rank and
   target modules must fit `--max-lora-rank` / `--lora-target-modules`.
+- Multi-LoRA as 0.5.x serves it (`managers/tokenizer_manager.py`, `lora/lora_manager.py`,
+  `lora/mem_pool.py`): `--max-loaded-loras N` refuses a load past N adapters ("Maximum number of
+  loaded LoRA adapters is N", 400; it must be >= `--max-loras-per-batch`); `--max-loras-per-batch M`
+  GPU slots hold the adapters of running requests, a request whose adapter has no slot takes one
+  from an adapter no running request uses (`--lora-eviction-policy` lru or fifo; `pinned`
+  adapters keep theirs, at most M - 1 pinned) or waits for one.
 - Output as 0.5.x streams it: `text` cumulative, `output_ids` incremental, `meta_info` with
   `completion_tokens` and cumulative `output_token_logprobs` [[logprob, id, None], ...],
   `finish_reason` {"type": "stop", "matched": id} / {"type": "length", "length": n}; `data: [DONE]`.
 
 The "model" is deterministic: a `script` (ids) if set, else ids from the prompt, position and the
-served weights (adapter name or weights version), so a publish visibly changes the output.
+served weights (a digest of the adapter's files, or the weights version), so a publish visibly
+changes the output and an answer from the wrong adapter differs from the right one's.
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +117,22 @@ class FakeSGLang:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """(path, body) of every LoRA / weight / cache call."""
     adapters: dict[str, str] = field(default_factory=dict)
+    max_loaded_loras: int | None = None
+    """`--max-loaded-loras` (None: no limit)."""
+    max_loras_per_batch: int = 8
+    """`--max-loras-per-batch`: GPU slots for adapters."""
+    lora_eviction_policy: str = "lru"
+    adapter_tags: dict[str, str] = field(default_factory=dict)
+    """Per loaded adapter, a digest of its folder's files: what its answers are made from."""
+    pinned: set[str] = field(default_factory=set)
+    slots: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """Adapters in a GPU slot, in eviction order (first out first)."""
+    slot_loads: int = 0
+    """Adapters copied into a slot so far (a swap from CPU memory)."""
+    most_loaded: int = 0
+    """The most adapters loaded at once so far."""
+    refused_loads: list[str] = field(default_factory=list)
+    """Names of the adapters whose load was refused (400)."""
     lora_users: Counter[str] = field(default_factory=Counter)
     unload_waits: list[str] = field(default_factory=list)
     """Adapters whose unload had to wait for running requests (clawbridge should never cause one)."""
@@ -202,16 +226,29 @@ class FakeSGLang:
 
         @app.post("/load_lora_adapter")
         async def load_lora(request: Request) -> JSONResponse:
+            body = await request.json()
             try:
-                b = _fields(await request.json(), LOAD_LORA_FIELDS, ("lora_name", "lora_path"), "LoadLoRAAdapterReqInput")
+                b = _fields(body, LOAD_LORA_FIELDS, ("lora_name", "lora_path"), "LoadLoRAAdapterReqInput")
                 _check(isinstance(b["lora_name"], str) and isinstance(b["lora_path"], str), "lora_name/lora_path: str")
                 self.calls.append(("/load_lora_adapter", b))
                 _check(self.enable_lora, "LoRA is not enabled. Please set `--enable-lora` to True.")
+                _check(self.max_loaded_loras is None or len(self.adapters) < self.max_loaded_loras,
+                       f"Cannot load LoRA adapter {b['lora_name']} at path {b['lora_path']}. Maximum number of "
+                       f"loaded LoRA adapters is {self.max_loaded_loras}. Please unload some LoRA adapters before "
+                       "loading new ones.")
                 _check(b["lora_name"] not in self.adapters, f"LoRA adapter {b['lora_name']} is already loaded")
-                self._check_adapter(Path(b["lora_path"]))
+                _check(not b.get("pinned") or len(self.pinned) < self.max_loras_per_batch - 1,
+                       f"Already have {len(self.pinned)} pinned adapters, max allowed is "
+                       f"{self.max_loras_per_batch - 1} (reserving 1 slot for dynamic use).")
+                tag = self._check_adapter(Path(b["lora_path"]))
             except Invalid as exc:
+                self.refused_loads.append(str(body.get("lora_name")) if isinstance(body, dict) else "")
                 return JSONResponse({"success": False, "error_message": str(exc)}, status_code=400)
             self.adapters[b["lora_name"]] = b["lora_path"]
+            self.adapter_tags[b["lora_name"]] = tag
+            if b.get("pinned"):
+                self.pinned.add(b["lora_name"])
+            self.most_loaded = max(self.most_loaded, len(self.adapters))
             return JSONResponse({"success": True, "error_message": None, "loaded_adapters": dict(self.adapters)})
 
         @app.post("/unload_lora_adapter")
@@ -227,6 +264,9 @@ class FakeSGLang:
                 while self.lora_users[b["lora_name"]]:
                     await asyncio.sleep(0.01)
             del self.adapters[b["lora_name"]]
+            self.adapter_tags.pop(b["lora_name"], None)
+            self.pinned.discard(b["lora_name"])
+            self.slots.pop(b["lora_name"], None)
             return JSONResponse({"success": True, "error_message": None, "loaded_adapters": dict(self.adapters)})
 
         @app.post("/update_weights_from_disk")
@@ -270,22 +310,46 @@ class FakeSGLang:
 
         return app
 
-    def _check_adapter(self, folder: Path) -> None:
+    def _check_adapter(self, folder: Path) -> str:
+        """Check a peft adapter folder; the digest of its files (`adapter_tags`)."""
         cfg_path = folder / "adapter_config.json"
-        _check(cfg_path.is_file() and (folder / "adapter_model.safetensors").is_file(),
-               f"{folder} is not a peft adapter folder")
+        weights = folder / "adapter_model.safetensors"
+        _check(cfg_path.is_file() and weights.is_file(), f"{folder} is not a peft adapter folder")
         cfg = json.loads(cfg_path.read_text())
         _check(int(cfg["r"]) <= self.max_lora_rank, f"LoRA rank {cfg['r']} > --max-lora-rank {self.max_lora_rank}")
         targets = cfg.get("target_modules") or []
         extra = sorted(set(targets) - set(self.lora_target_modules))
         _check(not extra, f"adapter targets {extra} not in --lora-target-modules")
+        return hashlib.sha256(cfg_path.read_bytes() + weights.read_bytes()).hexdigest()[:16]
+
+    async def _take_slot(self, lora: str) -> None:
+        """A GPU slot for `lora` (its running requests counted in `lora_users` already): kept, free,
+        or taken from the first adapter in eviction order that no running request uses and is not
+        pinned; else wait, as SGLang's scheduler leaves the request in its queue."""
+        while lora not in self.slots:
+            if len(self.slots) < self.max_loras_per_batch:
+                self.slots[lora] = None
+                self.slot_loads += 1
+                return
+            victim = next((a for a in self.slots if not self.lora_users[a] and a not in self.pinned), None)
+            if victim is not None:
+                del self.slots[victim]
+                continue
+            await asyncio.sleep(0.01)
+        if self.lora_eviction_policy == "lru":
+            self.slots.move_to_end(lora)
 
     async def _events(self, b: dict[str, Any], rid: str) -> Any:
         sp = b.get("sampling_params") or {}
         prompt, lora = b["input_ids"], b.get("lora_path")
-        tag = lora or self.weights_tag
+        tag = self.adapter_tags.get(lora, lora) if lora else self.weights_tag
         if lora:
             self.lora_users[lora] += 1
+            try:
+                await self._take_slot(lora)
+            except BaseException:
+                self.lora_users[lora] -= 1
+                raise
         self.running += 1
         stops = set(sp.get("stop_token_ids") or [])
         max_new = sp.get("max_new_tokens", 128)
@@ -380,11 +444,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-queued-requests", type=int, default=64)
+    p.add_argument("--max-loaded-loras", type=int)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
+    p.add_argument("--lora-eviction-policy", choices=["lru", "fifo"], default="lru")
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--fake-startup-s", type=float, default=0.0)
     args = p.parse_args(argv)
     if args.host != "127.0.0.1":
         p.error("the fake binds 127.0.0.1 only")
+    if args.max_loaded_loras is not None and args.max_loaded_loras < args.max_loras_per_batch:
+        p.error("max_loaded_loras should be greater than or equal to max_loras_per_batch")
     return args
 
 
@@ -392,7 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     fake = FakeSGLang(Path(a.model_path), port=a.port, enable_lora=a.enable_lora, max_lora_rank=a.max_lora_rank,
                       lora_target_modules=tuple(a.lora_target_modules), max_running=a.max_running_requests,
-                      max_queued=a.max_queued_requests, startup_s=a.fake_startup_s)
+                      max_queued=a.max_queued_requests, startup_s=a.fake_startup_s,
+                      max_loaded_loras=a.max_loaded_loras, max_loras_per_batch=a.max_loras_per_batch,
+                      lora_eviction_policy=a.lora_eviction_policy)
     print(f"fake sglang: {vars(a)}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.run(fake.app, host="127.0.0.1", port=a.port, log_level="warning")

@@ -30,7 +30,9 @@ MOVED = ("engine", "device", "dtype", "engine_batch_decode", "engine_threads", "
          "micro_batch_size", "train_world_size", "train_launcher")
 """Every option that was flat on `Settings` and only the local backend reads."""
 NEW = ("max_loaded_versions", "sglang_urls", "train_nnodes", "train_master_addr", "train_master_port",
-       "kv_budget_tokens", "activation_checkpointing", "engine_cuda_graphs")
+       "kv_budget_tokens", "activation_checkpointing", "engine_cuda_graphs", "sglang_max_loras_per_batch",
+       "sglang_max_loaded_loras", "sglang_lora_eviction_policy", "max_lane_trainers", "kv_memory_fraction",
+       "kv_dtype", "malloc_mmap_threshold_kib")
 """Options added to the section since (no flat name to keep)."""
 
 

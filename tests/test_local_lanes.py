@@ -139,3 +139,50 @@ def test_forgotten_versions_leave_sglang_and_the_disk(tiny_model_dir: Path, tmp_
     assert out["before"] == {"v1", "v2"}
     assert out["after"] == {"v2"} and out["kept"] == [2] and out["dirs"] == ["v2"], out
     assert out["bob_lora"] == "v2"
+
+
+def test_users_trainers_beyond_max_lane_trainers_are_parked_without_changing_training(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Three users, two steps each, taking turns, on the torch engine: with `max_lane_trainers` 1 at
+    most one lane's trainer is in memory after each step, the others restored from their checkpoints
+    when their turn comes, and every adapter ends exactly as with all three trainers kept."""
+    users = ("alice", "bob", "carol")
+    data = {u: Datum.from_turn([3 + i, 4, 5], [6 + i, 7], [-1.0, -1.0], [1.0, -0.5], 0) for i, u in enumerate(users)}
+
+    def run(limit: int, state: Path) -> tuple[dict[str, dict[str, Any]], list[int], int]:
+        settings = Settings.model_validate({
+            "model": str(tiny_model_dir), "state_dir": str(state), "lora_rank": 4, "learning_rate": 0.05,
+            "per_user_adapters": True, "backends": {"local": {"engine": "torch", "train_launcher": "inprocess",
+                                                              "max_lane_trainers": limit}}})
+        backend = LocalBackend(settings, progress=False)
+
+        async def go() -> tuple[dict[str, dict[str, Any]], list[int], int]:
+            await backend.start()
+            alive: list[int] = []
+            try:
+                lanes = {u: backend.user_lane(u) for u in users}
+                for version, user in enumerate((*users, *users), start=1):
+                    lane = lanes[user]
+                    await lane.train_step([data[user]], LossConfig("importance_sampling"))
+                    await lane.publish(version)
+                    await lane.save_checkpoint(f"v{version}")
+                    alive.append(sum(x.trainer.client.alive for x in lanes.values()))
+                final = {u: load_safetensors_dir(Path(str(lanes[u].trainer.client.last_checkpoint))) for u in users}
+                parked = backend.lane_trainers.parked
+                for lane in lanes.values():
+                    await lane.close()
+            finally:
+                await backend.close()
+            return final, alive, parked
+
+        return asyncio.run(go())
+
+    kept, alive_kept, parked_kept = run(3, tmp_path / "kept")
+    parked, alive_parked, parked_n = run(1, tmp_path / "parked")
+    assert alive_kept == [1, 2, 3, 3, 3, 3] and parked_kept == 0
+    assert alive_parked == [1] * 6 and parked_n == 5  # every step but the first parked the previous lane
+    for user in users:
+        assert set(kept[user]) == set(parked[user])
+        for name, tensor in kept[user].items():
+            assert torch.equal(tensor, parked[user][name]), (user, name)
+    assert any(not torch.equal(kept["alice"][k], kept["bob"][k]) for k in kept["alice"])

@@ -58,14 +58,15 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def settings_for(model_dir: Path, state_dir: Path, lora_rank: int, **extra: Any) -> Settings:
-    """Local-backend settings on CPU: fp32 engine, in-process trainer, lr high enough to see."""
+    """Local-backend settings on CPU: fp32 engine with fp32 keys and values (served logprobs equal the
+    trainer's to 1e-4), in-process trainer, lr high enough to see."""
     values: dict[str, Any] = {
         "model": str(model_dir),
         "state_dir": state_dir,
         "lora_rank": lora_rank,
         "lora_alpha": 32.0,
         "learning_rate": 1e-3,
-        "backends": {"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 4,
+        "backends": {"local": {"device": "cpu", "dtype": "float32", "kv_dtype": "float32", "max_running_requests": 4,
                                "train_world_size": 1}},
     }
     values.update(extra)

@@ -171,7 +171,12 @@ def test_status_reports_the_kv_budget(proxy: ProxyProcess) -> None:
     assert engine["kv_budget_tokens"] > 0
     assert (engine["kv_used_tokens"], engine["running"], engine["waiting"]) == (0, 0, 0)
     assert engine["kv_cached_tokens"] > 0 and engine["prefix_entries"] >= 1
+    assert 0 < engine["kv_high_water_tokens"] <= engine["kv_budget_tokens"]
+    # The budget was chosen from the free memory (the default) and in bfloat16 (a float32 model on the CPU).
+    assert engine["kv_dtype"] == "bf16" and "free after weights and trainer" in engine["kv_budget_reason"]
     out = subprocess.run([sys.executable, "-m", "clawbridge.cli.main", "status", "--state-dir", str(proxy.state_dir)],
                          capture_output=True, text=True, check=True)
-    assert f"engine: KV budget 0% reserved (0 of {engine['kv_budget_tokens']} tokens" in out.stdout
+    assert f"engine: KV budget {engine['kv_budget_tokens']:,} positions (" in out.stdout
+    assert engine["kv_budget_reason"] in out.stdout
+    assert f"KV budget 0% reserved (0 of {engine['kv_budget_tokens']} tokens" in out.stdout
     assert "0 running, 0 waiting" in out.stdout

@@ -188,7 +188,8 @@ def test_local_backend_scores_with_the_base_model(tiny_model_dir: Path, tmp_path
     from clawbridge_local.engine import TorchEngine
 
     settings = Settings.model_validate(dict(model=str(tiny_model_dir), state_dir=tmp_path,
-                                            backends={"local": {"device": "cpu", "max_running_requests": 1}}))
+                                            backends={"local": {"device": "cpu", "kv_dtype": "float32",
+                                                                "max_running_requests": 1}}))
     backend = LocalBackend(settings, progress=False)
 
     async def main() -> tuple[list[int], list[float], list[list[float]], list[list[float]]]:

@@ -47,10 +47,12 @@ def one_torch_thread() -> Iterator[None]:
 
 
 def settings(model_dir: Path, state_dir: Path, lora_rank: int, world_size: int = 1) -> Settings:
-    """fp32 CPU engine; the default learning rate of the mode (full or LoRA) and its defaults."""
+    """fp32 CPU engine with fp32 keys and values (the sampler equals the trainer to 1e-4 only then: a
+    bfloat16 KV cache moves logprobs by ~1e-3, docs/engine-memory.md); the default learning rate of
+    the mode (full or LoRA) and its defaults."""
     return Settings(
         model=str(model_dir), state_dir=state_dir, lora_rank=lora_rank,
-        backends={"local": {"device": "cpu", "dtype": "float32", "max_running_requests": 2,
+        backends={"local": {"device": "cpu", "dtype": "float32", "kv_dtype": "float32", "max_running_requests": 2,
                             "train_world_size": world_size}},
     )
 

@@ -363,3 +363,87 @@ def test_a_lane_killed_mid_step_recovers_alone(tiny_model_dir: Path, tmp_path: P
         assert answer.system_fingerprint == f"policy-v{lanes['bob']['serving_version']}"
     finally:
         proxy.stop()
+
+
+def test_more_users_than_loaded_adapters_each_answered_by_their_own(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Six users, each with a trained adapter, with two users' adapters loaded at once (and one lane
+    trainer in memory): greedy calls of all six, at random and six at a time, each answered by the
+    caller's own newest version, token for token what that version's adapter answers loaded alone
+    (its checkpoint in a fresh engine, one request at a time). Keys and values in float32, so a
+    batched row's logits equal its unbatched ones to 1e-4 and greedy tokens can differ only at an
+    exact tie."""
+    import asyncio
+    import random
+
+    import torch
+    from clawbridge_local.engine import TorchEngine
+    from clawbridge_local.lora_serving import LoraAdapter
+    from safetensors.torch import load_file
+
+    from clawbridge.sampler import SamplingParams
+    from clawbridge.store.codec import decode_ids
+
+    users = [f"u{i}" for i in range(6)]
+    proxy = ProxyProcess(tiny_model_dir, tmp_path / "state", extra_args=("--served-model-name", "tiny"),
+                         env={**env(), "CLAWBRIDGE_BASELINE": "none", "CLAWBRIDGE_BATCH_SIZE": "1",
+                              "CLAWBRIDGE_LEARNING_RATE": "0.05", "CLAWBRIDGE_LORA_ALPHA": "16",
+                              "CLAWBRIDGE_MAX_USER_ADAPTERS": "2",
+                              "CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS": "1", "CLAWBRIDGE_LOCAL_MAX_LANE_TRAINERS": "1",
+                              "CLAWBRIDGE_LOCAL_KV_DTYPE": "float32"}).start(300)
+    try:
+        keys = {u: call(proxy, "POST", "/rl/users", proxy.admin_key, {"user": u}).json()["api_key"] for u in users}
+        for i, user in enumerate(users):
+            episode(proxy, user, keys[user], i, seed=i)
+        lanes = wait_trained(proxy)["lanes"]
+        assert sorted(lanes) == users and all(lane["serving_version"] for lane in lanes.values()), lanes
+        rng = random.Random(0)
+        plan = [(rng.choice(users), rng.randrange(len(PROMPTS))) for _ in range(36)]
+
+        def one(i: int) -> tuple[str, str]:
+            user, p = plan[i]
+            client = openai.OpenAI(base_url=proxy.base + "/v1", api_key=keys[user], max_retries=0, timeout=120)
+            r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[p]}],
+                                               max_tokens=MAX_TOKENS, temperature=0)
+            return user, r.id.replace("chatcmpl-", "turn_")
+
+        answered: list[tuple[str, str]] = []
+        run_episodes(one, len(plan), 6, answered)
+        loaded = status(proxy)
+    finally:
+        proxy.stop()
+    state = proxy.state_dir
+    checkpoint = {int(r[0]): (str(r[1]), str(r[2])) for r in rows(
+        state, "SELECT version, lane, checkpoint FROM policy_versions WHERE status='committed' AND lane != ''")}
+    turns = {str(r["turn_id"]): r for r in rows(
+        state, "SELECT turn_id, prompt_token_ids, completion_token_ids, policy_version FROM turns")}
+    assert loaded["engine"]["kv_dtype"] == "fp32"
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", dtype="float32", progress=False,
+                              kv_dtype=torch.float32)
+    alone: dict[int, Any] = {}
+
+    async def reference(version: int, prompt: list[int], n: int) -> list[int]:
+        if version not in alone:
+            ckpt = Path(checkpoint[version][1])
+            adapter = LoraAdapter.from_peft(load_file(str(ckpt / "model.safetensors")), 16.0 / 8, str(ckpt))
+            alone[version] = await engine.load_version(adapter, version)
+        stream = await alone[version].sample(prompt, SamplingParams(max_tokens=n, temperature=0.0))
+        return [t.token_id async for t in stream]
+
+    async def check() -> list[tuple[str, int]]:
+        wrong = []
+        for user, turn_id in answered:
+            turn = turns[turn_id]
+            version = int(turn["policy_version"])
+            assert checkpoint[version][0] == user and version == lanes[user]["serving_version"], (user, version)
+            got = decode_ids(turn["completion_token_ids"])
+            if await reference(version, decode_ids(turn["prompt_token_ids"]), len(got)) != got:
+                wrong.append((user, version))
+        return wrong
+
+    try:
+        wrong = asyncio.run(check())
+    finally:
+        engine.shutdown()
+    assert not wrong, wrong
+    assert len({v for v, _ in checkpoint.values()}) == len(users)
+    assert len({turns[t]["policy_version"] for _, t in answered}) == len(users)  # all six were called

@@ -100,7 +100,7 @@ def print_status(console: Console, info: dict[str, Any]) -> None:
     if info["running"] and "store" in info:
         console.print(privacy_line(info.get("privacy"), (info.get("trainer") or {}).get("samples", {})), highlight=False)
     if info.get("engine"):
-        console.print(engine_line(info["engine"]), highlight=False)
+        console.print(engine_line(info["engine"]), highlight=False, soft_wrap=True)
 
 
 def stored_promotion(store: Any) -> dict[str, Any] | None:
@@ -259,9 +259,12 @@ def privacy_line(p: dict[str, Any] | None, samples: dict[str, Any]) -> str:
 
 
 def engine_line(e: dict[str, Any]) -> str:
-    """One line saying how full the serving engine's KV budget is and how many requests wait."""
-    return (f"engine: KV budget {e['kv_used_fraction']:.0%} reserved ({e['kv_used_tokens']} of "
-            f"{e['kv_budget_tokens']} tokens; {e['kv_cached_tokens']} more hold reusable prefixes), "
+    """What the serving engine's KV budget is (and why), how full it is and how many requests wait."""
+    budget = f"engine: {e['kv_budget']}\n  " if e.get("kv_budget") else "engine: "
+    written = (f"; {e['kv_high_water_tokens']} positions written so far"
+               if e.get("kv_high_water_tokens") is not None else "")
+    return (f"{budget}KV budget {e['kv_used_fraction']:.0%} reserved ({e['kv_used_tokens']} of "
+            f"{e['kv_budget_tokens']} tokens; {e['kv_cached_tokens']} more hold reusable prefixes{written}), "
             f"{e['running']} running, {e['waiting']} waiting; {e['waited_for_budget']} request(s) so far "
             "waited for room (raise kv_budget_tokens if this grows)")
 

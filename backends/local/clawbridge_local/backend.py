@@ -37,6 +37,9 @@ from clawbridge.faults import fault_point
 from clawbridge.sampler import Sampler
 from clawbridge.versions import LoadedVersions, VersionUnavailable
 from clawbridge_local.engine import TorchEngine
+from clawbridge_local.kvbudget import MemoryShare, resolve_kv_dtype
+from clawbridge_local.loading import resolve_device, resolve_dtype
+from clawbridge_local.malloc import fix_mmap_threshold
 from clawbridge_local.scoring import BaseModelScorer
 from clawbridge_local.serving import ServingEngine
 from clawbridge_local.settings import LocalSettings, local_settings
@@ -44,7 +47,7 @@ from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import DEFAULT_COMMAND, SGLangLaunchConfig, SGLangServer, serving_gpus
 from clawbridge_local.trainer.client import Launcher
 from clawbridge_local.training import LocalTrainer, on_training_thread, resolve_model_folder
-from clawbridge_local.user_lane import UserLaneBackend
+from clawbridge_local.user_lane import LaneTrainers, UserLaneBackend
 
 log = logging.getLogger("clawbridge.local")
 
@@ -116,6 +119,7 @@ class LocalBackend:
         self._trainer: LocalTrainer | None = None
         loaded = self.options.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
         self._versions = LoadedVersions(loaded, self._load_version, self._drop_version)
+        self._lane_trainers = LaneTrainers(self.options.max_lane_trainers)
         self._lane_base: torch.nn.Module | None = None
         """Beside SGLang: the base all users' lane trainers share (`_lanes_base`)."""
         """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
@@ -125,12 +129,16 @@ class LocalBackend:
         if self._engine is not None:
             return
         s, o = self.settings, self.options
+        fix_mmap_threshold(o.malloc_mmap_threshold_kib * 1024)
         if self.engine_name == "sglang":
             await self._start_sglang()
             return
         threads = engine_threads(o.engine_threads)
         torch.set_num_threads(threads)
         log.info("torch engine: %d CPU thread(s) (engine_threads)", threads)
+        device = resolve_device(o.device)
+        rule = MemoryShare(o.kv_memory_fraction, training=s.train, lora=s.lora_rank > 0,
+                           trainer_in_process=trainer_launcher(o) == "inprocess")
         self._engine = await asyncio.to_thread(
             TorchEngine.load,
             s.model,
@@ -142,7 +150,10 @@ class LocalBackend:
             batch_decode=o.engine_batch_decode,
             kv_budget_tokens=o.kv_budget_tokens or None,
             graphs="auto" if o.engine_cuda_graphs else "off",
+            kv_dtype=resolve_kv_dtype(o.kv_dtype, resolve_dtype(o.dtype, device), device),
+            kv_budget_rule=rule,
         )
+        log.info("torch engine: %s", self._engine.kv_budget.describe())
 
     async def _start_sglang(self) -> None:
         """Connect to `sglang_urls` (replicas) or `sglang_url`, or launch SGLang and wait until healthy."""
@@ -161,6 +172,7 @@ class LocalBackend:
             self._engine = await SGLangEngine.connect(
                 url, lora=lora, max_in_flight=o.max_running_requests + o.max_queued_requests,
                 read_timeout_s=s.request_timeout_s, held=self._versions.holds,
+                max_loaded_loras=self.sglang_max_loaded_loras() if lora else None,
             )
         except BaseException:
             await self.close()
@@ -175,6 +187,9 @@ class LocalBackend:
             tp_size=o.sglang_tp_size, dp_size=o.sglang_dp_size, mem_fraction=o.sglang_mem_fraction,
             max_running_requests=o.max_running_requests, max_queued_requests=o.max_queued_requests,
             served_model_name=s.model_name, extra_args=tuple(o.sglang_extra_args),
+            max_loaded_loras=self.sglang_max_loaded_loras() if s.lora_rank > 0 else 0,
+            max_loras_per_batch=o.sglang_max_loras_per_batch if s.lora_rank > 0 else 0,
+            lora_eviction_policy=o.sglang_lora_eviction_policy if s.lora_rank > 0 else "",
         )
         env: dict[str, str] = {}
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -184,6 +199,16 @@ class LocalBackend:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         return SGLangServer(cfg, s.state_path / "logs" / "sglang.log", command=self._sglang_command or DEFAULT_COMMAND,
                             env=env, startup_timeout_s=o.sglang_startup_timeout_s)
+
+    def sglang_max_loaded_loras(self) -> int:
+        """The adapters SGLang may hold at once (`--max-loaded-loras`): `sglang_max_loaded_loras`, or
+        the served version, the committed versions kept beside it and the users' adapters, and at
+        least the adapters one batch may mix (SGLang requires that)."""
+        o, s = self.options, self.settings
+        if o.sglang_max_loaded_loras > 0:
+            return max(o.sglang_max_loaded_loras, o.sglang_max_loras_per_batch)
+        users = s.max_user_adapters if s.per_user_adapters else 0
+        return max(1 + o.max_loaded_versions + users, o.sglang_max_loras_per_batch)
 
     def _require(self) -> ServingEngine:
         if self._engine is None:
@@ -279,6 +304,11 @@ class LocalBackend:
             model.requires_grad_(False)
             self._lane_base = model.to(resolve_device(cfg, 0))
         return self._lane_base
+
+    @property
+    def lane_trainers(self) -> LaneTrainers:
+        """Which users' lane trainers are in memory (`max_lane_trainers`)."""
+        return self._lane_trainers
 
     async def unload_versions(self, versions: list[int]) -> None:
         """Stop serving `versions` (a forgotten user's adapters) and delete every folder written

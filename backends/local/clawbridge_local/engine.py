@@ -94,6 +94,7 @@ from clawbridge.sampler import (
 )
 from clawbridge_local import packed_prefill
 from clawbridge_local.decode_graphs import StaticDecode
+from clawbridge_local.kvbudget import KVBudget, MemoryShare, choose_budget, dtype_name
 from clawbridge_local.kvpool import KVPool, Row, install
 from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dtype
 from clawbridge_local.lora_serving import AdapterHooks, LoraAdapter
@@ -258,13 +259,24 @@ class TorchEngine:
         batch_decode: bool = True,
         kv_budget_tokens: int | None = None,
         graphs: GraphMode = "auto",
+        kv_dtype: torch.dtype | None = None,
+        kv_budget_rule: MemoryShare | None = None,
     ) -> None:
         if max_running < 1 or max_queued < 0:
             raise ValueError("max_running must be >= 1 and max_queued >= 0")
         cfg: Any = getattr(model, "config", None)
         window = int(cfg.max_position_embeddings)
-        budget = kv_budget_tokens or default_kv_budget(window, max_running)
-        self.pool = KVPool.for_model(model, budget)
+        dtype = kv_dtype or next(model.parameters()).dtype
+        per_token = KVPool.bytes_per_token(model, dtype)
+        if kv_budget_tokens or kv_budget_rule is None:
+            self.kv_budget: KVBudget = choose_budget(
+                context_window=window, max_running=max_running, bytes_per_token=per_token, dtype=dtype, fraction=0.0,
+                free_bytes=None, trainer_bytes=0, explicit=kv_budget_tokens or 0)
+        else:
+            self.kv_budget = kv_budget_rule(model, window, max_running, per_token, dtype)
+        """The KV pool's size and why (`clawbridge_local.kvbudget`)."""
+        budget = self.kv_budget.tokens
+        self.pool = KVPool.for_model(model, budget, dtype)
         """Keys and values of every request (see `clawbridge_local.kvpool`); worker thread only."""
         self.context_window: int = min(window, budget)
         """Maximum prompt + completion tokens: the model's max_position_embeddings, or the KV
@@ -322,6 +334,8 @@ class TorchEngine:
         batch_decode: bool = True,
         kv_budget_tokens: int | None = None,
         graphs: GraphMode = "auto",
+        kv_dtype: torch.dtype | None = None,
+        kv_budget_rule: MemoryShare | None = None,
     ) -> TorchEngine:
         """Load `model` (a folder, or a cached HF id) and start the engine. Blocking."""
         dev = resolve_device(device)
@@ -329,7 +343,8 @@ class TorchEngine:
             model, dev, resolve_dtype(dtype, dev), local_files_only=local_files_only, progress=progress
         )
         return cls(lm, max_running=max_running, max_queued=max_queued, policy_version=policy_version,
-                   batch_decode=batch_decode, kv_budget_tokens=kv_budget_tokens, graphs=graphs)
+                   batch_decode=batch_decode, kv_budget_tokens=kv_budget_tokens, graphs=graphs,
+                   kv_dtype=kv_dtype, kv_budget_rule=kv_budget_rule)
 
     # ------------------------------------------------------------------ asyncio side
 
@@ -348,7 +363,10 @@ class TorchEngine:
         read from any thread)."""
         st = self.pool.stats()
         running = len(self._running)
-        return {"kv_budget_tokens": st.budget_tokens, "kv_used_tokens": st.used_tokens,
+        budget = self.kv_budget
+        return {"kv_budget_tokens": st.budget_tokens, "kv_dtype": dtype_name(budget.dtype),
+                "kv_budget_bytes": budget.bytes, "kv_budget_reason": budget.reason, "kv_budget": budget.describe(),
+                "kv_high_water_tokens": st.high_water_tokens, "kv_used_tokens": st.used_tokens,
                 "kv_cached_tokens": st.cached_tokens, "kv_used_fraction": round(st.used_tokens / st.budget_tokens, 4),
                 "prefix_entries": st.prefix_entries, "prefix_hits": st.prefix_hits,
                 "prefix_tokens_reused": st.prefix_tokens_reused, "running": running,
@@ -788,13 +806,6 @@ def _addresses(model: torch.nn.Module) -> list[int]:
 def _new_row(req: _Request) -> Row:
     """The pool row of `req`'s prefill: its prompt's uncached tokens."""
     return Row(req.start, req.cached, len(req.prompt) - req.cached)
-
-
-def default_kv_budget(context_window: int, max_running: int) -> int:
-    """The KV budget when none is given: one request of the whole context window fits, and every
-    running request can hold 4,096 tokens (or the context window, if smaller). The pool is
-    allocated with `torch.empty`, so its pages are committed only as they are first written."""
-    return max(context_window, max_running * min(context_window, 4096))
 
 
 def _check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:

@@ -7,7 +7,15 @@ caches, and the allocator churn kept the process at 8-9 GB for a 0.54 GB model. 
 
 - One pool per layer, `keys[layer]` / `values[layer]` of shape [kv_heads, budget_tokens, head_dim],
   allocated once with `torch.empty` (pages are committed as they are first written, so the
-  resident size is bounded by the budget's high-water mark, never by tokens served).
+  resident size is bounded by the budget's high-water mark, never by tokens served;
+  `high_water_tokens`). How many positions: `clawbridge_local.kvbudget`.
+- The pool's dtype may be smaller than the model's (`kv_dtype`, issue 32 §1: bfloat16 halves a
+  float32 model's cache on the CPU). New keys and values are rounded to it as they are written,
+  and attention runs in it on exactly what the pool holds (the query cast to it, the output cast
+  back: SDPA reads the stored values in place, no widened copy per step); so the logits, and the
+  logprobs a request records, are those of the keys and values actually used.
+  `bench/engine_memory.py` measures how far they move from a float32 pool's (docs/engine-memory.md:
+  widening the values to float32 instead moved them about as far, and decoded slower).
 - A request owns one contiguous region of the pool (first fit over a free list), reserved at
   admission for its prompt plus its max_tokens, so a running request never needs more room.
   A request that does not fit waits; nothing is refused for lack of room.
@@ -34,7 +42,9 @@ Invariants:
 - Regions never overlap; free ranges are kept sorted and coalesced; `used + cached + free ==
   budget` at all times (`check`).
 - Exactness: row b attends over exactly its own positions [0, cached + new) at positions given
-  explicitly, so its logits equal an unbatched forward's up to float summation order (<= 1e-4).
+  explicitly, so with a pool in the model's dtype its logits equal an unbatched forward's up to
+  float summation order (<= 1e-4); in a smaller dtype, up to that order and the rounding of what
+  is written (a value computed in a batched forward may round to the neighbouring bfloat16).
 - Only the engine's worker thread touches a pool (no locks); `stats` is read from other threads
   as a snapshot of plain ints.
 """
@@ -120,6 +130,9 @@ class PoolStats:
     prefix_entries: int
     prefix_hits: int
     prefix_tokens_reused: int
+    high_water_tokens: int
+    """Positions below the highest end of any region so far: the part of the pool ever written, so
+    the part whose memory is committed (pages are committed as they are first written)."""
 
 
 class KVPool:
@@ -139,25 +152,27 @@ class KVPool:
         self.cached_tokens = 0
         self.prefix_hits = 0
         self.prefix_tokens_reused = 0
+        self.high_water_tokens = 0
+        """The highest region end so far (`PoolStats.high_water_tokens`)."""
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, budget_tokens: int) -> KVPool:
-        cfg: Any = model.config
-        heads = int(cfg.num_attention_heads)
-        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    def for_model(cls, model: torch.nn.Module, budget_tokens: int, dtype: torch.dtype | None = None) -> KVPool:
+        """A pool for `model`'s layers; keys and values in `dtype` (None: the model's own)."""
+        layers, kv_heads, head_dim = _kv_shape(model)
         p = next(model.parameters())
-        return cls(int(cfg.num_hidden_layers), kv_heads, head_dim, budget_tokens, p.dtype, p.device)
+        return cls(layers, kv_heads, head_dim, budget_tokens, dtype or p.dtype, p.device)
 
     @staticmethod
-    def bytes_per_token(model: torch.nn.Module) -> int:
-        """Bytes of keys + values for one token over all layers."""
-        cfg: Any = model.config
-        heads = int(cfg.num_attention_heads)
-        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        size = next(model.parameters()).element_size()
-        return 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * size
+    def bytes_per_token(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
+        """Bytes of keys + values for one token over all layers, in `dtype` (None: the model's)."""
+        layers, kv_heads, head_dim = _kv_shape(model)
+        size = (dtype or next(model.parameters()).dtype).itemsize
+        return 2 * layers * kv_heads * head_dim * size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What keys and values are kept in."""
+        return self.keys[0].dtype
 
     # ------------------------------------------------------------------ regions
 
@@ -174,6 +189,7 @@ class KVPool:
             start = self._first_fit(n)
             assert start is not None, "evicting the chosen entries frees a run of n tokens"
         self.used_tokens += n
+        self.high_water_tokens = max(self.high_water_tokens, start + n)
         return start
 
     def free(self, start: int, n: int) -> None:
@@ -304,7 +320,7 @@ class KVPool:
 
     def stats(self) -> PoolStats:
         return PoolStats(self.budget_tokens, self.used_tokens, self.cached_tokens, len(self._entries),
-                         self.prefix_hits, self.prefix_tokens_reused)
+                         self.prefix_hits, self.prefix_tokens_reused, self.high_water_tokens)
 
     # ------------------------------------------------------------------ forwards
 
@@ -357,6 +373,15 @@ class KVPool:
             return bool(torch.equal(out, head(captured[0])[:, -1]))
 
 
+def _kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, key/value heads, head dim) of a transformers causal LM."""
+    cfg: Any = model.config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return int(cfg.num_hidden_layers), kv_heads, head_dim
+
+
 def _output_layer(model: torch.nn.Module) -> Any:
     """The model's output layer (transformers' `get_output_embeddings`), None if it has none."""
     return cast(Any, model).get_output_embeddings()
@@ -396,6 +421,8 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     batch, heads, q_n, dim = query.shape  # every row has the same number of new tokens
     kv_heads = key.shape[1]
     group = heads // kv_heads
+    out_dtype = query.dtype
+    query = query.to(pk.dtype)  # a pool in a smaller dtype: attention runs in it, on the values kept
     outs = []
     for b, r in enumerate(plan.rows):
         at = r.start + r.cached
@@ -418,7 +445,7 @@ def pool_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
             o = F.scaled_dot_product_attention(query[b:b + 1], k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
         outs.append(o.reshape(1, heads, q_n, dim))
     out = outs[0] if batch == 1 else torch.cat(outs)
-    return out.transpose(1, 2), None  # [B, q_n, heads, D]
+    return out.transpose(1, 2).to(out_dtype), None  # [B, q_n, heads, D]
 
 
 def install(model: torch.nn.Module) -> None:

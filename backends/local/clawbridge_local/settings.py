@@ -66,14 +66,35 @@ class LocalSettings(BaseModel):
                                      json_schema_extra=_env("max_queued_requests"))
     kv_budget_tokens: int = Field(
         0, ge=0, description="torch engine: token positions of the preallocated KV cache shared by all requests "
-        "(0: auto, max(context window, max_running_requests x min(context, 4096))); requests wait when it is full; "
-        "memory is this x 2 x layers x kv heads x head dim x dtype size (shown by `clawbridge status`).",
-        json_schema_extra=_env("kv_budget_tokens"))
+        "(0: auto, kv_memory_fraction of the memory free after the weights and the trainer, at most "
+        "max_running_requests x min(context, 2048), at least one whole context); requests wait when it is full; "
+        "memory is this x 2 x layers x kv heads x head dim x kv_dtype size (`clawbridge status` shows the figure "
+        "and why).", json_schema_extra=_env("kv_budget_tokens"))
+    kv_memory_fraction: float = Field(
+        0.25, gt=0.0, le=0.95, description="torch engine, kv_budget_tokens 0: the share of the memory free once the "
+        "weights are loaded, less the trainer's estimate, that the KV cache may take (as SGLang's "
+        "--mem-fraction-static).", json_schema_extra=_new_env("kv_memory_fraction"))
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="torch engine: the dtype keys and values are kept in (auto: bfloat16 for a float32 "
+        "model on the CPU, else the model's dtype; bfloat16 halves the KV cache, logprobs recorded are those of the "
+        "keys and values used; docs/engine-memory.md measures the difference).",
+        json_schema_extra=_new_env("kv_dtype"))
+    malloc_mmap_threshold_kib: int = Field(
+        1024, ge=0, description="Allocations of this many KiB or more get memory of their own from the OS, given back "
+        "when freed (glibc's M_MMAP_THRESHOLD, fixed): without it the in-process trainer's per-step activations "
+        "fragment the heap and the process grows at every training step (0: glibc's default, which raises the "
+        "threshold as large blocks are freed; docs/engine-memory.md).",
+        json_schema_extra=_new_env("malloc_mmap_threshold_kib"))
     max_loaded_versions: int = Field(
         2, ge=1, description="Committed versions other than the published one kept loaded for `model: NAME@N` and "
         "promotion, least recently used dropped (LoRA: an adapter each, over the one base; torch engine with full "
         "weights: a copy of the model's weights each).",
         json_schema_extra={"env": ["CLAWBRIDGE_LOCAL_MAX_LOADED_VERSIONS"]})
+
+    max_lane_trainers: int = Field(
+        2, ge=1, description="per_user_adapters: users' trainers (adapter + optimizer state) kept in memory at once; "
+        "the least recently used idle one is closed and restored from its last checkpoint at its user's next step "
+        "(lanes train one at a time; docs/users.md).", json_schema_extra=_new_env("max_lane_trainers"))
 
     # --- sglang
     sglang_url: str = Field("", description="engine sglang: URL of an already running SGLang server to use "
@@ -90,6 +111,19 @@ class LocalSettings(BaseModel):
                                 "publishing needs 1).", json_schema_extra=_env("sglang_dp_size"))
     sglang_mem_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="engine sglang: --mem-fraction-static "
                                        "(0: SGLang's default).", json_schema_extra=_env("sglang_mem_fraction"))
+    sglang_max_loras_per_batch: int = Field(
+        8, ge=1, description="engine sglang with LoRA: adapters one batch may mix, each in a GPU slot "
+        "(--max-loras-per-batch); an adapter without a slot waits until one frees.",
+        json_schema_extra=_new_env("sglang_max_loras_per_batch"))
+    sglang_max_loaded_loras: int = Field(
+        0, ge=0, description="engine sglang with LoRA: adapters the server holds in CPU memory at once "
+        "(--max-loaded-loras; 0: the served version + max_loaded_versions + max_user_adapters with per-user adapters, "
+        "at least sglang_max_loras_per_batch); clawbridge unloads the least recently used idle one before loading "
+        "past it, and loads a kept one again when it is called.",
+        json_schema_extra=_new_env("sglang_max_loaded_loras"))
+    sglang_lora_eviction_policy: Literal["lru", "fifo"] = Field(
+        "lru", description="engine sglang with LoRA: which adapter leaves its GPU slot for another "
+        "(--lora-eviction-policy).", json_schema_extra=_new_env("sglang_lora_eviction_policy"))
     sglang_extra_args: list[str] = Field(default_factory=list, description="engine sglang: more "
                                          "`sglang.launch_server` arguments.", json_schema_extra=_env("sglang_extra_args"))
     sglang_startup_timeout_s: float = Field(900.0, gt=0, description="engine sglang: wait this long for the "

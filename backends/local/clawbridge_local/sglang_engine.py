@@ -25,11 +25,18 @@ Invariants:
   LoRA version is unloaded once it is neither current, nor held (`held`), nor used by a stream.
 - Which versions are kept beside the current one is recorded once, by their owner
   (`clawbridge.versions.LoadedVersions`, which the engine asks through `held`); the engine keeps
-  only what the server has loaded (`loaded_versions`) and the streams per version.
-  `load_lora_version` loads a committed LoRA version (`NAME@N`, a user's adapter) beside the current
-  one, once; its sampler's streams run on that adapter; the owner `release`s it when it stops
-  holding it. Full fine-tuning serves one set of weights per server, so only the current version
-  is servable there.
+  only what the server has loaded (`loaded_versions`), each kept version's adapter folder and the
+  streams per version. `load_lora_version` makes a committed LoRA version (`NAME@N`, a user's
+  adapter) servable beside the current one: its folder is remembered and loaded now; its sampler's
+  streams run on that adapter; the owner `release`s it when it stops holding it. Full fine-tuning
+  serves one set of weights per server, so only the current version is servable there.
+- Many adapters (issue 32 §2) use SGLang's own multi-LoRA machinery: the server holds at most
+  `max_loaded_loras` adapters in CPU memory (`--max-loaded-loras`, which refuses a load past it)
+  and moves the ones running requests need into its `--max-loras-per-batch` GPU slots itself
+  (`--lora-eviction-policy`). The engine never asks for more than that: before a load it unloads
+  the least recently used adapter that no stream uses and that is not the current version, or
+  waits for one (`SamplerOverloaded` after `read_timeout_s`). A kept version unloaded so is loaded
+  again from its folder when a stream asks for it. `loaded_versions` is what the server holds.
 - Full publish drains: new streams wait (no error) while `/update_weights_from_disk` runs; SGLang
   itself lets in-flight requests finish on the old weights before loading (its writer lock), so
   every stream finishes on the weights it started on. The wait is bounded by the longest stream.
@@ -54,7 +61,8 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,6 +120,7 @@ class SGLangEngine:
         retry_after_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
         served_path: str | None = None,
+        max_loaded_loras: int | None = None,
         held: Callable[[int], bool] | None = None,
     ) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
@@ -145,18 +154,29 @@ class SGLangEngine:
         self._adapter: str | None = lora_name(policy_version) if lora and policy_version > 0 else None
         self._users: Counter[int] = Counter()
         """Streams returned or starting, per policy version."""
-        self._loaded: set[int] = {policy_version} if self._adapter else set()
-        """LoRA versions loaded on the server."""
+        self.max_loaded_loras = max_loaded_loras
+        """Adapters the server may hold at once (its `--max-loaded-loras`; None: no limit)."""
+        self.read_timeout_s = read_timeout_s
+        self._loaded: OrderedDict[int, None] = OrderedDict.fromkeys([policy_version] if self._adapter else [])
+        """LoRA versions loaded on the server, least recently used first."""
+        self._folders: dict[int, str] = {}
+        """The adapter folder of each kept LoRA version (to load it again after it was unloaded for room)."""
+        self._room = asyncio.Event()
+        """Set whenever a stream ends (an adapter may have become free to unload)."""
+        self._load_lock = asyncio.Lock()
+        """Loads and the unloads that make room for them never interleave."""
+        self.lora_loads = 0
+        """Adapters loaded on the server so far (a reload after an unload for room counts again)."""
         self._open = asyncio.Event()
         self._open.set()
         self._starting = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._publish_lock = asyncio.Lock()
-        self._unloads: set[asyncio.Task[None]] = set()
+        self._unloads: set[asyncio.Task[bool]] = set()
         self._held: Callable[[int], bool] = held if held is not None else (lambda _version: False)
-        """Whether the owner of the versions served beside the current one keeps `version` loaded
-        (`clawbridge.versions.LoadedVersions.holds`); such a version is never unloaded."""
+        """Whether the owner of the versions served beside the current one keeps `version`
+        (`clawbridge.versions.LoadedVersions.holds`); such a version is unloaded only for room."""
         self._closed = False
 
     @classmethod
@@ -253,6 +273,8 @@ class SGLangEngine:
         self._idle.clear()
         response: httpx.Response | None = None
         try:
+            if adapter is not None:
+                await self._ensure_loaded(version)
             request = client.build_request(
                 "POST", "/generate", json=self._body(prompt, params, adapter)
             )
@@ -290,6 +312,7 @@ class SGLangEngine:
         """A stream of `version` ended: unload that LoRA version if nothing needs it any more."""
         self._load[replica] -= 1
         self._users[version] -= 1
+        self._room.set()
         if self._users[version] <= 0:
             del self._users[version]
             if version in self._loaded and version != self._version and not self._held(version) \
@@ -298,16 +321,62 @@ class SGLangEngine:
                 self._unloads.add(task)
                 task.add_done_callback(self._unloads.discard)
 
-    async def _unload(self, version: int) -> None:
+    async def _unload(self, version: int, for_room: bool = False) -> bool:
+        """Unload `version` from the server unless a stream uses it or it is current; unless
+        `for_room`, a kept version stays too. Whether it was unloaded."""
         if version not in self._loaded or self._users[version] > 0 or version == self._version \
-                or self._held(version):
-            return
-        self._loaded.discard(version)
+                or (self._held(version) and not for_room):
+            return False
+        self._loaded.pop(version, None)
         failed = await self._post_each("/unload_lora_adapter", {"lora_name": lora_name(version)})
         if failed:  # stays loaded there; retried at the next publish
-            self._loaded.add(version)
+            self._loaded[version] = None
             for i, exc in failed.items():
                 log.warning("could not unload LoRA %s from %s: %s", lora_name(version), self.base_urls[i], exc)
+            return False
+        return True
+
+    async def _ensure_loaded(self, version: int) -> None:
+        """Make sure LoRA `version` (used by a starting stream) is loaded on the server: it is, or
+        it is loaded again from its folder after room is made (module invariants)."""
+        if version in self._loaded:
+            self._loaded.move_to_end(version)
+            return
+        async with self._load_lock:
+            if version in self._loaded:
+                self._loaded.move_to_end(version)
+                return
+            folder = self._folders.get(version)
+            if folder is None:
+                raise SamplerUnavailable(f"LoRA version {version} is no longer kept on the sglang server")
+            await self._make_room(1)
+            await self._load_adapter(folder, version)
+
+    async def _make_room(self, n: int) -> None:
+        """Unload least recently used adapters that no stream uses (not the current version) until
+        `n` more fit under `max_loaded_loras`; wait for streams to end while none can go. Call it
+        holding `_load_lock`."""
+        limit = self.max_loaded_loras
+        if limit is None:
+            return
+        deadline = time.monotonic() + self.read_timeout_s
+        while len(self._loaded) + n > limit:
+            idle = [v for v in self._loaded if self._users[v] == 0 and v != self._version]
+            if idle:
+                if not await self._unload(idle[0], for_room=True) and self._users[idle[0]] == 0:
+                    raise SamplerUnavailable(f"the sglang server would not unload LoRA {lora_name(idle[0])} to make "
+                                             f"room for another (max_loaded_loras {limit})")
+                continue
+            self._room.clear()
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._room.wait(), left)
+            except TimeoutError:
+                raise SamplerOverloaded(
+                    f"all {limit} LoRA adapters the sglang server holds (max_loaded_loras) are in use by "
+                    "running streams", retry_after_s=self.retry_after_s) from None
 
     async def drain_unloads(self) -> None:
         """Wait for background unloads (tests, shutdown)."""
@@ -361,9 +430,15 @@ class SGLangEngine:
             raise ValueError("this engine serves full weights; use publish_full")
         async with self._publish_lock:
             self._check_version(version)
-            await self._load_adapter(adapter_dir, version)
+            async with self._load_lock:
+                await self._make_room(1)
+                await self._load_adapter(adapter_dir, version)
+            previous = self._version
             self._version, self._adapter = version, lora_name(version)
-            for old in sorted(self._loaded - {version}):
+            self._folders[version] = str(adapter_dir)
+            if not self._held(previous):
+                self._folders.pop(previous, None)
+            for old in [v for v in self._loaded if v != version]:
                 if self._users[old] == 0:
                     await self._unload(old)
         return version
@@ -378,25 +453,34 @@ class SGLangEngine:
             for i, exc in (await self._post_each("/unload_lora_adapter", {"lora_name": name}, loaded)).items():
                 log.warning("LoRA %s stays loaded (unused) on %s: %s", name, self.base_urls[i], exc)
             raise self._publish_failed(version, failed, f"every replica still serves version {self._version}")
-        self._loaded.add(version)
+        self._loaded[version] = None
+        self.lora_loads += 1
 
     async def load_lora_version(self, adapter_dir: str | Path | None, version: int) -> SGLangVersionSampler:
         """A sampler of committed LoRA `version` (its peft adapter folder; None for version 0, the
-        base), loaded unless it is. Called by the owner of the versions kept (`held`), which
-        `release`s it when it stops holding it."""
+        base), loaded now unless it is. Called by the owner of the versions kept (`held`), which
+        `release`s it when it stops holding it (module invariants: it may be unloaded for room
+        meanwhile, and is loaded again from its folder when sampled)."""
         if not self.lora:
             raise ValueError("this engine serves full weights: only the current version can be sampled")
         async with self._publish_lock:
             if self._closed:
                 raise SamplerUnavailable("the sglang engine is closed")
-            if version > 0 and version not in self._loaded:
-                if adapter_dir is None:
+            if version > 0:
+                if adapter_dir is None and version not in self._folders:
                     raise ValueError(f"LoRA version {version} needs its adapter folder")
-                await self._load_adapter(adapter_dir, version)
+                folder = str(adapter_dir) if adapter_dir is not None else self._folders[version]
+                async with self._load_lock:
+                    if version not in self._loaded:
+                        await self._make_room(1)
+                        await self._load_adapter(folder, version)
+                self._folders[version] = folder
         return SGLangVersionSampler(self, version, lora_name(version) if version > 0 else None)
 
     async def release(self, version: int) -> None:
         """The owner no longer holds `version`: unload it now, or when its last stream ends."""
+        if version != self._version:
+            self._folders.pop(version, None)
         if not self._closed and self._users[version] == 0:
             await self._unload(version)
 

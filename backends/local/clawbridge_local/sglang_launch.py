@@ -44,6 +44,12 @@ class SGLangLaunchConfig:
     max_queued_requests: int = 0
     """0: SGLang's default (unbounded); past it SGLang answers queue-full (503)."""
     served_model_name: str = ""
+    max_loaded_loras: int = 0
+    """With LoRA: `--max-loaded-loras` (adapters held in CPU memory at once; 0: SGLang's default, no limit)."""
+    max_loras_per_batch: int = 0
+    """With LoRA: `--max-loras-per-batch` (GPU slots for adapters; 0: SGLang's default, 8)."""
+    lora_eviction_policy: str = ""
+    """With LoRA: `--lora-eviction-policy` (lru or fifo: which adapter leaves a GPU slot; '': SGLang's, lru)."""
     extra_args: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
@@ -55,6 +61,12 @@ class SGLangLaunchConfig:
             out += ["--enable-lora", "--max-lora-rank", str(self.lora_rank)]
             if self.lora_target_modules:
                 out += ["--lora-target-modules", *self.lora_target_modules]
+            if self.max_loaded_loras > 0:
+                out += ["--max-loaded-loras", str(self.max_loaded_loras)]
+            if self.max_loras_per_batch > 0:
+                out += ["--max-loras-per-batch", str(self.max_loras_per_batch)]
+            if self.lora_eviction_policy:
+                out += ["--lora-eviction-policy", self.lora_eviction_policy]
         if self.tp_size > 1:
             out += ["--tp-size", str(self.tp_size)]
         if self.dp_size > 1:

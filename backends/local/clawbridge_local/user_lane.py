@@ -20,6 +20,14 @@ Invariants:
 - Its files live apart from every other lane's: checkpoints under
   `<state dir>/checkpoints/local/users/<user>/`, the trainer's exports under
   `<state dir>/trainer/local/users/<user>/`; `forget()` closes the trainer and deletes both.
+- At most `max_lane_trainers` lanes keep their trainer (adapter, optimizer state) in memory
+  (`LaneTrainers`, issue 32 §2: a family or a team has 10-100 users, and lanes take turns anyway):
+  before a lane uses its trainer, the least recently used other lane whose trainer holds nothing
+  unsaved is parked (its trainer closed), and a parked lane restores its trainer from the
+  checkpoint it last saved or restored before its next use. A lane holds something unsaved from
+  its `train_step` until its `save_checkpoint` or `restore_checkpoint`, and is never parked then;
+  so parking never changes what a lane trains (`tests/test_local_lanes.py`). When every other
+  resident lane is busy, the lane starts anyway and the count goes over the bound until one parks.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -54,6 +63,47 @@ class LaneHost(Protocol):
 
     def version_dir(self, version: int) -> Path: ...
 
+    @property
+    def lane_trainers(self) -> LaneTrainers: ...
+
+
+class LaneTrainers:
+    """Which users' lane trainers are in memory (module invariants); event loop only."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("max_lane_trainers must be >= 1")
+        self.limit = limit
+        self._resident: OrderedDict[str, UserLaneBackend] = OrderedDict()
+        self._lock = asyncio.Lock()
+        self.parked = 0
+        """Trainers parked so far."""
+
+    @property
+    def resident(self) -> list[str]:
+        """Users whose lane trainer is in memory, least recently used first."""
+        return list(self._resident)
+
+    async def activate(self, lane: UserLaneBackend) -> None:
+        """Count `lane`'s trainer in memory, parking least recently used idle ones past the bound."""
+        async with self._lock:
+            if lane.user in self._resident:
+                self._resident.move_to_end(lane.user)
+                return
+            while len(self._resident) >= self.limit:
+                victim = next((other for other in self._resident.values() if other.parkable), None)
+                if victim is None:  # every other resident lane holds an unsaved update or is in use
+                    break
+                del self._resident[victim.user]
+                await victim.park()
+                self.parked += 1
+            self._resident[lane.user] = lane
+
+    def drop(self, lane: UserLaneBackend) -> None:
+        """`lane`'s trainer was closed (forgotten, or the server stops)."""
+        if self._resident.get(lane.user) is lane:
+            del self._resident[lane.user]
+
 
 class UserLaneBackend:
     """The training backend of one user's adapter (module invariants)."""
@@ -66,6 +116,33 @@ class UserLaneBackend:
         self.trainer = trainer
         self._version = 0
         """The lane's newest published version (0: nothing published yet)."""
+        self._parked = False
+        """The trainer was closed to free memory; restore `client.last_checkpoint` before using it."""
+        self._unsaved = False
+        """The trainer holds an update not yet in a checkpoint (from `train_step` until saved or restored)."""
+        self._busy = 0
+        """Operations on the trainer running now."""
+
+    @property
+    def parkable(self) -> bool:
+        """Whether the trainer may be closed now: started, idle, nothing unsaved, a checkpoint to come back to."""
+        client = self.trainer.client
+        return client.alive and not self._unsaved and self._busy == 0 and client.last_checkpoint is not None
+
+    async def park(self) -> None:
+        """Close the trainer (its memory goes); the next use restores it from its last checkpoint."""
+        await on_training_thread(self.trainer.client.close)
+        self._parked = True
+        log.info("user %s: lane trainer parked (restored from its checkpoint at its next step)", self.user)
+
+    async def _ready(self, restore: bool = True) -> None:
+        """Before the trainer is used (with `_busy` held): counted in memory, and restored if parked."""
+        await self.parent.lane_trainers.activate(self)
+        if self._parked and restore:
+            checkpoint = self.trainer.client.last_checkpoint
+            assert checkpoint is not None
+            await on_training_thread(self.trainer.restore_checkpoint, checkpoint)
+        self._parked = False
 
     async def start(self) -> None:
         """Nothing to start: the trainer starts with the lane's first step (or restore)."""
@@ -78,7 +155,13 @@ class UserLaneBackend:
         return LaneVersion(self.parent, self._version) if self._version else self.parent.sampler()
 
     async def train_step(self, batch: Sequence[Datum], loss: LossConfig) -> StepResult:
-        return await on_training_thread(self.trainer.train_step, batch, loss)
+        self._busy += 1
+        try:
+            await self._ready()
+            self._unsaved = True
+            return await on_training_thread(self.trainer.train_step, batch, loss)
+        finally:
+            self._busy -= 1
 
     async def publish(self, version: int | None = None) -> int:
         """Serve the trained adapter as `version` beside every other (the shared weights stay)."""
@@ -87,6 +170,14 @@ class UserLaneBackend:
         return target
 
     async def _serve(self, version: int) -> None:
+        self._busy += 1
+        try:
+            await self._ready()
+            await self._serve_ready(version)
+        finally:
+            self._busy -= 1
+
+    async def _serve_ready(self, version: int) -> None:
         engine = self.parent.sampler()
         load: Callable[[], Awaitable[Sampler]]
         if isinstance(engine, TorchEngine):
@@ -108,16 +199,28 @@ class UserLaneBackend:
         self.trainer.client.policy_version = version
 
     async def save_checkpoint(self, name: str) -> str:
-        path = await on_training_thread(self.trainer.save_checkpoint, name, self._version)
-        return str(path)
+        self._busy += 1
+        try:
+            await self._ready()
+            path = await on_training_thread(self.trainer.save_checkpoint, name, self._version)
+            self._unsaved = False
+            return str(path)
+        finally:
+            self._busy -= 1
 
     async def restore_checkpoint(self, path: str, version: int | None = None) -> int:
         """Load the lane's checkpoint into its trainer and serve it as `version` (default: its own)."""
-        recorded = await on_training_thread(self.trainer.restore_checkpoint, Path(path))
-        target = recorded if version is None else version
-        if target != self.sampler().policy_version:  # the version served now: only the trainer state reloads
-            await self._serve(target)
-        return target
+        self._busy += 1
+        try:
+            await self._ready(restore=False)
+            recorded = await on_training_thread(self.trainer.restore_checkpoint, Path(path))
+            self._unsaved = False
+            target = recorded if version is None else version
+            if target != self.sampler().policy_version:  # the version served now: only the trainer state reloads
+                await self._serve_ready(target)
+            return target
+        finally:
+            self._busy -= 1
 
     async def delete_checkpoint(self, path: str) -> None:
         """`CheckpointDeleter`: refuses anything outside this lane's checkpoint folder."""
@@ -128,6 +231,7 @@ class UserLaneBackend:
         await asyncio.to_thread(shutil.rmtree, target, True)
 
     async def close(self) -> None:
+        self.parent.lane_trainers.drop(self)
         await asyncio.to_thread(self.trainer.close)
 
     async def forget(self) -> int:
