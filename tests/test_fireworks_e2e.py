@@ -50,6 +50,7 @@ TRAINER_SETTINGS: dict[str, Any] = {
     "clip_high": 0.28,
     "baseline": "none",
     "gamma": 1.0,
+    "promotion_mode": "off",  # the deployment answers only the agent's calls here (the probe: test_capability_probe.py)
     "advantage_normalization": "token_mean",
     "api_key": CLIENT_KEY,
     "admin_key": ADMIN_KEY,

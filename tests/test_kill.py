@@ -34,6 +34,7 @@ ENV = {
     "CLAWBRIDGE_BASELINE": "running_mean",  # trainer state besides the weights: restored from the store
     "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",  # exactly batch_size per step: both runs form the same batches
     "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2",
+    "CLAWBRIDGE_PROMOTION_MODE": "off",  # every publish serves at once: the kill points name served versions
     "CLAWBRIDGE_LEARNING_RATE": "0.01",  # large enough that one update more or less shows in every loss
     "CLAWBRIDGE_LORA_RANK": "4",
 }

@@ -25,6 +25,7 @@ COMMON = {
     "CLAWBRIDGE_BASELINE": "none",
     "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
     "CLAWBRIDGE_TRAINER_POLL_INTERVAL_S": "0.2",
+    "CLAWBRIDGE_PROMOTION_MODE": "off",  # every publish serves at once: the kill points name served versions
 }
 ARGS = ("--batch-size", "2", "--method", "rl")
 

@@ -324,6 +324,7 @@ def test_proxy_trainer_loop_trains_publishes_and_records_new_version(
         baseline="none",
         trainer_poll_interval_s=0.05,
         default_max_tokens=8,
+        promotion_mode="off",  # the step's version serves at once (the gate: tests/test_capability_probe.py)
     )
     backend = LocalBackend(settings, progress=False)
     try:

@@ -11,13 +11,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from clawbridge.render import Renderer
-from tests.support import ProxyProcess
+from tests.support import ProxyProcess, wait_for
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web",
                                            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
@@ -166,8 +167,15 @@ def test_status_reports_the_kv_budget(proxy: ProxyProcess) -> None:
     requests wait; with no request running nothing is reserved (finished prompts stay as prefixes)."""
     sdk(proxy).chat.completions.create(model="default", messages=[{"role": "user", "content": "count to three"}],
                                        max_tokens=6, extra_headers={"X-Session-Id": "kv-status"})
-    r = httpx.get(proxy.base + "/rl/status", headers={"Authorization": f"Bearer {proxy.admin_key}"}, timeout=30)
-    engine = r.json()["engine"]
+
+    def status() -> dict[str, Any]:
+        return httpx.get(proxy.base + "/rl/status", headers={"Authorization": f"Bearer {proxy.admin_key}"},
+                         timeout=30).json()
+
+    # The capability probe of the serving version runs in the background from start-up: once it is done
+    # (its figures in status) no request runs.
+    wait_for(lambda: not status()["promotion"]["capability_probe"]["measuring"], 300, "the probe's baseline")
+    engine = status()["engine"]
     assert engine["kv_budget_tokens"] > 0
     assert (engine["kv_used_tokens"], engine["running"], engine["waiting"]) == (0, 0, 0)
     assert engine["kv_cached_tokens"] > 0 and engine["prefix_entries"] >= 1

@@ -348,7 +348,7 @@ def test_proxy_round_trip_over_sglang_url(fake: FakeSGLang, tiny_model_dir: Path
     script = [*renderer.tokenizer.encode("Hello there", add_special_tokens=False), renderer.stop_token_ids[0]]
     fake.script = script
     s = Settings.model_validate({"model": str(tiny_model_dir), "backends": {"local": {"sglang_url": fake.url}},
-                                 "state_dir": str(tmp_path),
+                                 "state_dir": str(tmp_path), "promotion_mode": "off",  # no probe calls beside the turn
                                  "port": free_port(), "served_model_name": "tiny"})
     backend = LocalBackend(s)
     assert backend.engine_name == "sglang"  # auto + sglang_url

@@ -23,6 +23,7 @@ pytest.importorskip("tinker")
 from clawbridge_tinker import TinkerBackend
 from clawbridge_tinker.manifest import load_manifest, manifest_path
 
+from clawbridge.access import Principal
 from clawbridge.backend import LossConfig
 from clawbridge.sampler import SamplingParams
 from clawbridge.store import Store
@@ -145,7 +146,7 @@ def test_a_restarted_server_serves_versions_whose_sampler_weights_died_with_thei
             out: dict[str, Any] = {"served": await keeper.resume()}
             router = VersionRouter(b, VersionStore(store), ("tiny", "default"))
             for name in ("tiny@1", "tiny@1", "tiny@0", "tiny@2"):
-                out[name] = await tokens_of((await router.route(name, None)).sampler)
+                out[name] = await tokens_of((await router.route(name, None, Principal("client"))).sampler)
             out["loaded_while_serving"] = len(skyrl.loaded())
             return out
         finally:
@@ -185,7 +186,8 @@ def test_pruning_finishes_with_paths_the_sdk_refuses_and_objects_already_gone(
             await train_and_commit(b, keeper, 1)
             gone = next(p for p in skyrl.checkpoints if p.endswith("/weights/v00000001-step"))
             del skyrl.checkpoints[gone]  # deleted behind our back
-            await train_and_commit(b, keeper, 2)
+            for step in (2, 3):
+                await train_and_commit(b, keeper, step)
             return await keeper.prune()
         finally:
             await b.close()
@@ -196,13 +198,14 @@ def test_pruning_finishes_with_paths_the_sdk_refuses_and_objects_already_gone(
         owed = OwedDeletionStore(store).listing()
     finally:
         store.close()
-    assert [p.rsplit("/", 1)[1] for p in pruned] == ["v00000000-base", "v00000001-step"]
-    assert rows == {0: True, 1: True, 2: False}
+    assert [p.rsplit("/", 1)[1] for p in pruned] == ["v00000001-step", "v00000002-step"]
+    assert rows == {0: False, 1: True, 2: True, 3: False}  # the base is never pruned
     assert owed == []
-    assert sorted(p.split("/")[-1] for p in skyrl.checkpoints) == ["v00000002-step"] * 2  # its state and sampler
-    assert any("/sampler_weights/v00000000-base" in p for p in skyrl.deleted)
+    # the base's and the newest's state and sampler weights
+    assert sorted(p.split("/")[-1] for p in skyrl.checkpoints) == ["v00000000-base"] * 2 + ["v00000003-step"] * 2
+    assert any("/sampler_weights/v00000002-step" in p for p in skyrl.deleted)
     manifest = load_manifest(manifest_path(tmp_path))
-    assert manifest is not None and [c.name for c in manifest.checkpoints] == ["v00000002-step"]
+    assert manifest is not None and [c.name for c in manifest.checkpoints] == ["v00000000-base", "v00000003-step"]
 
 
 def test_a_deletion_the_service_refuses_stays_owed_until_a_retry_succeeds(
@@ -220,7 +223,8 @@ def test_a_deletion_the_service_refuses_stays_owed_until_a_retry_succeeds(
         try:
             await keeper.ensure_base()
             skyrl.refuse_deletes = True
-            await train_and_commit(b, keeper, 1)
+            for step in (1, 2):
+                await train_and_commit(b, keeper, step)
             out: dict[str, Any] = {"pruned": await keeper.prune()}
             owed = OwedDeletionStore(store)
             out["owed"] = owed.listing()
@@ -238,14 +242,14 @@ def test_a_deletion_the_service_refuses_stays_owed_until_a_retry_succeeds(
         rows = {r.version: r.pruned_at is not None for r in VersionStore(store).listing(10)}
     finally:
         store.close()
-    assert rows == {0: True, 1: False}
-    assert [p.rsplit("/", 1)[1] for p in out["pruned"]] == ["v00000000-base"]
+    assert rows == {0: False, 1: True, 2: False}  # the base is never pruned
+    assert [p.rsplit("/", 1)[1] for p in out["pruned"]] == ["v00000001-step"]
     kinds = sorted((o.kind, o.reason, o.attempts) for o in out["owed"])
     assert kinds == [("sampler", "prune", 1), ("state", "prune", 1)]
     assert all("refused" in (o.last_error or "") for o in out["owed"])
     assert out["status"]["owed"] == 2 and out["status"]["by_reason"] == {"prune": 2}
     assert out["early"] == 0 and out["retried"] == 2 and out["after"] == []
-    assert not any("v00000000-base" in p for p in skyrl.checkpoints)
+    assert not any("v00000001-step" in p for p in skyrl.checkpoints)
 
 
 def test_a_training_call_without_a_reported_loss_still_trains(

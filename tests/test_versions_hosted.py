@@ -73,12 +73,12 @@ def test_tinker_serves_a_committed_version_from_its_sampler_weights(tmp_path: Pa
                 write_manifest(manifest_path(tmp_path), manifest)
                 assert first.sampler_path is not None
                 saved = server.checkpoints.pop(first.sampler_path)
-                again.unload_versions([1])
+                await again.unload_versions([1])
                 stream = await (await again.load_version(1, first.path)).sample(PROMPT, params)
                 out["sampler_gone"] = [t.token_id async for t in stream]
                 # Neither the sampler weights nor the training state: refused, naming both, not a 500.
                 state = server.checkpoints.pop(first.path)
-                again.unload_versions([1])
+                await again.unload_versions([1])
                 with pytest.raises(VersionUnavailable, match=r"its training state .* failed") as err:
                     await again.load_version(1, first.path)
                 assert not err.value.only_published and "sampler weights" in str(err.value)

@@ -77,6 +77,9 @@ def still_good_line(p: dict[str, Any] | None) -> str | None:
         if base is not None and base["passed"] == 0:
             return (f"still good? nothing to lose: the base v0 answers none of the {items} probe facts, so trained "
                     "versions are not probed (a model that knows no fact cannot lose one)")
+        if probe.get("measuring"):
+            return (f"still good? measuring now: the capability probe ({items} facts) runs on the serving "
+                    f"v{p.get('serving_version')} in the background (started with the server)")
         return (f"still good? not measured yet: the capability probe ({items} facts) has not run on the serving "
                 f"v{p.get('serving_version')}; it runs when a trained version is gated")
     facts = f"{serving['passed']} of {serving['items']} probe facts"

@@ -569,6 +569,7 @@ class Promoter:
 
         return {"items": len(self.probe.items), "slack_items": self.settings.capability_probe_slack,
                 "floor": self.mode != "probe", "serving": score(self.serving),
+                "measuring": self._baseline_task is not None and not self._baseline_task.done(),
                 "anchor": score(anchor) if anchor != self.serving else None,
                 "base": score(0)}  # the shared lane's base is version 0 (`VersionStore.commit_base`)
 
