@@ -55,6 +55,16 @@ SKIPPED: dict[str, str] = {
     "python bench/proxy_overhead.py": "a benchmark (minutes of rounds; docs/benchmarks.md's figures)",
     "python bench/privacy_filter.py": "a benchmark; the page shows one run's figures",
     "python -m clawbridge_local.trainer.node": "runs on a second machine, joining a multi-node trainer",
+    "pip wheel --no-deps -w dist": "builds the four wheels: tests/test_wheels.py builds them and installs them in a "
+                                   "fresh venv (pip and uv), then runs the demo from there",
+    "python -m venv ~/clawbridge-venv": "a fresh venv with torch: tests/test_wheels.py",
+    "~/clawbridge-venv/bin/pip install dist/": "installs the built wheels: tests/test_wheels.py",
+    "uv tool install dist/": "needs uv; tests/test_wheels.py installs uv into its venv and runs this",
+    "pipx install dist/": "needs pipx (tried by hand: docs/install.md's timings)",
+    "pipx inject clawbridge": "needs pipx (tried by hand: docs/install.md's timings)",
+    "cd extensions/openclaw && npm pack": "needs npm; tests/test_openclaw_plugin_package.py packs the plugin",
+    "openclaw plugins install ./extensions/openclaw": "needs OpenClaw on PATH; tests/test_openclaw_plugin_package.py "
+                                                      "installs the tarball into a real OpenClaw",
 }
 """Commands (a text each contains) that do not run here, with the reason."""
 
