@@ -30,7 +30,7 @@ def measure(model_dir: str, batch: bool, tokens: int, concurrency: int, device: 
     """Wall seconds and per-request (token, logprob) lists of `concurrency` requests decoded at once."""
     from clawbridge_local.engine import TorchEngine
 
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     engine = TorchEngine.load(model_dir, device=device, dtype=dtype, max_running=concurrency, progress=False,
                               batch_decode=batch, max_queued=max(64, concurrency))

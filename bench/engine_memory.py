@@ -132,7 +132,7 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
 
     from clawbridge.backend import LossConfig
     from clawbridge.config import Settings
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     checkpointing = not (which == "old" or which.endswith("+keepact"))  # the trainer keeping all activations
     which = which.removesuffix("+keepact")
@@ -178,7 +178,7 @@ async def serve_train(which: str, model_dir: Path, work: Path, streams: int, tok
 
 
 async def growth(which: str, model_dir: Path, n: int) -> dict[str, Any]:
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=8,
                                       progress=False)
@@ -206,7 +206,7 @@ async def growth(which: str, model_dir: Path, n: int) -> dict[str, Any]:
 
 def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: bool = True,
           kv_dtype: Any = None) -> dict[str, Any]:
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     kw = {"kv_dtype": kv_dtype} if kv_dtype is not None else {}
     engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=concurrency,
@@ -242,7 +242,7 @@ def speed(which: str, model_dir: Path, concurrency: int, tokens: int, batch: boo
 def long_prompt_speed(which: str, model_dir: Path, prompt_len: int, tokens: int) -> dict[str, Any]:
     """One stream after a long prompt (an agent resending its history): decode tokens/s from the
     first token to the last, so the prefill is left out; and the prefill's seconds."""
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     engine = engine_class(which).load(str(model_dir), device="cpu", dtype="float32", max_running=1,
                                       progress=False)
@@ -265,7 +265,7 @@ def lora_speed(model_dir: Path, concurrency: int, tokens: int, adapter: bool) ->
     from clawbridge_local.engine import TorchEngine
     from clawbridge_local.lora_serving import LoraAdapter
 
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     engine = TorchEngine.load(str(model_dir), device="cpu", dtype="float32", max_running=concurrency, progress=False)
     model = engine._current.model

@@ -40,7 +40,7 @@ def worker(model_dir: str, tokens: int, concurrency: int) -> dict[str, float]:
     import torch
     from clawbridge_local.engine import TorchEngine
 
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     engine = TorchEngine.load(model_dir, device="cpu", dtype="float32", max_running=concurrency, progress=False)

@@ -122,7 +122,7 @@ async def _engine(model_dir: Path, swap: bool) -> None:
     from clawbridge_local.engine import TorchEngine
     from safetensors.torch import load_file
 
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     engine = TorchEngine.load(str(model_dir), device="cpu", dtype="float32", progress=False)
     params = SamplingParams(max_tokens=64, temperature=0.0)

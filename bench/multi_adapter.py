@@ -64,7 +64,7 @@ from up_load import TreeRss, UpServer, load_average, median  # noqa: E402
 
 from clawbridge.config import LORA_TARGET_MODULES  # noqa: E402
 from clawbridge.devtools.demo import PROMPTS  # noqa: E402
-from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import Sampler, SamplingParams  # noqa: E402
 
 
 def random_adapter(model: torch.nn.Module, seed: int, rank: int, targets: list[str]) -> LoraAdapter:
@@ -193,7 +193,7 @@ def check_alone(model_dir: str, state: Path, calls: list[Call], kv_dtype: str) -
     from safetensors.torch import load_file
 
     from clawbridge.config import Settings
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
     from clawbridge.store import DB_FILENAME
     from clawbridge.store.codec import decode_ids
 

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from clawbridge.backend import Datum
+from clawbridge.chat.render import Renderer
 from clawbridge.devtools.tinymodel import build_tiny_model
 from clawbridge.privacy.detect import DetectorFilter
 from clawbridge.privacy.tokens import redact_datum
-from clawbridge.render import Renderer
 
 ROOT = Path(__file__).resolve().parent.parent
 

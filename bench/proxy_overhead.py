@@ -97,7 +97,7 @@ def fmt(xs: list[float]) -> str:
 def in_process(model_dir: Path, calls: int) -> dict[str, Any]:
     import orjson
 
-    from clawbridge.render import Renderer, SegmentCache
+    from clawbridge.chat.render import Renderer, SegmentCache
     from clawbridge.store import Store, TurnRecord
 
     results: dict[str, Any] = {}
@@ -180,11 +180,11 @@ def serve(mode: str, port: int, model_dir: str, state_dir: str) -> None:
         return
 
     from clawbridge.backend import FakeServingBackend, ModelInfo
+    from clawbridge.chat.render import Renderer
     from clawbridge.config import Settings
     from clawbridge.proxy.app import build_app
-    from clawbridge.render import Renderer
-    from clawbridge.sampler import FakeSampler
     from clawbridge.server import ProxyServer, build_state, uvicorn_config
+    from clawbridge.serving.sampler import FakeSampler
 
     async def main() -> None:
         r = Renderer.from_pretrained(model_dir)

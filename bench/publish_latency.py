@@ -47,7 +47,7 @@ from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
 from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 
 MODEL_SPECS = model_specs()
 PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)

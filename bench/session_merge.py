@@ -32,8 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from clawbridge.chat.render import Renderer  # noqa: E402
 from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
-from clawbridge.render import Renderer  # noqa: E402
 from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums  # noqa: E402
 
 TOOLS: list[dict[str, Any]] = [

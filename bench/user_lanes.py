@@ -40,7 +40,7 @@ from clawbridge_local.backend import LocalBackend  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 
 
 def batch(seed: int, n: int, vocab: int) -> list[Datum]:

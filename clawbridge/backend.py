@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from clawbridge.config import LossName, Settings, default_of
-from clawbridge.sampler import Sampler
+from clawbridge.serving.sampler import Sampler
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def explain_unknown_options(hint: UnknownOptionHint) -> None:
 
 
 TRACKERS = ("tensorboard", "wandb")
-"""The experiment trackers `report_to` may name (`clawbridge.reporting` writes to them)."""
+"""The experiment trackers `report_to` may name (`clawbridge.telemetry.reporting` writes to them)."""
 
 
 def parse_report_to(value: str) -> list[str]:

@@ -27,7 +27,6 @@ from typing import Any
 
 import uvicorn
 
-from clawbridge.address import base_url_for, clear_address, root_url_for, write_address
 from clawbridge.backend import (
     ModelInfo,
     RemoteCheckpoints,
@@ -36,10 +35,8 @@ from clawbridge.backend import (
     UnsupportedSettings,
     check_capabilities,
 )
-from clawbridge.clock import SYSTEM_CLOCK, Clock
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.instance import StateDirLock, bind_listener
-from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
@@ -50,12 +47,15 @@ from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
 from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.state import ProxyState, StoreWriter
-from clawbridge.render import Renderer
-from clawbridge.reporting import build_reporter
 from clawbridge.rewards.notes import NoteBook, NotesConfig
 from clawbridge.rewards.worker import build_reward_worker
+from clawbridge.runtime.address import base_url_for, clear_address, root_url_for, write_address
+from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
+from clawbridge.runtime.instance import StateDirLock, bind_listener
+from clawbridge.runtime.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
 from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
+from clawbridge.telemetry.reporting import build_reporter
 from clawbridge.trainer import TrainerLoop
 from clawbridge.trainer.checkpoints import CheckpointKeeper, check_identity
 from clawbridge.trainer.deletions import DeletionRetrier
@@ -123,7 +123,7 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
                       clock: Clock = SYSTEM_CLOCK) -> ProxyState:
     """Start the backend and assemble what the app needs.
 
-    `clock` is the store's (`clawbridge.clock`): tests pass a `FakeClock` to move time.
+    `clock` is the store's (`clawbridge.runtime.clock`): tests pass a `FakeClock` to move time.
     The store is opened first, so a state dir whose checkpoints belong to another model, LoRA
     config or backend refuses before any model loads (`clawbridge.trainer.identity`)."""
     check_bind(settings)
@@ -236,7 +236,7 @@ class ProxyServer(uvicorn.Server):
                  model: str = "") -> None:
         """`tune_gc`: this process only serves (`clawbridge serve`/`up`), so `tune_gc()` once it
         listens; off for a server embedded in another program (a test run). `model`: the served
-        name, recorded with the address (`clawbridge.address`) so commands can say which server
+        name, recorded with the address (`clawbridge.runtime.address`) so commands can say which server
         they found."""
         super().__init__(config)
         self.model = model
@@ -288,7 +288,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None) -
 async def serve(settings: Settings, announce: Any = print) -> None:
     """Run the proxy until interrupted.
 
-    Before anything loads: the state dir lock (`clawbridge.instance`: a second server on it exits
+    Before anything loads: the state dir lock (`clawbridge.runtime.instance`: a second server on it exits
     at once, naming the first) and the listening socket (a port in use is reported at once)."""
     check_bind(settings)
     for note in prepare_state_dir(settings.state_path):  # an unusable state dir is reported as such

@@ -163,8 +163,8 @@ def main() -> None:
     if args.url:
         base, key, admin = args.url.rstrip("/"), args.key, args.admin_key
     else:
+        from clawbridge.chat.render import Renderer
         from clawbridge.devtools.tinymodel import build_tiny_model
-        from clawbridge.render import Renderer
         from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 
         tmp = Path(tempfile.mkdtemp(prefix="clawbridge-fuzz-"))

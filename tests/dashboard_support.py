@@ -16,9 +16,9 @@ import httpx
 import openai
 
 from clawbridge.backend import ModelInfo
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.trainer import FakeTrainingBackend
 from tests.fake_proxy import script_for
 from tests.support import InProcessProxy, free_port, wait_for

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clawbridge.backend import FakeServingBackend, ModelInfo
-from clawbridge.clock import SYSTEM_CLOCK, Clock
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler, SamplerError, SampleStream, SamplingParams
+from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
+from clawbridge.serving.sampler import FakeSampler, SamplerError, SampleStream, SamplingParams
 from tests.support import InProcessProxy, free_port
 
 

@@ -1,5 +1,5 @@
 """Helpers for the kill -9 tests: drive `clawbridge up` (a subprocess) with the real `openai` SDK,
-freeze it at a named fault point (`clawbridge.faults`), SIGKILL it, and read what the store says.
+freeze it at a named fault point (`clawbridge.runtime.faults`), SIGKILL it, and read what the store says.
 
 The store is read through a read-only SQLite connection, so it can be read while a server runs.
 Every wait is a bounded poll on a condition.
@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 
-from clawbridge.faults import FAULT_ENV, HOLD_ENV, MARKER_ENV
+from clawbridge.runtime.faults import FAULT_ENV, HOLD_ENV, MARKER_ENV
 from clawbridge.store import DB_FILENAME
 from clawbridge.store.codec import decode_floats, decode_ids
 from tests.support import ProxyProcess

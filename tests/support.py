@@ -23,9 +23,9 @@ import httpx
 import uvicorn
 
 from clawbridge.backend import ServingBackend
-from clawbridge.clock import SYSTEM_CLOCK, Clock
 from clawbridge.config import Settings
-from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE
+from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
+from clawbridge.runtime.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE
 
 
 def free_port() -> int:

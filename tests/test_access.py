@@ -27,9 +27,9 @@ from fastapi.routing import APIRoute
 
 from clawbridge.access import TABLE, Action, Resource
 from clawbridge.backend import ModelInfo
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler, Sampler
+from clawbridge.serving.sampler import FakeSampler, Sampler
 from clawbridge.store.training import TrainingStore
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.fake import FakePerUserBackend

@@ -13,8 +13,8 @@ import anthropic
 import httpx
 import pytest
 
-from clawbridge.render import Renderer
-from clawbridge.sampler import (
+from clawbridge.chat.render import Renderer
+from clawbridge.serving.sampler import (
     FakeSampler,
     SampledToken,
     SamplerOverloaded,

@@ -15,7 +15,7 @@ from clawbridge.backend import FakeServingBackend, ModelInfo
 from clawbridge.backend_settings import BackendSettingsError, backend_section, env_prefix
 from clawbridge.config import Settings, load_settings
 from clawbridge.plugins import load_backend
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 
 
 class EchoSettings(BaseModel):

@@ -24,12 +24,12 @@ from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import promotion_lines, still_good_line
 from clawbridge.promotion.promoter import Promoter, promotion_line
 from clawbridge.promotion.runner import FakeEvaluator
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
+from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store
 from clawbridge.store.promotion import Decision, PromotionStore
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.fake import FakeTrainingBackend
-from clawbridge.versions import VersionRouter
 
 PROBE_ITEMS = len(capability_probe(48).items)
 

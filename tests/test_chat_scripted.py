@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy
 

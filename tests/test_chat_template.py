@@ -1,4 +1,4 @@
-"""`clawbridge.chat_template`: the fast render equals `apply_chat_template` text for text, and
+"""`clawbridge.chat.chat_template`: the fast render equals `apply_chat_template` text for text, and
 falls back to it when it cannot be sure."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from clawbridge import chat_template
-from clawbridge.chat_template import ChatTemplate
-from clawbridge.render import Renderer
+from clawbridge.chat import chat_template
+from clawbridge.chat.chat_template import ChatTemplate
+from clawbridge.chat.render import Renderer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from proxy_overhead import session_requests
@@ -159,7 +159,7 @@ def test_tools_memo_is_exact_for_values_that_look_alike(tiny_model_dir: Path) ->
 def test_tools_memo_is_bounded(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from clawbridge.chat_template import ToolsMemo
+    from clawbridge.chat.chat_template import ToolsMemo
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     template = ChatTemplate(tok)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from clawbridge.chatformat import (
+from clawbridge.chat.chatformat import (
     TOOLS_PROMPT_HEAD,
     TOOLS_PROMPT_TAIL,
     ChatFormat,
@@ -19,8 +19,8 @@ from clawbridge.chatformat import (
     stop_markers_for,
     tool_style_for,
 )
-from clawbridge.parse import ForcedCall, ParsedMessage, StreamParser
-from clawbridge.render import Renderer
+from clawbridge.chat.parse import ForcedCall, ParsedMessage, StreamParser
+from clawbridge.chat.render import Renderer
 
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "description": "Read a file",

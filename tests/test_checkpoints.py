@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from clawbridge.config import Settings
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store
 from clawbridge.store.training import TrainingStore
 from clawbridge.store.versions import VersionStore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.instance import StateDirLock
+from clawbridge.runtime.instance import StateDirLock
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
 from tests.test_cli import _seed_store, cli

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.clock import FakeClock, SystemClock
+from clawbridge.runtime.clock import FakeClock, SystemClock
 from clawbridge.store import Store
 
 

@@ -1,4 +1,4 @@
-"""`clawbridge.content`: the one rule set for message content -> text, and its readers agreeing."""
+"""`clawbridge.chat.content`: the one rule set for message content -> text, and its readers agreeing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from clawbridge.content import TEXT_PART_TYPES, ContentError, content_text, loose_text
+from clawbridge.chat.content import TEXT_PART_TYPES, ContentError, content_text, loose_text
 from clawbridge.openclaw.runtime_line import parse_runtime_session
 from clawbridge.rewards.next_state import text_of
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import openai
 
-from clawbridge.address import read_address
 from clawbridge.cli.status import gather_status
 from clawbridge.cli.target import target_of
 from clawbridge.config import Settings
+from clawbridge.runtime.address import read_address
 from clawbridge.store import Store
 from tests.support import ProxyProcess, free_port
 

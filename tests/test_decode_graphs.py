@@ -28,7 +28,7 @@ from clawbridge_local.loading import load_causal_lm  # noqa: E402
 from clawbridge_local.sampling import choose, choose_rows, make_generator  # noqa: E402
 
 from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 
 from clawbridge.backend import ModelInfo
 from clawbridge.cli.status import owed_lines
-from clawbridge.clock import FakeClock
-from clawbridge.sampler import FakeSampler
+from clawbridge.runtime.clock import FakeClock
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store
 from clawbridge.store.deletions import OwedDeletionStore
 from clawbridge.store.versions import VersionStore

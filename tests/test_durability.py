@@ -1,4 +1,4 @@
-"""Durable on power loss, not only on `kill -9` (`clawbridge.durable`): every file something else
+"""Durable on power loss, not only on `kill -9` (`clawbridge.runtime.durable`): every file something else
 names (a checkpoint the store commits, the key files, `server.json`) is flushed, with the folder
 that names it, before it is named; a checkpoint torn anyway is skipped at the restart.
 
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from clawbridge import durable
-from clawbridge.address import ADDRESS_FILE, read_address, write_address
 from clawbridge.backend import CheckpointDamaged
-from clawbridge.keys import ensure_key
+from clawbridge.runtime import durable
+from clawbridge.runtime.address import ADDRESS_FILE, read_address, write_address
+from clawbridge.runtime.keys import ensure_key
 from clawbridge.store import Store
 from clawbridge.store.training import TrainingStore
 from clawbridge.store.versions import VersionStore

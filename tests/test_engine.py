@@ -21,7 +21,7 @@ pytest.importorskip("clawbridge_local")
 from clawbridge_local.engine import TorchEngine, TorchSampleStream  # noqa: E402
 
 from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
-from clawbridge.sampler import (  # noqa: E402
+from clawbridge.serving.sampler import (  # noqa: E402
     PromptTooLong,
     SampledToken,
     Sampler,
@@ -350,7 +350,7 @@ def test_shutdown_ends_streams_and_refuses_new_ones(make_engine: Any) -> None:
 def test_score_equals_the_sampled_logprobs(engine: TorchEngine) -> None:
     """`SequenceScorer.score`: the untempered logprobs of given tokens, the numbers sampling at
     temperature 1 reported for them (one forward, no pool region kept)."""
-    from clawbridge.sampler import SequenceScorer
+    from clawbridge.serving.sampler import SequenceScorer
 
     assert isinstance(engine, SequenceScorer)
     toks, _ = run(collect(engine, PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=5)))

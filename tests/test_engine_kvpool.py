@@ -21,7 +21,7 @@ from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.kvpool import KVPool  # noqa: E402
 
 from clawbridge.devtools.tinymodel import build_tiny_model  # noqa: E402
-from clawbridge.sampler import PromptTooLong, SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import PromptTooLong, SamplingParams  # noqa: E402
 from tests.test_engine import PROMPT, collect, full_forward_logprobs, run  # noqa: E402
 
 

@@ -28,7 +28,7 @@ from clawbridge_fireworks.provision import ConsentRequired, ProvisionError
 from clawbridge.backend import Datum, LossConfig, TrainingBackend
 from clawbridge.config import Settings
 from clawbridge.plugins import load_backend
-from clawbridge.sampler import SamplerOverloaded, SamplerTimeout, SamplerUnavailable, SamplingParams
+from clawbridge.serving.sampler import SamplerOverloaded, SamplerTimeout, SamplerUnavailable, SamplingParams
 from tests.fireworks_server import FakeFireworks, ServerThread
 
 SHAPE = "accounts/fireworks/trainingShapes/ts-test"

@@ -26,11 +26,11 @@ import torch
 from clawbridge_local.backend import engine_threads
 from clawbridge_local.sampling import choose
 
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
 from clawbridge.plugins import load_backend
-from clawbridge.render import Renderer
-from clawbridge.sampler import SamplingParams
 from clawbridge.server import UnsafeBind, check_bind
+from clawbridge.serving.sampler import SamplingParams
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy, free_port
 

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
 from clawbridge.store import DB_FILENAME, Store, TurnRecord
 from clawbridge.store.health import StateDirError, StoreCorrupt, check_store_file, prepare_state_dir
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy

@@ -1,4 +1,4 @@
-"""One server per state dir, and a busy port reported before any model loads (clawbridge.instance)."""
+"""One server per state dir, and a busy port reported before any model loads (clawbridge.runtime.instance)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.instance import PortInUse, StateDirBusy, StateDirLock, bind_listener, read_holder
+from clawbridge.runtime.instance import PortInUse, StateDirBusy, StateDirLock, bind_listener, read_holder
 from tests.support import ProxyProcess, free_port
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clawbridge.config import Settings
-from clawbridge.keys import KeyFileError, ensure_key, keys_equal
+from clawbridge.runtime.keys import KeyFileError, ensure_key, keys_equal
 from clawbridge.server import UnsafeBind, check_bind, is_loopback
 
 

@@ -1,7 +1,7 @@
 """kill -9 during training, for real, on the local backend: `clawbridge up` (tiny model) in a
 subprocess, rewarded sessions through the `openai` SDK, SIGKILL at each named moment of a step.
 
-The moment is made exact by the test-only fault hook (`clawbridge.faults`): the armed server
+The moment is made exact by the test-only fault hook (`clawbridge.runtime.faults`): the armed server
 freezes there and writes a marker file; the test then kills it (never a sleep). A restart on the
 same state dir must (`tests.kill_support.check_killed_run`):
 - serve the last committed version (it says so when it restores; at the end `/health` serves the

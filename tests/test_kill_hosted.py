@@ -1,7 +1,7 @@
 """kill -9 during training, for real, on the hosted backends: `clawbridge up --backend tinker`
 (or `fireworks`) in a subprocess against the protocol servers the tests run on 127.0.0.1 (the
 real, unmodified SDKs), rewarded sessions through the `openai` SDK, SIGKILL at each named moment
-of a step (`clawbridge.faults`; see `tests.test_kill` for what a restart must keep).
+of a step (`clawbridge.runtime.faults`; see `tests.test_kill` for what a restart must keep).
 
 On top of the store's records, the service's own record shows exactly-once: the protocol servers
 keep, per trained model, the datums of every applied optim step (and a loaded checkpoint brings

@@ -29,7 +29,7 @@ from clawbridge_local.kvbudget import (  # noqa: E402
 )
 from clawbridge_local.kvpool import KVPool, Row, StepPlan, _active, pool_attention  # noqa: E402
 
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 from tests.test_engine import PROMPT, collect, run  # noqa: E402
 
 SMOL = {"context_window": 8192, "max_running": 8, "bytes_per_token": 23040, "dtype": torch.bfloat16}

@@ -13,7 +13,8 @@ import pytest
 from clawbridge.access import OPERATOR, Denied, Principal
 from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
+from clawbridge.serving.versions import FakeVersionedBackend, VersionNotFound, VersionRouter
 from clawbridge.store import Store, StoreError, TurnRecord
 from clawbridge.store.training import TrainingStore
 from clawbridge.store.versions import VersionStore
@@ -21,7 +22,6 @@ from clawbridge.trainer import FakeTrainingBackend, TrainerLoop
 from clawbridge.trainer.checkpoints import CheckpointKeeper, NoCheckpoint
 from clawbridge.trainer.fake import FakePerUserBackend
 from clawbridge.trainer.lanes import UserLanes, per_user_problem
-from clawbridge.versions import FakeVersionedBackend, VersionNotFound, VersionRouter
 
 INFO = ModelInfo(name="tiny", tokenizer_path="unused", context_window=4096, max_output_tokens=256)
 

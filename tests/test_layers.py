@@ -125,7 +125,7 @@ def test_no_upward_imports() -> None:
     below = {
         "clawbridge.rewards": ("clawbridge.proxy", "clawbridge.server"),
         "clawbridge.shapes": ("clawbridge.proxy", "clawbridge.store", "clawbridge.rewards", "clawbridge.trainer"),
-        "clawbridge.content": ("clawbridge.proxy", "clawbridge.store", "clawbridge.rewards", "clawbridge.trainer"),
+        "clawbridge.chat.content": ("clawbridge.proxy", "clawbridge.store", "clawbridge.rewards", "clawbridge.trainer"),
     }
     bad = {
         (m, d)

@@ -17,7 +17,7 @@ from clawbridge.backend import ModelInfo, ServingBackend
 from clawbridge.config import Settings
 from clawbridge.devtools.tinymodel import build_tiny_model
 from clawbridge.plugins import available_backends, load_backend
-from clawbridge.sampler import SamplerOverloaded, SamplingParams
+from clawbridge.serving.sampler import SamplerOverloaded, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from clawbridge_local.training import load_safetensors_dir  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 from tests.sglang_server import FakeSGLang  # noqa: E402
 from tests.support import free_port  # noqa: E402
 

@@ -19,7 +19,7 @@ pytest.importorskip("clawbridge_local")
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
 
-from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import Sampler, SamplingParams  # noqa: E402
 
 PROMPT = [11, 42, 7, 300, 5, 99, 1000, 3]
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)

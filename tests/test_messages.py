@@ -1,4 +1,4 @@
-"""Chat messages are parsed once (`clawbridge.messages`): the validated request holds them parsed,
+"""Chat messages are parsed once (`clawbridge.chat.messages`): the validated request holds them parsed,
 and the renderer takes them as they are, with the same ids as for the plain objects."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-import clawbridge.messages as messages_module
-from clawbridge.messages import ChatMessage, parse_messages
+import clawbridge.chat.messages as messages_module
+from clawbridge.chat.messages import ChatMessage, parse_messages
+from clawbridge.chat.render import Renderer
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.request import validate_chat_request
-from clawbridge.render import Renderer
 
 CHAT: list[dict[str, Any]] = [
     {"role": "developer", "content": [{"type": "text", "text": "Be brief."}, "Really."]},

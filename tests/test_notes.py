@@ -20,10 +20,10 @@ import httpx
 import openai
 import pytest
 
+from clawbridge.chat.render import Renderer
 from clawbridge.devtools.judge_server import JudgeServer
-from clawbridge.render import Renderer
 from clawbridge.rewards.notes import NoteBook, NotesConfig, is_check_session
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.notes import NoteStore
 from tests.fake_proxy import script_for, start_fake_proxy

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from clawbridge.chat.parse import parse_completion
 from clawbridge.openclaw import installer, json5edit
 from clawbridge.openclaw.toolchain import find_node, find_openclaw, missing_reason
-from clawbridge.parse import parse_completion
 from tests.openclaw_support import (
     TURN_TIMEOUT_S,
     clawbridge_cmd,
@@ -132,7 +132,7 @@ def openclaw_home(clawbridge_server: dict[str, Any]) -> Path:
 def _decode(model_dir: Path, ids: list[int]) -> str:
     """The text of the sampled ids, special tokens kept (the proxy's own decode): the random tiny
     model can sample `<|im_start|>` mid-answer, and the proxy sends it as text, as the ids say."""
-    from clawbridge.render import Renderer
+    from clawbridge.chat.render import Renderer
 
     return Renderer.from_pretrained(str(model_dir)).decode(ids)
 

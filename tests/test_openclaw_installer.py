@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.address import base_url_for
 from clawbridge.openclaw import install_status, installer, json5edit
 from clawbridge.openclaw.runtime_line import parse_runtime_session, validate_session_headers
+from clawbridge.runtime.address import base_url_for
 
 USER_CONFIG = """// my OpenClaw config
 {

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.parse import Delta, IncrementalDecoder, ParsedMessage, StreamParser, parse_completion
-from clawbridge.render import Renderer
+from clawbridge.chat.parse import Delta, IncrementalDecoder, ParsedMessage, StreamParser, parse_completion
+from clawbridge.chat.render import Renderer
 
 CALL = '<tool_call>\n{"name": "exec", "arguments": {"cmd": "ls -la", "n": 2}}\n</tool_call>'
 

@@ -11,12 +11,12 @@ import pytest
 from pydantic import ValidationError
 
 from clawbridge.backend import Datum, Span, check_datum
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
 from clawbridge.devtools.privacy_eval import evaluate, load_cases
 from clawbridge.privacy.detect import DetectorFilter, FakePrivacyFilter, PrivacyFilter
 from clawbridge.privacy.guard import PrivacyGuard, build_guard
 from clawbridge.privacy.tokens import redact_datum, token_text
-from clawbridge.render import Renderer
 
 EMAIL = "alice.w@example.org"
 KEY = "ghp_4Fz9kQw2Lm8Xc3Vb7Np1Rt6Yh0Ju5Ie2OsAa"

@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("tinker")
 
+from clawbridge.chat.render import Renderer
 from clawbridge.cli.status import privacy_line
 from clawbridge.config import Settings
 from clawbridge.proxy.app import build_app
-from clawbridge.render import Renderer
 from clawbridge.server import build_state
 from tests.tinker_server import TinkerProtocolServer
 

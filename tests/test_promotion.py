@@ -39,7 +39,7 @@ def test_eval_set_reads_expect_and_rubric_lines() -> None:
     ("[1, 2]", "line 2: expected a JSON object"),
     (json.dumps({"messages": [], "expect": "x"}), "line 2: \"messages\" must be a non-empty list"),
     (json.dumps({"messages": [{"content": "x"}], "expect": "x"}), "line 2: messages[0]: unknown role None"),
-    # the proxy's own message rules (clawbridge.messages), so a set the proxy would refuse is refused here
+    # the proxy's own message rules (clawbridge.chat.messages), so a set the proxy would refuse is refused here
     (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}], "expect": "x"}),
      "line 2: messages[0]: content: content part type 'image_url' is not supported"),
     (json.dumps({"messages": [{"role": "tool"}], "expect": "x"}), "line 2: messages[0]: a tool message needs 'content'"),
@@ -166,7 +166,7 @@ def test_rollback_to_the_base_works_after_many_steps(tmp_path: Path) -> None:
     """`clawbridge rollback 0` after more than keep_checkpoints steps: the base's checkpoint is
     still there (it used to be pruned after `keep` steps: "checkpoint was pruned")."""
     from clawbridge.backend import ModelInfo
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
     from clawbridge.trainer.checkpoints import CheckpointKeeper
     from clawbridge.trainer.fake import FakeTrainingBackend
 
@@ -218,7 +218,7 @@ def test_promotion_table_in_toml_and_env_precedence(tmp_path: Path, monkeypatch:
 
 def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path) -> None:
     from clawbridge.backend import ModelInfo
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
     from clawbridge.trainer.fake import FakeTrainingBackend
     from clawbridge.trainer.gate import FakeGate, FakeSettled
     from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
@@ -248,9 +248,9 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     from clawbridge.promotion.describe import promotion_lines
     from clawbridge.promotion.promoter import Promoter
     from clawbridge.promotion.runner import FakeEvaluator
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
+    from clawbridge.serving.versions import VersionRouter
     from clawbridge.trainer.fake import FakeTrainingBackend
-    from clawbridge.versions import VersionRouter
 
     evals = tmp_path / "facts.jsonl"
     evals.write_text(_lines(*({"id": f"f{i}", "messages": MSG, "expect": "x"} for i in range(12))))
@@ -295,10 +295,10 @@ def test_held_out_items_are_scored_by_how_the_likelihood_moved_toward_the_verdic
     item for any of them, so it could not tell them apart."""
     from dataclasses import dataclass
 
+    from clawbridge.chat.render import Renderer
     from clawbridge.promotion.evalset import EvalItem, EvalSet
     from clawbridge.promotion.runner import Evaluator
-    from clawbridge.render import Renderer
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
 
     @dataclass
     class Scoring(FakeSampler):

@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from clawbridge.backend import ModelInfo
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
 from clawbridge.promotion.describe import promotion_lines
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store
 from clawbridge.store.promotion import Decision, PromotionStore
 from clawbridge.store.versions import VersionStore

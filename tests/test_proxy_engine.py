@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
 from tests.support import ProxyProcess, wait_for
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the web",
@@ -63,7 +63,7 @@ def message_text(msg: dict) -> str:  # type: ignore[type-arg]
 
 def test_models_and_health(proxy: ProxyProcess, model_dir: Path) -> None:
     ids = [m.id for m in sdk(proxy).models.list().data]
-    assert ids == [model_dir.name, "default", f"{model_dir.name}@0"]  # and the versions kept (clawbridge.versions)
+    assert ids == [model_dir.name, "default", f"{model_dir.name}@0"]  # and the versions kept (clawbridge.serving.versions)
 
 
 def test_recorded_ids_decode_to_what_the_client_received(proxy: ProxyProcess, renderer: Renderer) -> None:

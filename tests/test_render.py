@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from clawbridge.chat.parse import parse_completion
+from clawbridge.chat.render import Renderer, RenderError, SegmentCache, ToolChoiceError
 from clawbridge.devtools.tinymodel import SPECIAL_TOKENS
-from clawbridge.parse import parse_completion
-from clawbridge.render import Renderer, RenderError, SegmentCache, ToolChoiceError
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

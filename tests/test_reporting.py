@@ -15,9 +15,9 @@ from clawbridge_fireworks.settings import FireworksSettings
 from pydantic import ValidationError
 
 from clawbridge.config import Settings
-from clawbridge.reporting import StepReporter
 from clawbridge.store import Store
 from clawbridge.store.training import TrainingStore
+from clawbridge.telemetry.reporting import StepReporter
 from tests.dashboard_support import start_trained_proxy, wait_for
 
 

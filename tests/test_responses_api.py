@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from clawbridge.render import Renderer
-from clawbridge.sampler import SamplerUnavailable
+from clawbridge.chat.render import Renderer
+from clawbridge.serving.sampler import SamplerUnavailable
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy
 

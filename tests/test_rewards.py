@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from clawbridge.clock import FakeClock
 from clawbridge.devtools.judge_server import JudgeServer
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
@@ -24,6 +23,7 @@ from clawbridge.rewards.judge import (
 )
 from clawbridge.rewards.next_state import extract_next_states, turn_view
 from clawbridge.rewards.worker import RewardWorker, WorkerConfig
+from clawbridge.runtime.clock import FakeClock
 from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
 from tests.rewards_support import SYSTEM, assistant, call, openclaw_session, record, tool, user

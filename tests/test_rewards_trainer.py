@@ -14,7 +14,7 @@ from clawbridge.config import Settings
 from clawbridge.rewards.judge import ScriptedJudge
 from clawbridge.rewards.opd import HINT_TEMPLATE, hinted_messages, opd_advantages
 from clawbridge.rewards.worker import RewardWorker, WorkerConfig
-from clawbridge.sampler import FakeSampler, SamplingParams
+from clawbridge.serving.sampler import FakeSampler, SamplingParams
 from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.training import SessionTrace, TraceTurn, TrainingStore
@@ -153,7 +153,7 @@ def test_settings_reach_the_trainer_and_worker() -> None:
 
 
 def test_teacher_scores_recorded_ids_with_the_hint_in_the_prompt(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from clawbridge.render import Renderer
+    from clawbridge.chat.render import Renderer
 
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     store = Store.open(tmp_path)

@@ -31,7 +31,7 @@ from clawbridge_local.engine import TorchEngine  # noqa: E402
 
 from clawbridge.backend import Datum, LossConfig  # noqa: E402
 from clawbridge.config import Settings  # noqa: E402
-from clawbridge.sampler import SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import SamplingParams  # noqa: E402
 
 PROMPTS: tuple[tuple[int, ...], ...] = ((1, 2, 3, 4, 5), (10, 20, 30), (100, 200, 300, 400))
 COMPLETION = 6

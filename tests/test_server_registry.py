@@ -1,4 +1,4 @@
-"""The OS user's index of running servers (`clawbridge.address`): private files, found while the
+"""The OS user's index of running servers (`clawbridge.runtime.address`): private files, found while the
 server lives, stale once it is killed (pid gone, or nothing listening). How the commands use it:
 tests/test_cli_target.py.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.address import (
+from clawbridge.runtime.address import (
     ADDRESS_FILE,
     clear_address,
     read_address,

@@ -1,4 +1,4 @@
-"""Ending a session means the same thing on every path (`clawbridge.lifecycle`): `/rl/end_session`,
+"""Ending a session means the same thing on every path (`clawbridge.runtime.lifecycle`): `/rl/end_session`,
 the dashboard's end action, Claw-R1's complete_trajectory, `clawbridge sessions end` and the idle
 reaper all end it and give a session the client manages (a session key's, a trajectory's) that
 ended with no reward `default_reward_value` on its last turn; the refresh of a session key too.
@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from clawbridge.clock import FakeClock
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
+from clawbridge.runtime.clock import FakeClock
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy, wait_for
 

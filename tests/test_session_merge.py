@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, Span, check_datum
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler
+from clawbridge.chat.render import Renderer
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store
 from clawbridge.trainer import FakeTrainingBackend, TrainerConfig, TrainerLoop
 from clawbridge.trainer.merge import MergeStats, TurnPiece, build_datums

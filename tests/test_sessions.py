@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from clawbridge.clock import FakeClock
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
+from clawbridge.runtime.clock import FakeClock
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy, wait_for
 

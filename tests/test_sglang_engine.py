@@ -24,9 +24,9 @@ from clawbridge_local.backend import EngineNotAvailable, LocalBackend
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import SGLangLaunchConfig, SGLangServer, serving_gpus
 
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     PromptTooLong,
     SampledToken,
     SamplerOverloaded,

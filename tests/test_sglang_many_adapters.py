@@ -28,7 +28,7 @@ from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.sglang_launch import SGLangServer
 
 from clawbridge.config import Settings
-from clawbridge.sampler import Sampler, SamplingParams
+from clawbridge.serving.sampler import Sampler, SamplingParams
 from tests.sglang_server import FakeSGLang
 from tests.support import free_port
 

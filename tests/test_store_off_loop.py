@@ -14,7 +14,7 @@ from types import FrameType
 import httpx
 import pytest
 
-from clawbridge.render import Renderer
+from clawbridge.chat.render import Renderer
 from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 from tests.support import InProcessProxy, wait_for
 

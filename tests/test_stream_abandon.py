@@ -22,8 +22,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler, FinishedStream, SampledToken, SampleStream, SamplingParams
+from clawbridge.chat.render import Renderer
+from clawbridge.serving.sampler import FakeSampler, FinishedStream, SampledToken, SampleStream, SamplingParams
 from clawbridge.store import DB_FILENAME
 from tests.fake_proxy import script_for, start_fake_proxy
 from tests.support import InProcessProxy, wait_for

@@ -37,7 +37,7 @@ from clawbridge_tinker.sdk import SDK_NAMES
 from clawbridge.backend import Datum, LossConfig, TrainingBackend
 from clawbridge.config import Settings
 from clawbridge.plugins import load_backend
-from clawbridge.sampler import SamplerTimeout, SamplingParams
+from clawbridge.serving.sampler import SamplerTimeout, SamplingParams
 from tests.tinker_server import TinkerProtocolServer, expected_logprob, sample_output
 
 MODEL = "test/tiny-qwen3"

@@ -25,13 +25,13 @@ from clawbridge_tinker.manifest import load_manifest, manifest_path
 
 from clawbridge.access import Principal
 from clawbridge.backend import LossConfig
-from clawbridge.sampler import SamplingParams
+from clawbridge.serving.sampler import SamplingParams
+from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store
 from clawbridge.store.deletions import OwedDeletionStore
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.deletions import OwedDeletions
-from clawbridge.versions import VersionRouter
 from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings
 from tests.tinker_server import TinkerProtocolServer, sample_output
 

@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 
 from clawbridge.backend import LossConfig, ModelInfo, TrainingBackend
-from clawbridge.clock import FakeClock
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.sampler import FakeSampler
+from clawbridge.runtime.clock import FakeClock
+from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.training import INTERRUPTED_ERROR, PendingSample, TrainingStore
 from clawbridge.trainer import FakeTrainingBackend, TrainerConfig, TrainerLoop

@@ -380,7 +380,7 @@ def test_more_users_than_loaded_adapters_each_answered_by_their_own(tiny_model_d
     from clawbridge_local.lora_serving import LoraAdapter
     from safetensors.torch import load_file
 
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
     from clawbridge.store.codec import decode_ids
 
     users = [f"u{i}" for i in range(6)]

@@ -182,7 +182,7 @@ def test_forget_during_a_step_fails_that_step_only(tmp_path: Path) -> None:
 
 def test_trusted_user_header_names_the_user(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`trust_user_header`: the shared client key names its user with X-User-Id; off by default."""
-    from clawbridge.render import Renderer
+    from clawbridge.chat.render import Renderer
     from tests.fake_proxy import SwitchableSampler, script_for, start_fake_proxy
 
     sampler = SwitchableSampler(script=script_for(Renderer.from_pretrained(str(tiny_model_dir)), "ok"))
@@ -241,7 +241,7 @@ def test_forget_while_the_trainer_loop_steps(tmp_path: Path) -> None:
                 users.forget("alice")  # as `clawbridge users forget alice` would, while the step runs
             return await super().train_step(batch, loss)
 
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
 
     b = ForgetMidStep(FakeSampler(script=[7, 8]), INFO)
     loop = loop_for(store, b, batch_size=2)
@@ -369,7 +369,7 @@ def test_forget_cuts_her_running_calls_and_refuses_her_keys(tiny_model_dir: Path
     or its WAL."""
     import threading
 
-    from clawbridge.render import Renderer
+    from clawbridge.chat.render import Renderer
     from tests.fake_proxy import SwitchableSampler, start_fake_proxy
 
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
@@ -433,7 +433,7 @@ def test_two_forgets_at_once_do_not_wait_for_each_other(tiny_model_dir: Path, tm
     `drain_grace_s`."""
     import concurrent.futures
 
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
     from tests.fake_proxy import start_fake_proxy
 
     proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", FakeSampler(script=[5]), drain_grace_s=60.0)

@@ -1,4 +1,4 @@
-"""`clawbridge.versions`: the router that picks the version of each model call, through the real proxy.
+"""`clawbridge.serving.versions`: the router that picks the version of each model call, through the real proxy.
 
 A `FakeVersionedBackend` (version N answers "vN") behind the real app, a real SQLite store whose
 `policy_versions` rows say which versions are committed and kept, and the real openai and
@@ -17,17 +17,17 @@ import pytest
 
 from clawbridge.access import Principal
 from clawbridge.backend import ModelInfo
+from clawbridge.chat.render import Renderer
 from clawbridge.config import Settings
-from clawbridge.render import Renderer
-from clawbridge.store import Store
-from clawbridge.store.versions import VersionStore
-from clawbridge.versions import (
+from clawbridge.serving.versions import (
     FakeVersionedBackend,
     LoadedVersions,
     VersionNotFound,
     VersionRouter,
     parse_versioned,
 )
+from clawbridge.store import Store
+from clawbridge.store.versions import VersionStore
 from tests.fake_proxy import script_for
 from tests.support import InProcessProxy, free_port
 
@@ -167,7 +167,7 @@ def test_serving_and_sticky_canary(proxy: tuple[InProcessProxy, FakeVersionedBac
 def test_unservable_backend_names_the_published_version(tmp_path: Path) -> None:
     """A backend without `load_version` serves only its published version by name."""
     from clawbridge.backend import FakeServingBackend
-    from clawbridge.sampler import FakeSampler
+    from clawbridge.serving.sampler import FakeSampler
 
     store = Store.open(tmp_path)
     commit_versions(store, 2)
@@ -185,7 +185,7 @@ def test_unservable_backend_names_the_published_version(tmp_path: Path) -> None:
 
 
 def test_loaded_versions_lru_and_shared_load() -> None:
-    from clawbridge.sampler import FakeSampler, Sampler
+    from clawbridge.serving.sampler import FakeSampler, Sampler
 
     loads: list[int] = []
 
@@ -211,7 +211,13 @@ def test_loaded_versions_lru_and_shared_load() -> None:
 def test_loaded_versions_drop_a_sampler_that_fails_a_call() -> None:
     """A kept version whose sampler can no longer serve (its weights gone on a hosted service) is
     dropped at its first failed call, so the next call loads it again instead of failing for good."""
-    from clawbridge.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
+    from clawbridge.serving.sampler import (
+        FakeSampler,
+        Sampler,
+        SamplerUnavailable,
+        SampleStream,
+        SamplingParams,
+    )
 
     class Dead(FakeSampler):
         async def sample(self, prompt_ids: object, params: SamplingParams) -> SampleStream:  # type: ignore[override]
@@ -249,7 +255,7 @@ def test_discarding_versions_evicts_them_like_the_lru_does() -> None:
     """Forgetting a user discards their versions: each one kept, or still loading, goes through the
     eviction callback (which unloads a server-side adapter and deletes its folder), exactly as when
     the LRU drops it; `holds` says what the cache keeps, loads in flight included."""
-    from clawbridge.sampler import FakeSampler, Sampler
+    from clawbridge.serving.sampler import FakeSampler, Sampler
 
     evicted: list[int] = []
     gate = asyncio.Event()

@@ -19,10 +19,10 @@ from clawbridge_tinker.manifest import load_manifest, manifest_path, write_manif
 
 from clawbridge.access import Principal
 from clawbridge.backend import LossConfig
-from clawbridge.sampler import SamplingParams
+from clawbridge.serving.sampler import SamplingParams
+from clawbridge.serving.versions import VersionedServing, VersionNotFound, VersionRouter, VersionUnavailable
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
-from clawbridge.versions import VersionedServing, VersionNotFound, VersionRouter, VersionUnavailable
 from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings
 from tests.tinker_server import TinkerProtocolServer, sample_output
 

@@ -16,7 +16,7 @@ pytest.importorskip("clawbridge_local")
 
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 
-from clawbridge.sampler import Sampler, SamplingParams  # noqa: E402
+from clawbridge.serving.sampler import Sampler, SamplingParams  # noqa: E402
 
 PROMPT = [11, 42, 7, 300, 5, 99, 1000, 3]
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
@@ -66,7 +66,7 @@ def test_a_missing_checkpoint_is_refused_not_a_crash(tiny_model_dir: Path, tmp_p
     from clawbridge_local.backend import LocalBackend
 
     from clawbridge.config import Settings
-    from clawbridge.versions import VersionUnavailable
+    from clawbridge.serving.versions import VersionUnavailable
 
     settings = Settings.model_validate({"model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
                                         "backends": {"local": {"engine": "torch", "device": "cpu"}}})

@@ -25,7 +25,7 @@ def prompts(n: int) -> list[list[int]]:
 def run_streams(engine: Any, batch: list[list[int]], tokens: int, temperature: float = 0.0,
                 ) -> tuple[float, list[list[tuple[int, float]]]]:
     """Seconds and the (token, logprob) lists of `batch` sampled at once (seed = index)."""
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     async def one(i: int) -> list[tuple[int, float]]:
         params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=i)
@@ -266,7 +266,7 @@ async def _sglang(kit: Kit) -> Row:
 
     from clawbridge.backend import Datum, LossConfig
     from clawbridge.config import Settings
-    from clawbridge.sampler import SamplingParams
+    from clawbridge.serving.sampler import SamplingParams
 
     with tempfile.TemporaryDirectory(dir=kit.work) as state:
         settings = Settings.model_validate({"model": str(kit.shape_dir("qwen3-0.6b")), "state_dir": state,

@@ -56,7 +56,7 @@ from clawbridge_local.loading import load_causal_lm, resolve_device, resolve_dty
 from clawbridge_local.sampling import Choice, choose, make_generator
 from clawbridge_local.serving import WeightSource
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     FinishReason,
     PromptTooLong,
     SampledToken,

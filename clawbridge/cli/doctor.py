@@ -12,8 +12,8 @@ from importlib import metadata
 from pathlib import Path
 
 from clawbridge.config import Settings
-from clawbridge.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, KeyFileError, read_key_file
 from clawbridge.plugins import KNOWN_BACKEND_PACKAGES, available_backends
+from clawbridge.runtime.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, KeyFileError, read_key_file
 
 DOCTOR_GROUP = "clawbridge.doctor"
 

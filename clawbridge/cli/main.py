@@ -100,9 +100,9 @@ def up(
         err.print("no model: pass --model PATH_OR_ID (try `clawbridge model tiny ./tiny` for an offline test model)")
         raise typer.Exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from clawbridge.instance import PortInUse, StateDirBusy
     from clawbridge.plugins import BackendNotInstalled
     from clawbridge.probe import ServiceProbeFailed
+    from clawbridge.runtime.instance import PortInUse, StateDirBusy
     from clawbridge.server import UnsafeBind, serve
     from clawbridge.store.health import StateDirError, StoreCorrupt
     from clawbridge.trainer.identity import CheckpointMismatch

@@ -19,11 +19,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from clawbridge.address import base_url_for
 from clawbridge.cli.common import StateOpt, console, err
 from clawbridge.cli.target import resolve
 from clawbridge.openclaw import install_status, installer
 from clawbridge.openclaw.openclaw_cli import OpenClawCli, OpenClawCliError, find_openclaw_cli
+from clawbridge.runtime.address import base_url_for
 
 app = typer.Typer(
     help="Connect OpenClaw to clawbridge (provider + session-header extension).", no_args_is_help=True

@@ -67,7 +67,7 @@ def resume(
 
 def resume_offline(state_dir: Path) -> dict[str, Any]:
     """`resume` on the store while no server runs (under the state dir lock)."""
-    from clawbridge.instance import StateDirBusy, StateDirLock
+    from clawbridge.runtime.instance import StateDirBusy, StateDirLock
     from clawbridge.store import DB_FILENAME, Store
     from clawbridge.store.promotion import PromotionStore
 

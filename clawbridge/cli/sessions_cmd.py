@@ -58,7 +58,7 @@ def sessions_end(
     started with a session key or a trajectory that has no reward gets default_reward_value on its
     last turn (default_session_reward). Works while the server runs (the trainer picks it up at its
     next poll) and while it is down."""
-    from clawbridge.lifecycle import SessionLifecycle
+    from clawbridge.runtime.lifecycle import SessionLifecycle
 
     settings = resolve(config, state_dir).settings
     store = store_or_exit(settings)
@@ -94,7 +94,7 @@ def sessions_show(
                       str(len(t["completion_token_ids"])), str(t["policy_version"]),
                       "" if t["reward"] is None else f"{t['reward']:g}", t["finish_reason"] or "")
     console.print(turns)
-    from clawbridge.content import loose_text as text_of
+    from clawbridge.chat.content import loose_text as text_of
     from clawbridge.shapes.recorded import answer_message
 
     for t in view["turns"]:

@@ -45,7 +45,7 @@ def recover(state_dir: StateOpt = None, config: ConfigOpt = None) -> None:
 
     The damaged file is kept beside it as clawbridge.db.damaged-<time>.
     """
-    from clawbridge.instance import StateDirBusy, StateDirLock
+    from clawbridge.runtime.instance import StateDirBusy, StateDirLock
     from clawbridge.store.health import recover_store
 
     db = _db(state_dir, config)

@@ -2,12 +2,12 @@
 
 Every command that reads a store or talks to a server resolves its target here, in this order:
 `--state-dir` > `CLAWBRIDGE_STATE_DIR` (or `state_dir` in the `--config` file) > the one server
-that runs for this OS user (`clawbridge.address.running_servers`) > the default state dir.
+that runs for this OS user (`clawbridge.runtime.address.running_servers`) > the default state dir.
 
 Invariants:
 - Several servers running and none chosen: the command refuses (exit 2), listing each one's state
   dir and address and how to choose; it never picks one.
-- A command talks only to the server of the state dir it resolved (`clawbridge.address.server_for`:
+- A command talks only to the server of the state dir it resolved (`clawbridge.runtime.address.server_for`:
   its recorded pid alive and its URL listening), never to whatever answers at the configured port,
   so a server's answers are never shown beside another store's rows.
 - Its first line, on stderr (stdout stays for pipes and `--json`), names the state dir, why it was
@@ -27,10 +27,10 @@ import httpx
 import typer
 from rich.markup import escape
 
-from clawbridge.address import RunningServer, running_servers, server_for
 from clawbridge.cli.common import err, settings_or_exit
 from clawbridge.config import Settings
-from clawbridge.keys import ADMIN_KEY_FILE, read_key_file
+from clawbridge.runtime.address import RunningServer, running_servers, server_for
+from clawbridge.runtime.keys import ADMIN_KEY_FILE, read_key_file
 
 STATE_DIR_ENV = "CLAWBRIDGE_STATE_DIR"
 

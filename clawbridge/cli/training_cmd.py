@@ -69,7 +69,7 @@ def rollback(
     A version of a user's own adapter goes back only in her lane, and only with `--user` naming her
     (her lane trains on from it; the shared policy's training does not hold)."""
     from clawbridge.cli.promotion_cmd import set_serving_online
-    from clawbridge.instance import StateDirBusy, StateDirLock
+    from clawbridge.runtime.instance import StateDirBusy, StateDirLock
     from clawbridge.store.versions import VersionStore
     from clawbridge.trainer.checkpoints import no_checkpoint_message
 

@@ -12,8 +12,8 @@ from fastapi.responses import RedirectResponse
 
 from clawbridge.dashboard.auth import DashboardAuth
 from clawbridge.dashboard.routes import build_dashboard_router
-from clawbridge.metrics import HttpMetrics, Metrics
 from clawbridge.proxy.state import ProxyState
+from clawbridge.telemetry.metrics import HttpMetrics, Metrics
 
 
 def install_dashboard(app: FastAPI, state: ProxyState) -> DashboardAuth:

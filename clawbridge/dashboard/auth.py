@@ -27,9 +27,9 @@ from typing import Literal
 
 from fastapi import Request
 
-from clawbridge.keys import keys_equal
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
+from clawbridge.runtime.keys import keys_equal
 
 COOKIE = "clawbridge_dashboard"
 CSRF_HEADER = "x-csrf-token"

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.rewards.next_state import text_of, turn_view
-from clawbridge.sampler import engine_status
+from clawbridge.serving.sampler import engine_status
 from clawbridge.store.observe import ObserveStore
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.users import UserStore

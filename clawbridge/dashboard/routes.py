@@ -37,14 +37,14 @@ from pydantic import BaseModel, ConfigDict
 from clawbridge.access import OPERATOR
 from clawbridge.dashboard import data
 from clawbridge.dashboard.auth import COOKIE, LOGIN_TTL_S, DashboardAuth
-from clawbridge.keys import keys_equal
-from clawbridge.metrics import CONTENT_TYPE, Metrics
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.promotion_routes import promoter_of, set_serving, version_body
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
+from clawbridge.runtime.keys import keys_equal
 from clawbridge.store import StoreError
+from clawbridge.telemetry.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("clawbridge.dashboard")
 

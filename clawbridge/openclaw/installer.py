@@ -88,7 +88,7 @@ def find_extension_source() -> Path:
 def resolve_client_key(state_dir: Path, env: Mapping[str, str] | None = None) -> str:
     """The client key: `$CLAWBRIDGE_API_KEY`, else `<state_dir>/client_key` (generated if missing,
     exactly as the server would, so the server started later uses the same key)."""
-    from clawbridge.keys import CLIENT_KEY_FILE, ensure_key
+    from clawbridge.runtime.keys import CLIENT_KEY_FILE, ensure_key
 
     env = os.environ if env is None else env
     return ensure_key(state_dir, CLIENT_KEY_FILE, env.get("CLAWBRIDGE_API_KEY") or None, "cb").value

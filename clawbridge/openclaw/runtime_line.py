@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from clawbridge.content import loose_text
+from clawbridge.chat.content import loose_text
 
 MAX_SESSION_ID_LEN = 256
 TURN_TYPES = ("main", "side")

@@ -2,7 +2,7 @@
 
 A datum is token ids with per-position values (`clawbridge.backend.Datum`). Its text is found
 with the model's own tokenizer (`TextCodec`, e.g. the `Renderer`): decoded token by token
-(`clawbridge.parse.IncrementalDecoder`, which never splits a UTF-8 character) to map each
+(`clawbridge.chat.parse.IncrementalDecoder`, which never splits a UTF-8 character) to map each
 token to the characters it produced, and the filter runs on the whole text.
 
 Invariants:
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from clawbridge.backend import Datum, Span, check_datum
-from clawbridge.parse import IncrementalDecoder
+from clawbridge.chat.parse import IncrementalDecoder
 from clawbridge.privacy.detect import Finding, PrivacyFilter, mask_text
 
 log = logging.getLogger("clawbridge.privacy")
 
 
 class TextCodec(Protocol):
-    """The model's tokenizer, as the filter needs it (`clawbridge.render.Renderer` is one)."""
+    """The model's tokenizer, as the filter needs it (`clawbridge.chat.render.Renderer` is one)."""
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, special-token texts as their ids, nothing added."""

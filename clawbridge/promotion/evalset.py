@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from clawbridge.messages import ChatMessage, RenderError, parse_messages
+from clawbridge.chat.messages import ChatMessage, RenderError, parse_messages
 from clawbridge.store import Store
 
 HELD_OUT_REASON = "held_out"
@@ -52,7 +52,7 @@ class EvalItem:
     messages: tuple[dict[str, Any], ...] = ()
     """expect / rubric: the chat the version answers, as the line wrote it (the digest's input)."""
     chat: tuple[ChatMessage, ...] = ()
-    """`messages` parsed once by the proxy's rules (`clawbridge.messages`): what is rendered."""
+    """`messages` parsed once by the proxy's rules (`clawbridge.chat.messages`): what is rendered."""
     expect: str = ""
     """expect: the regular expression the greedy answer must match (case-insensitive)."""
     rubric: str = ""

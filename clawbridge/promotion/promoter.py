@@ -52,19 +52,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.access import OPERATOR
-from clawbridge.faults import fault_point
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
 from clawbridge.rewards.judge import VoteConfig
+from clawbridge.runtime.faults import fault_point
+from clawbridge.serving.versions import VersionedServing, VersionNotFound, VersionRouter
 from clawbridge.store import Store
 from clawbridge.store.promotion import Decision, PromotionStore, Verdict
 from clawbridge.store.versions import VersionStore
-from clawbridge.versions import VersionedServing, VersionNotFound, VersionRouter
 
 if TYPE_CHECKING:
-    from clawbridge.chatformat import ChatFormat
+    from clawbridge.chat.chatformat import ChatFormat
     from clawbridge.config import Settings
     from clawbridge.rewards.judge import JudgeModel
     from clawbridge.trainer.checkpoints import CheckpointKeeper

@@ -36,12 +36,12 @@ from clawbridge.access import OPERATOR
 from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
 from clawbridge.promotion.stats import wilson
 from clawbridge.rewards.judge import VoteConfig, judge_turn
-from clawbridge.sampler import Sampler, SamplerOverloaded, SamplingParams, SequenceScorer
+from clawbridge.serving.sampler import Sampler, SamplerOverloaded, SamplingParams, SequenceScorer
 
 if TYPE_CHECKING:
-    from clawbridge.chatformat import ChatFormat
+    from clawbridge.chat.chatformat import ChatFormat
     from clawbridge.rewards.judge import JudgeModel
-    from clawbridge.versions import VersionRouter
+    from clawbridge.serving.versions import VersionRouter
 
 OVERLOAD_RETRIES = 20
 EVAL_CONCURRENCY = 8

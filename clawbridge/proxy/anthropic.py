@@ -26,14 +26,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from clawbridge.access import Principal
-from clawbridge.parse import Delta
+from clawbridge.chat.parse import Delta
 from clawbridge.proxy.call import SampledCall, render_request
 from clawbridge.proxy.errors import ApiError, refused_as_400, validated
 from clawbridge.proxy.model_routes import Prepared, check_model
 from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
-from clawbridge.sampler import SampledToken
+from clawbridge.serving.sampler import SampledToken
 from clawbridge.shapes.anthropic import MessagesRequest, openai_data, validate_messages_request
 
 log = logging.getLogger("clawbridge.proxy")

@@ -101,7 +101,7 @@ def build_app(state: ProxyState) -> FastAPI:
         entry = {"object": "model", "owned_by": "clawbridge", "created": 0,
                  "context_window": info.context_window, "max_output_tokens": info.max_output_tokens}
         serving = {**entry, "policy_version": state.router.serving_version}
-        # Every version `NAME@N` can name now (clawbridge.versions), oldest first.
+        # Every version `NAME@N` can name now (clawbridge.serving.versions), oldest first.
         kept = [{"id": f"{info.name}@{v}", **entry, "policy_version": v} for v in await state.router.kept_versions()]
         return {"object": "list", "data": [{"id": info.name, **serving}, {"id": "default", **serving}, *kept]}
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from clawbridge.access import Principal
-from clawbridge.keys import keys_equal
 from clawbridge.proxy.errors import ApiError
+from clawbridge.runtime.keys import keys_equal
 from clawbridge.store import Store
 from clawbridge.store.users import UserError, UserStore, check_user_name
 

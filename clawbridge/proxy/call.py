@@ -43,18 +43,18 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawbridge.access import Denied, Principal
-from clawbridge.chatformat import Prompt, ToolChoiceError
-from clawbridge.messages import Messages
-from clawbridge.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
+from clawbridge.chat.chatformat import Prompt, ToolChoiceError
+from clawbridge.chat.messages import Messages
+from clawbridge.chat.parse import TOOL_CLOSE, IncrementalDecoder, ParsedMessage, StreamParser
+from clawbridge.chat.render import RenderError
 from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.inflight import Ticket, forgotten_error
 from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.stops import StopMatcher
-from clawbridge.render import RenderError
 from clawbridge.rewards.notes import CHECK_META, NOTES_HEADER, note_hint, noted_messages
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     PromptTooLong,
     SampledToken,
     Sampler,
@@ -65,10 +65,10 @@ from clawbridge.sampler import (
     SampleStream,
     SamplingParams,
 )
+from clawbridge.serving.versions import VersionNotFound, parse_versioned
 from clawbridge.store import TurnRecord
 from clawbridge.store.notes import Note
 from clawbridge.store.tombstones import UserForgotten
-from clawbridge.versions import VersionNotFound, parse_versioned
 
 log = logging.getLogger("clawbridge.proxy")
 

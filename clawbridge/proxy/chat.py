@@ -14,13 +14,13 @@ import orjson
 from fastapi.responses import Response
 
 from clawbridge.access import Principal
-from clawbridge.parse import Delta
+from clawbridge.chat.parse import Delta
 from clawbridge.proxy.call import SampledCall
 from clawbridge.proxy.errors import ApiError, error_body
 from clawbridge.proxy.model_routes import Prepared, openai_error
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.state import ProxyState
-from clawbridge.sampler import SampledToken
+from clawbridge.serving.sampler import SampledToken
 
 
 class ChatShape:

@@ -13,7 +13,7 @@ Routes, for API path `P` in `chat/completions`, `messages`, `responses`:
 
 Invariants:
 - A request without `model` is served by the served model; any other name than the served one,
-  `default`, or either with `@N` (committed policy version N, `clawbridge.versions`) is a 404.
+  `default`, or either with `@N` (committed policy version N, `clawbridge.serving.versions`) is a 404.
 - Every failure is answered in the adapter's error shape with the `ApiError`'s status; never a
   traceback, never a 500 for bad input.
 - Whether the caller may record into the session, build on a previous response, or name a
@@ -40,7 +40,7 @@ from clawbridge.proxy.ownership import caller, check_recordable
 from clawbridge.proxy.request import ChatRequest, parse_json_object, read_body, stored_request
 from clawbridge.proxy.sessions import check_session_id, pop_session_fields, resolve_call_session
 from clawbridge.proxy.state import ProxyState
-from clawbridge.versions import parse_versioned
+from clawbridge.serving.versions import parse_versioned
 
 log = logging.getLogger("clawbridge.proxy")
 
@@ -84,7 +84,7 @@ class ApiAdapter(Protocol):
 
 def check_model(state: ProxyState, model: str) -> None:
     """404 unless `model` names the served model: its id, `default`, or either `@N` (a committed
-    version; whether N is kept is checked when the call is routed, `clawbridge.versions`)."""
+    version; whether N is kept is checked when the call is routed, `clawbridge.serving.versions`)."""
     name = state.model_info.name
     if model not in (name, "default") and parse_versioned(model, (name, "default")) is None:
         raise ApiError(404, f"model {model!r} is not served here; use {name!r} or 'default' "

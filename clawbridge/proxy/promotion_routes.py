@@ -38,10 +38,10 @@ from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.ownership import caller, require
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.state import ProxyState
+from clawbridge.serving.versions import VersionNotFound
 from clawbridge.store.users import UserError, check_user_name
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.checkpoints import NoCheckpoint
-from clawbridge.versions import VersionNotFound
 
 log = logging.getLogger("clawbridge.proxy")
 

@@ -10,7 +10,7 @@ Invariants:
   that changes anything needs a key in a header, which a cross-site form cannot send.
 - A body with more than `max_messages` messages is 400 right after JSON parsing, before
   validation or rendering (which grow with the message count).
-- Messages are parsed once, here, into `clawbridge.messages.ChatMessage`s (the renderer takes
+- Messages are parsed once, here, into `clawbridge.chat.messages.ChatMessage`s (the renderer takes
   them as they are): a message that breaks its rules is 422 naming `messages.<i>`.
 - Malformed JSON is 400; fields of the wrong type or range are 422; options clawbridge cannot
   honour (n > 1, penalties, logit_bias, structured output, audio, images) are 400 naming the
@@ -26,8 +26,8 @@ import orjson
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawbridge.content import TEXT_PART_TYPES
-from clawbridge.messages import ChatMessage
+from clawbridge.chat.content import TEXT_PART_TYPES
+from clawbridge.chat.messages import ChatMessage
 from clawbridge.proxy.errors import ApiError, validated
 
 DEFAULT_MAX_MESSAGES = 4096
@@ -140,7 +140,7 @@ class ChatRequest(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    """Parsed once here (`clawbridge.messages`); the renderer takes them as they are."""
+    """Parsed once here (`clawbridge.chat.messages`); the renderer takes them as they are."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[dict[str, Any]] | None = None

@@ -28,14 +28,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from clawbridge.access import Action, Denied, Hidden, Principal, Target, check
-from clawbridge.parse import Delta
+from clawbridge.chat.parse import Delta
 from clawbridge.proxy.call import SampledCall, turn_id_for
 from clawbridge.proxy.errors import ApiError, denied, refused_as_400
 from clawbridge.proxy.model_routes import Prepared, openai_error
 from clawbridge.proxy.ownership import caller
 from clawbridge.proxy.request import validate_chat_request
 from clawbridge.proxy.state import ProxyState
-from clawbridge.sampler import SampledToken
+from clawbridge.serving.sampler import SampledToken
 from clawbridge.shapes.errors import invalid
 from clawbridge.shapes.responses import (
     ResponsesRequest,

@@ -23,7 +23,7 @@ AReaL compatibility:
   Starting a session with the key of an active session refreshes it: the old session ends.
 - A keyed session refreshed or ended without any reward gets `default_reward_value` on its last
   turn (setting `default_session_reward`; AReaL's "a default reward of 0 is assigned"), unless a
-  judge is configured: `clawbridge.lifecycle`, the same rule on every path that ends a session.
+  judge is configured: `clawbridge.runtime.lifecycle`, the same rule on every path that ends a session.
 - Fields these routes do not know (AReaL's `model` on set_reward, ...) are ignored, logged once
   per route and field; `group_size` above 1 is a 400 (one session per call here).
 
@@ -41,14 +41,14 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from clawbridge.access import Action, Denied, Hidden, Principal, Resource, Scope, check, scope_of
-from clawbridge.keys import keys_equal
 from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.ownership import caller, find_session, require, session_target
 from clawbridge.proxy.request import parse_json_object, read_body
 from clawbridge.proxy.sessions import SESSION_HEADER
 from clawbridge.proxy.state import ProxyState
-from clawbridge.sampler import engine_status
+from clawbridge.runtime.keys import keys_equal
+from clawbridge.serving.sampler import engine_status
 from clawbridge.store import StoreError
 from clawbridge.store.deletions import OwedDeletionStore
 from clawbridge.store.owners import SessionOwnerError

@@ -29,25 +29,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from clawbridge.access import Denied
 from clawbridge.backend import ModelInfo, ServingBackend
-from clawbridge.chatformat import ChatFormat
+from clawbridge.chat.chatformat import ChatFormat
 from clawbridge.config import Settings
-from clawbridge.lifecycle import SessionLifecycle
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.errors import ApiError, denied
 from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.inflight import InFlight
-from clawbridge.sampler import Sampler
+from clawbridge.runtime.lifecycle import SessionLifecycle
+from clawbridge.serving.sampler import Sampler
+from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.health import disk_problem
 from clawbridge.store.versions import VersionStore
-from clawbridge.versions import VersionRouter
 
 if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.promotion.promoter import Promoter
-    from clawbridge.reporting import StepReporter
     from clawbridge.rewards.notes import NoteBook
     from clawbridge.rewards.worker import RewardWorker
+    from clawbridge.telemetry.reporting import StepReporter
     from clawbridge.trainer.deletions import DeletionRetrier
     from clawbridge.trainer.lanes import UserLanes
     from clawbridge.trainer.loop import TrainerLoop
@@ -197,7 +197,7 @@ class ProxyState:
     backend: ServingBackend
     model_info: ModelInfo
     renderer: ChatFormat
-    """The served model's chat format (`clawbridge.render.Renderer`)."""
+    """The served model's chat format (`clawbridge.chat.render.Renderer`)."""
     store: Store
     writer: StoreWriter
     keys: Keys
@@ -214,17 +214,17 @@ class ProxyState:
     promotion: Promoter | None = None
     """Which version serves and when a new one may (clawbridge.promotion); set by `build_state`."""
     reporter: StepReporter | None = None
-    """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.reporting)."""
+    """Step metrics to TensorBoard / W&B when `report_to` is set (clawbridge.telemetry.reporting)."""
     deletions: DeletionRetrier | None = None
     """Retries the deletions owed on a hosted backend's service (clawbridge.trainer.deletions)."""
     drain: Drain = field(default_factory=Drain)
     """Shutdown state: set by the server on SIGTERM (clawbridge.proxy.guard)."""
     router: VersionRouter = field(init=False)
     """Which version answers each model call: `NAME@N`, the serving version, a canary's candidate
-    (clawbridge.versions)."""
+    (clawbridge.serving.versions)."""
 
     sessions: SessionLifecycle = field(init=False)
-    """How sessions end, with their default reward (clawbridge.lifecycle): every route and the reaper."""
+    """How sessions end, with their default reward (clawbridge.runtime.lifecycle): every route and the reaper."""
     inflight: InFlight = field(init=False)
     """The requests running now and the forget epoch each began in (clawbridge.proxy.inflight)."""
 
@@ -234,14 +234,14 @@ class ProxyState:
         self.inflight = InFlight(self.store.tombstones)
 
     async def end_session(self, session_id: str, reason: str = "end_session") -> bool:
-        """End `session_id` (`clawbridge.lifecycle`) and wake the trainer; False when it was unknown
+        """End `session_id` (`clawbridge.runtime.lifecycle`) and wake the trainer; False when it was unknown
         or already ended."""
         ended = await self.writer.call(self.sessions.end, session_id, reason)
         self._wake_trainer()
         return ended
 
     async def end_idle(self, idle_s: float) -> list[str]:
-        """End every session idle for `idle_s` seconds (`clawbridge.lifecycle`) and wake the trainer."""
+        """End every session idle for `idle_s` seconds (`clawbridge.runtime.lifecycle`) and wake the trainer."""
         ended = await self.writer.call(self.sessions.end_idle, idle_s)
         if ended:
             self._wake_trainer()

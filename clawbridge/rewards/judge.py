@@ -255,7 +255,7 @@ class BaseModelJudge:
 
     async def complete(self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int,
                        seed: int | None = None) -> str:
-        from clawbridge.sampler import SamplingParams
+        from clawbridge.serving.sampler import SamplingParams
 
         prompt = await asyncio.to_thread(self.renderer.render, messages)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,

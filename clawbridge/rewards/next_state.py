@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clawbridge.content import loose_text as text_of
+from clawbridge.chat.content import loose_text as text_of
 from clawbridge.shapes.recorded import answer_message, openai_view
 
 NextKind = Literal["user", "tool", "tool+user"]

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clawbridge.chat.messages import ChatMessage
 from clawbridge.config import Settings, default_of
-from clawbridge.messages import ChatMessage
 from clawbridge.rewards.opd import HINT_TEMPLATE
 from clawbridge.store import Store
 from clawbridge.store.notes import Note, NoteStore

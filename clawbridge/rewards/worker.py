@@ -32,7 +32,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clawbridge.background import Background
 from clawbridge.config import Settings, default_of
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
@@ -45,14 +44,15 @@ from clawbridge.rewards.judge import (
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
 from clawbridge.rewards.notes import CHECK_META, NoteBook
 from clawbridge.rewards.opd import request_tools, teacher_input
+from clawbridge.runtime.background import Background
 from clawbridge.store import Store
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.turns import StoredTurn
 
 if TYPE_CHECKING:
     from clawbridge.backend import LogprobScorer, ServingBackend
+    from clawbridge.chat.render import Renderer
     from clawbridge.privacy.guard import PrivacyGuard
-    from clawbridge.render import Renderer
 
 log = logging.getLogger("clawbridge.rewards")
 
@@ -99,7 +99,7 @@ class RewardWorker:
         self.privacy = privacy if privacy is not None and privacy.judge else None
         """Masks each judge prompt before it is sent (`clawbridge.privacy`); None: off."""
         self.clock = store.clock
-        """Retry backoff and poll waits run on the store's clock (`clawbridge.clock`)."""
+        """Retry backoff and poll waits run on the store's clock (`clawbridge.runtime.clock`)."""
         self.judge = judge
         self.config = config or WorkerConfig()
         self.renderer = renderer

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawbridge.content import TEXT_PART_FIELDS, ContentError, content_text
+from clawbridge.chat.content import TEXT_PART_FIELDS, ContentError, content_text
 from clawbridge.shapes.errors import invalid, validated
 
 _REFUSED_FIELDS = {
@@ -119,11 +119,11 @@ def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any
 # ---------------------------------------------------------------------- input items
 RESPONSES_PART_FIELDS: Mapping[str, str] = {
     **TEXT_PART_FIELDS, "summary_text": "text", "reasoning_text": "text", "refusal": "refusal"}
-"""The Responses API's text-carrying parts and the key of each one's text (`clawbridge.content`)."""
+"""The Responses API's text-carrying parts and the key of each one's text (`clawbridge.chat.content`)."""
 
 
 def _content_text(content: Any, i: int, *, key: str = "content", join: str = "") -> str:
-    """Item `i`'s content (a string or a list of text parts) as text, by `clawbridge.content`'s
+    """Item `i`'s content (a string or a list of text parts) as text, by `clawbridge.chat.content`'s
     rules with this API's part types; a message's parts are pieces of one text, joined with `""`."""
     if content is None:
         raise invalid(f"input[{i}].{key} must be a string or a list of parts", f"input.{i}.{key}")

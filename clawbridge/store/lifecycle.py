@@ -1,4 +1,4 @@
-"""Ending a session, with the default reward, in one transaction (the SQL under `clawbridge.lifecycle`).
+"""Ending a session, with the default reward, in one transaction (the SQL under `clawbridge.runtime.lifecycle`).
 
 Invariants:
 - A session ends once: ending an ended or unknown session changes nothing and says so (False).

@@ -23,7 +23,7 @@ Invariants:
   (`tombstones`, `clawbridge.store.tombstones`): a late turn cannot bring a forgotten user back.
 - Deleted rows leave no bytes behind: `secure_delete` is on, and `vacuum()` rebuilds the file and
   truncates the WAL (how `clawbridge users forget` makes sure nothing of a user remains).
-- Timestamps come from `Store.clock` (`clawbridge.clock`), so a test can move time instead of waiting.
+- Timestamps come from `Store.clock` (`clawbridge.runtime.clock`), so a test can move time instead of waiting.
 - The file (and so its -wal and -shm) is created 0600; see `health` for the checks made before a
   server uses it.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawbridge.clock import SYSTEM_CLOCK, Clock
+from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
 from clawbridge.store.codec import encode_floats, encode_ids
 from clawbridge.store.files import DB_FILENAME, create_private
 from clawbridge.store.lifecycle import DefaultReward, end_in
@@ -265,7 +265,7 @@ class Store:
     def end_session(self, session_id: str, reason: str, default: DefaultReward | None = None) -> bool:
         """End an active session, with its `default` reward when it is owed one
         (`clawbridge.store.lifecycle`); False when it was unknown or already ended. The server,
-        the CLI and the reaper end sessions through `clawbridge.lifecycle`, which passes `default`."""
+        the CLI and the reaper end sessions through `clawbridge.runtime.lifecycle`, which passes `default`."""
         now = self.clock.now()
         with self.write() as c:
             return end_in(c, session_id, reason, default, now)

@@ -329,7 +329,7 @@ class TrainingStore:
         samples are consumed by it, and (with a checkpoint) its reserved policy version becomes
         committed (`clawbridge.store.versions`). Raises StoreError (nothing written) if a sample is
         not pending or the version is not reserved. Durable: the checkpoint it names is already
-        flushed (`clawbridge.durable`), and after a power loss the store says no less."""
+        flushed (`clawbridge.runtime.durable`), and after a power loss the store says no less."""
         with self.store.write(durable=True) as c:
             if checkpoint is not None:
                 commit_in(c, policy_version, checkpoint, identity, self.store.clock.now())

@@ -7,7 +7,7 @@ Invariants (with `clawbridge.store.versions`, which keeps the numbering):
   a restart (after a clean stop or `kill -9` at any moment) restores exactly the newest committed
   version, with its optimizer state, and serves it under its own number.
 - Before the first step ever, the untrained trainer state is saved as version 0 (the base).
-- A checkpoint is on the disk (files and names flushed: `clawbridge.durable`) before the store
+- A checkpoint is on the disk (files and names flushed: `clawbridge.runtime.durable`) before the store
   commits the row that names it. If the newest committed one is torn anyway (a disk that lied, a
   file damaged since: `CheckpointDamaged`), `resume` restores the newest intact older one under a
   NEW version (kind `restore`), since the torn one's number named other weights; the samples its

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 
 from clawbridge.backend import RemoteCheckpoints, RemoteObject
-from clawbridge.background import Background
+from clawbridge.runtime.background import Background
 from clawbridge.store import Store
 from clawbridge.store.deletions import OwedDeletionStore, OwedReason
 

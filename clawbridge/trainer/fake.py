@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Sequence
 
 from clawbridge.backend import Datum, FakeServingBackend, LossConfig, ModelInfo, RemoteObject, StepResult
-from clawbridge.sampler import FakeSampler
+from clawbridge.serving.sampler import FakeSampler
 
 
 class FakeStepError(RuntimeError):

@@ -13,7 +13,7 @@ Invariants:
   policy resumes.
 - The steps of every lane, the shared one included, hold one `step_lock`, which asyncio hands to
   waiters in arrival order: lanes take turns, so one busy user never starves another's steps.
-- Routing (`clawbridge.versions.VersionRouter`): a user's plain calls get their lane's newest
+- Routing (`clawbridge.serving.versions.VersionRouter`): a user's plain calls get their lane's newest
   committed trained version (`version_for`) once their lane has one; until then the shared serving
   version. `NAME@N` naming another user's version is answered as a version that does not exist.
 - Forgetting a user (`forget_user`, a `clawbridge.proxy.user_routes.ForgetHook`, called once her
@@ -35,8 +35,8 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from clawbridge.backend import RemoteCheckpoints, TrainingBackend
-from clawbridge.background import Background
 from clawbridge.config import Settings
+from clawbridge.runtime.background import Background
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.checkpoints import CheckpointKeeper

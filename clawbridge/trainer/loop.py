@@ -74,10 +74,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.backend import LossConfig, TrainingBackend
-from clawbridge.background import Background
 from clawbridge.config import BaselineRule, NormalizationRule, Settings, StalePolicy, default_of
-from clawbridge.faults import fault_point
 from clawbridge.privacy.guard import DROP_REASON
+from clawbridge.runtime.background import Background
+from clawbridge.runtime.faults import fault_point
 from clawbridge.store import Store
 from clawbridge.store.training import PendingSample, TrainingStore
 from clawbridge.trainer.advantages import GROUP_BASELINES, RewardMix, RunningMeans
@@ -343,7 +343,7 @@ class TrainerLoop:
         if screened.empty:
             self._dropped["empty"] += self.tstore.drop_samples((s.turn_id for s in screened.empty), "empty")
         whole_groups = cfg.baseline in GROUP_BASELINES
-        now = self.store.clock.monotonic()  # the store's clock: tests move it (clawbridge.clock)
+        now = self.store.clock.monotonic()  # the store's clock: tests move it (clawbridge.runtime.clock)
         usable = screened.usable
         if whole_groups:
             tasks = {s.task_id for s in usable if s.task_id}

@@ -1,6 +1,6 @@
 """How long ready samples wait before they train: the short-batch and whole-group rules.
 
-Both measure time on the store's monotonic clock (`clawbridge.clock`), so tests move it instead
+Both measure time on the store's monotonic clock (`clawbridge.runtime.clock`), so tests move it instead
 of sleeping, and both are bounded by one setting, `batch_wait_s` (`wait_s` here).
 
 Invariants:

@@ -32,8 +32,8 @@ from typing import Any
 
 from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
-from clawbridge.faults import fault_point
-from clawbridge.sampler import Sampler
+from clawbridge.runtime.faults import fault_point
+from clawbridge.serving.sampler import Sampler
 from clawbridge_fireworks import provision as prov
 from clawbridge_fireworks.check import probe
 from clawbridge_fireworks.conversion import loss_options, metrics_of, step_metrics, to_fireworks_datum

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     FinishedStream,
     PromptTooLong,
     SampledToken,

@@ -33,9 +33,9 @@ import torch
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
 from clawbridge.config import Settings
-from clawbridge.faults import fault_point
-from clawbridge.sampler import Sampler
-from clawbridge.versions import LoadedVersions, VersionUnavailable
+from clawbridge.runtime.faults import fault_point
+from clawbridge.serving.sampler import Sampler
+from clawbridge.serving.versions import LoadedVersions, VersionUnavailable
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.kvbudget import MemoryShare, resolve_kv_dtype
 from clawbridge_local.loading import resolve_device, resolve_dtype
@@ -122,7 +122,7 @@ class LocalBackend:
         self._lane_trainers = LaneTrainers(self.options.max_lane_trainers)
         self._lane_base: torch.nn.Module | None = None
         """Beside SGLang: the base all users' lane trainers share (`_lanes_base`)."""
-        """Committed versions served beside the published one (`clawbridge.versions.VersionedServing`)."""
+        """Committed versions served beside the published one (`clawbridge.serving.versions.VersionedServing`)."""
 
     async def start(self) -> None:
         """Load the model (with a progress bar) in a thread and start the engine's worker."""
@@ -230,7 +230,7 @@ class LocalBackend:
         return self._require()
 
     async def load_version(self, version: int, checkpoint: str) -> Sampler:
-        """`clawbridge.versions.VersionedServing`: committed `version` from its checkpoint, kept
+        """`clawbridge.serving.versions.VersionedServing`: committed `version` from its checkpoint, kept
         among the `max_loaded_versions` most recently used (torch engine only)."""
         return await self._versions.get(version, checkpoint)
 

@@ -83,7 +83,7 @@ from typing import Any, Literal
 
 import torch
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     FinishReason,
     PromptTooLong,
     SampledToken,
@@ -414,7 +414,7 @@ class TorchEngine:
         return TorchSampleStream(self, req)
 
     async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
-        """`clawbridge.sampler.SequenceScorer`: untempered logprobs of `completion_ids` after
+        """`clawbridge.serving.sampler.SequenceScorer`: untempered logprobs of `completion_ids` after
         `prompt_ids` on the current weights (one forward by the worker, between steps)."""
         return await self._score(prompt_ids, completion_ids, None)
 

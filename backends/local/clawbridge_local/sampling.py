@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clawbridge.sampler import SampledToken, SamplingParams
+from clawbridge.serving.sampler import SampledToken, SamplingParams
 
 
 @dataclass(frozen=True)

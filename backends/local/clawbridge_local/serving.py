@@ -1,7 +1,7 @@
 """`ServingEngine`: what `LocalBackend` needs of the engine that serves (torch or SGLang).
 
 Invariants:
-- An engine is a `clawbridge.sampler.Sampler` with a `context_window`.
+- An engine is a `clawbridge.serving.sampler.Sampler` with a `context_window`.
 - `publish(weights, version)` makes the trainer's current weights the ones new streams sample
   from, labelled `version`, and returns the version served; streams already running finish on the
   weights they started with. Each engine takes the weights in the form it loads: the in-process
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from clawbridge.sampler import Sampler
+from clawbridge.serving.sampler import Sampler
 from clawbridge_local.lora_serving import LoraAdapter
 
 

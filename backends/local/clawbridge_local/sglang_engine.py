@@ -11,7 +11,7 @@ Wire (checked against sglang 0.5.x `entrypoints/http_server.py` and `managers/io
 - Token ids come from `output_token_logprobs` (the ids the logprobs belong to); `output_ids`, whose
   streaming semantics changed within 0.5.x, is cross-checked when its length is unambiguous.
 - Logprobs are SGLang's defaults: after temperature, before top-p/top-k (greedy: plain softmax),
-  the same as `clawbridge.sampler.SampledToken.logprob`, provided the server does not run with
+  the same as `clawbridge.serving.sampler.SampledToken.logprob`, provided the server does not run with
   `SGLANG_RETURN_ORIGINAL_LOGPROB`. Sampling parameters are always sent in full, so the model's
   `generation_config.json` defaults (`--sampling-defaults model`) never apply. `sampling_seed` is
   honoured only by servers started with `--enable-deterministic-inference`.
@@ -24,7 +24,7 @@ Invariants:
   version 0 (and full fine-tuning) is the served base path. Streams are counted per version; a
   LoRA version is unloaded once it is neither current, nor held (`held`), nor used by a stream.
 - Which versions are kept beside the current one is recorded once, by their owner
-  (`clawbridge.versions.LoadedVersions`, which the engine asks through `held`); the engine keeps
+  (`clawbridge.serving.versions.LoadedVersions`, which the engine asks through `held`); the engine keeps
   only what the server has loaded (`loaded_versions`), each kept version's adapter folder and the
   streams per version. `load_lora_version` makes a committed LoRA version (`NAME@N`, a user's
   adapter) servable beside the current one: its folder is remembered and loaded now; its sampler's
@@ -69,7 +69,7 @@ from typing import Any
 
 import httpx
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     PromptTooLong,
     SamplerError,
     SamplerOverloaded,
@@ -176,7 +176,7 @@ class SGLangEngine:
         self._unloads: set[asyncio.Task[bool]] = set()
         self._held: Callable[[int], bool] = held if held is not None else (lambda _version: False)
         """Whether the owner of the versions served beside the current one keeps `version`
-        (`clawbridge.versions.LoadedVersions.holds`); such a version is unloaded only for room."""
+        (`clawbridge.serving.versions.LoadedVersions.holds`); such a version is unloaded only for room."""
         self._closed = False
 
     @classmethod

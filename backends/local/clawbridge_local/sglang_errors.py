@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     PromptTooLong,
     SamplerError,
     SamplerOverloaded,

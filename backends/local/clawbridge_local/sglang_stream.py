@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     FinishReason,
     SampledToken,
     SamplerError,

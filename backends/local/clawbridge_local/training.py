@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from clawbridge.backend import Datum, LossConfig, StepResult
 from clawbridge.config import Settings
-from clawbridge.durable import replace_dir
+from clawbridge.runtime.durable import replace_dir
 from clawbridge.store.users import USER_NAME_RE
 from clawbridge_local.lora_serving import LoraAdapter
 from clawbridge_local.settings import local_settings

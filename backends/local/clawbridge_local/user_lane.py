@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Protocol
 
 from clawbridge.backend import Datum, LossConfig, ModelInfo, StepResult
-from clawbridge.durable import replace_dir
-from clawbridge.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
-from clawbridge.versions import LoadedVersions
+from clawbridge.runtime.durable import replace_dir
+from clawbridge.serving.sampler import Sampler, SamplerUnavailable, SampleStream, SamplingParams
+from clawbridge.serving.versions import LoadedVersions
 from clawbridge_local.engine import TorchEngine
 from clawbridge_local.sglang_engine import SGLangEngine
 from clawbridge_local.training import LocalTrainer, on_training_thread
@@ -248,7 +248,7 @@ class UserLaneBackend:
 class LaneVersion:
     """A lane's newest published version as its trainer loop sees it (staleness, checkpoints): the
     number, and sampling while the engine keeps that version loaded. Users' calls get their version
-    through the router (`clawbridge.versions`), which reloads it from its checkpoint if unloaded."""
+    through the router (`clawbridge.serving.versions`), which reloads it from its checkpoint if unloaded."""
 
     def __init__(self, parent: LaneHost, version: int) -> None:
         self.parent = parent
@@ -268,7 +268,7 @@ class LaneVersion:
 
 def _copy_export(export: Path, folder: Path) -> None:
     """The trainer's newest export (replaced at its next export) copied to a version's own folder,
-    whole or not at all (`clawbridge.durable.replace_dir`)."""
+    whole or not at all (`clawbridge.runtime.durable.replace_dir`)."""
     tmp = folder.with_name(f".{folder.name}.copying")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(export, tmp)

@@ -52,8 +52,8 @@ from typing import Any
 
 from clawbridge.backend import Capabilities, Datum, LossConfig, ModelInfo, RemoteObject, StepResult
 from clawbridge.config import Settings
-from clawbridge.faults import fault_point
-from clawbridge.sampler import Sampler
+from clawbridge.runtime.faults import fault_point
+from clawbridge.serving.sampler import Sampler
 
 from .convert import loss_fn_and_config, loss_tokens, to_tinker_datum
 from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, retry_transient
@@ -388,7 +388,7 @@ class TinkerBackend:
         if self.parent is not None:
             await self.parent._served.serve_live(self.lane, TinkerSampler(client, version, self.sampler_limits()))
 
-    # ---- committed versions besides the published one (clawbridge.versions.VersionedServing)
+    # ---- committed versions besides the published one (clawbridge.serving.versions.VersionedServing)
 
     async def load_version(self, version: int, checkpoint: str) -> Sampler:
         """A sampler of committed `version` (`clawbridge_tinker.served`), kept among the

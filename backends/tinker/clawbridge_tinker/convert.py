@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clawbridge.backend import Datum, LossConfig, loss_inputs
-from clawbridge.sampler import SamplingParams
+from clawbridge.serving.sampler import SamplingParams
 
 from .sdk import ModelInput, TensorData, TinkerDatum
 from .sdk import SamplingParams as TinkerSamplingParams

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from clawbridge.sampler import (
+from clawbridge.serving.sampler import (
     FinishedStream,
     FinishReason,
     SampledToken,

@@ -1,5 +1,5 @@
 """Committed versions the Tinker backend serves besides the one it publishes: `NAME@N`, promotion's
-candidates, and every user lane's own version (`clawbridge.versions.VersionedServing`).
+candidates, and every user lane's own version (`clawbridge.serving.versions.VersionedServing`).
 
 Invariants:
 - A user lane's published version is served through the lane's own live sampling client, handed
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from clawbridge.sampler import Sampler, SamplerUnavailable, SamplingParams
-from clawbridge.versions import LoadedVersions, VersionUnavailable
+from clawbridge.serving.sampler import Sampler, SamplerUnavailable, SamplingParams
+from clawbridge.serving.versions import LoadedVersions, VersionUnavailable
 
 from .errors import TinkerRequestFailed, TinkerTransientError
 from .manifest import CheckpointEntry

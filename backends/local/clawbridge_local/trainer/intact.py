@@ -2,7 +2,7 @@
 
 A checkpoint (`step.TrainerCore.save_checkpoint`) is `model.safetensors` (trainable weights),
 `optimizer.pt` (torch's zip format) and `trainer_state.json`, written to a hidden folder, flushed
-and renamed into place (`clawbridge.durable.replace_dir`). A folder written before that flush
+and renamed into place (`clawbridge.runtime.durable.replace_dir`). A folder written before that flush
 existed, or damaged since, may hold a file cut short: a power loss before the data reached the
 disk leaves the names but not all the bytes.
 

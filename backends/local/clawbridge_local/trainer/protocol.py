@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clawbridge.durable import write_atomic
+from clawbridge.runtime.durable import write_atomic
 
 OPS = ("train_step", "export", "save_checkpoint", "restore_checkpoint", "shutdown")
 """Operations a request may name."""
@@ -40,7 +40,7 @@ class TrainerError(RuntimeError):
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to `path` so that readers see either nothing or the whole file
-    (`clawbridge.durable.write_atomic`)."""
+    (`clawbridge.runtime.durable.write_atomic`)."""
     write_atomic(path, json.dumps(obj), mode=0o644)
 
 

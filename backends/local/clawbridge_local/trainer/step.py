@@ -43,8 +43,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from clawbridge.backend import Datum, LossConfig
-from clawbridge.durable import replace_dir
-from clawbridge.faults import fault_point_sync
+from clawbridge.runtime.durable import replace_dir
+from clawbridge.runtime.faults import fault_point_sync
 from clawbridge_local.losses import SUM_KEYS, LossInputs, LossSums, compute_loss, finalize_metrics
 from clawbridge_local.trainer import model as model_io
 from clawbridge_local.trainer.batch import Collated, collate, micro_batches, validate_datum

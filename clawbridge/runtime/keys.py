@@ -1,7 +1,7 @@
 """Client and admin keys: from the environment, else generated once into 0600 files in the state dir.
 
 Invariants:
-- A key file is created with mode 0600, whole, once (`clawbridge.durable.create_exclusive`: a
+- A key file is created with mode 0600, whole, once (`clawbridge.runtime.durable.create_exclusive`: a
   flushed temporary file hard-linked to its name, then the state dir flushed): a second process
   never reads it empty or replaces it, and a power loss never leaves it empty. An existing file
   with looser permissions is refused rather than used.
@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawbridge.durable import create_exclusive
+from clawbridge.runtime.durable import create_exclusive
 
 CLIENT_KEY_FILE = "client_key"
 ADMIN_KEY_FILE = "admin_key"

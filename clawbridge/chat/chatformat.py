@@ -3,11 +3,11 @@
 A chat format is what the proxy needs to talk to one model: render OpenAI-shaped messages and
 tools to prompt ids, parse the sampled ids back (content, reasoning, tool calls; streaming too),
 the stop markers that end a turn, and what the template supports. `ChatFormat` is that seam;
-`clawbridge.render.Renderer` implements it for any transformers tokenizer with a chat template,
+`clawbridge.chat.render.Renderer` implements it for any transformers tokenizer with a chat template,
 with the family-specific part (how tools reach the model) given by a `ToolStyle`:
 
 - `NativeTools` ("qwen3"): the template renders `tools`, tool calls and tool results itself, in
-  the Hermes grammar of `clawbridge.parse` (Qwen2.5/Qwen3, Hermes; think blocks when the template
+  the Hermes grammar of `clawbridge.chat.parse` (Qwen2.5/Qwen3, Hermes; think blocks when the template
   has them). Chosen when the template mentions `tools` and writes `<tool_call>`.
 - `SystemPromptTools` ("plain"): any other template (ChatML such as SmolLM2's, Llama-style, ...),
   which is only ever given `system`/`user`/`assistant` messages with text content. Tools, calls
@@ -39,7 +39,7 @@ with the family-specific part (how tools reach the model) given by a `ToolStyle`
     parsed the same way under either style, and re-rendering a parsed turn gives its text back.
 
 Forcing a call (`tool_choice` naming a function, or "required" with one tool) works the same for
-every format: the prompt ends with the opening of that call (`clawbridge.parse.ForcedCall`), so
+every format: the prompt ends with the opening of that call (`clawbridge.chat.parse.ForcedCall`), so
 the model can only write its arguments, and the proxy ends sampling where the call closes (the
 call is the whole answer). "required" with several tools cannot be forced that way
 and is refused (400), never silently treated as "auto".
@@ -48,7 +48,7 @@ Invariants:
 - Nothing in a request is dropped: every message, tool, tool call, tool result and reasoning text
   reaches the prompt (natively or in the documented text form), or rendering fails with a
   `RenderError` (HTTP 400).
-- Stop markers are `clawbridge.parse.END_OF_TURN_MARKERS` present in the vocabulary, then the eos
+- Stop markers are `clawbridge.chat.parse.END_OF_TURN_MARKERS` present in the vocabulary, then the eos
   token; the sampler stops on their ids and the parser strips their texts (one list for both).
 """
 
@@ -59,8 +59,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from clawbridge.messages import Messages, RenderError
-from clawbridge.parse import (
+from clawbridge.chat.messages import Messages, RenderError
+from clawbridge.chat.parse import (
     END_OF_TURN_MARKERS,
     THINK_CLOSE,
     THINK_OPEN,
@@ -137,7 +137,7 @@ class ChatFormat(Protocol):
                       tools: list[dict[str, Any]] | None = None,
                       tool_choice: str | dict[str, Any] | None = None) -> Prompt:
         """Render an OpenAI chat request: `ChatMessage`s as they are, plain message objects parsed by
-        `clawbridge.messages.parse_messages` (raises `RenderError` / `ToolChoiceError`)."""
+        `clawbridge.chat.messages.parse_messages` (raises `RenderError` / `ToolChoiceError`)."""
         ...
 
     def render(self, messages: Messages,

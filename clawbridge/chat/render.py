@@ -1,15 +1,15 @@
 """Renderer: the `ChatFormat` of a transformers tokenizer with a chat template.
 
-Parsed chat messages (`clawbridge.messages.ChatMessage`, what a validated request holds; plain
+Parsed chat messages (`clawbridge.chat.messages.ChatMessage`, what a validated request holds; plain
 OpenAI-shaped message objects are parsed by the same rules first) -> prompt token ids through the
-chat template, with tools handled as the template's family needs (`clawbridge.chatformat`:
+chat template, with tools handled as the template's family needs (`clawbridge.chat.chatformat`:
 natively, or written into the system message), a forced `tool_choice` prefilled; sampled text ->
-assistant message by the one grammar of `clawbridge.parse`, with this vocabulary's stop markers.
+assistant message by the one grammar of `clawbridge.chat.parse`, with this vocabulary's stop markers.
 
 Invariants:
 - Token exact: `render` returns exactly `tokenizer(text, add_special_tokens=False).input_ids` for
   the prompt text (`render_text`: the template's text, exactly what `apply_chat_template` gives
-  (`clawbridge.chat_template`), then any forced call's prefill). The speed-up (per-segment caching) never changes the ids:
+  (`clawbridge.chat.chat_template`), then any forced call's prefill). The speed-up (per-segment caching) never changes the ids:
   text is split only at added tokens the tokenizer itself splits at first (no lstrip/rstrip/
   single_word, not normalized), so each segment tokenizes independently of its neighbours.
 - Bounded memory: the segment cache holds at most `max_entries` segments and `max_chars` text.
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawbridge.chat_template import ChatTemplate
-from clawbridge.chatformat import (
+from clawbridge.chat.chat_template import ChatTemplate
+from clawbridge.chat.chatformat import (
     Capabilities,
     Prompt,
     RenderError,
@@ -38,8 +38,8 @@ from clawbridge.chatformat import (
     stop_markers_for,
     tool_style_for,
 )
-from clawbridge.messages import ROLES, Messages, parse_messages
-from clawbridge.parse import ParsedMessage, StreamParser, parse_completion
+from clawbridge.chat.messages import ROLES, Messages, parse_messages
+from clawbridge.chat.parse import ParsedMessage, StreamParser, parse_completion
 from clawbridge.sources import resolve_source
 
 __all__ = ["ROLES", "RenderError", "Renderer", "SegmentCache", "ToolChoiceError"]
@@ -107,7 +107,7 @@ class Renderer:
         """Segment text -> ids; shared by every render of this renderer."""
         self._backend: Any = tokenizer.backend_tokenizer
         self.template: ChatTemplate = ChatTemplate(tokenizer)
-        """The chat template, rendered as `apply_chat_template` renders it (`clawbridge.chat_template`)."""
+        """The chat template, rendered as `apply_chat_template` renders it (`clawbridge.chat.chat_template`)."""
         template = str(tokenizer.chat_template)
         self.developer_role_supported: bool = "developer" in template
         """Whether the template renders `developer` messages itself (else they become `system`)."""
@@ -170,7 +170,7 @@ class Renderer:
         tool_choice: str | dict[str, Any] | None = None,
     ) -> Prompt:
         """An OpenAI chat request as prompt text and ids: the parsed messages (`ChatMessage`s are
-        taken as they are, plain objects parsed by `clawbridge.messages.parse_messages`) and the
+        taken as they are, plain objects parsed by `clawbridge.chat.messages.parse_messages`) and the
         tools shown, through the chat format and template, generation prompt added, then a forced
         call's opening."""
         dev_as_system = not self.developer_role_supported

@@ -4,7 +4,7 @@ Nothing here re-tokenizes: text comes from decoding the sampled ids, and the ids
 what gets recorded. Only text is interpreted.
 
 The one completion grammar (Hermes tool calls with an optional leading think block; every chat
-format in `clawbridge.chatformat` speaks it, natively or through its system prompt), after
+format in `clawbridge.chat.chatformat` speaks it, natively or through its system prompt), after
 trailing end-of-turn markers are stripped:
 
     [ws] <think> REASONING [</think>]  OUTSIDE

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from clawbridge.access import OPERATOR, Hidden, Principal, Target, check
 from clawbridge.backend import FakeServingBackend, ModelInfo
-from clawbridge.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
+from clawbridge.serving.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
 
 if TYPE_CHECKING:
     from clawbridge.store.versions import VersionRow

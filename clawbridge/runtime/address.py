@@ -14,7 +14,7 @@ Invariants:
   is never taken for a running server, nor is another program that took its port, so the admin
   key is never sent there. A reader never falls back to some other address: a command talks to
   the server of the state dir it chose, or to none.
-- Files are replaced atomically and durably (`clawbridge.durable.write_atomic`: temp file, fsync,
+- Files are replaced atomically and durably (`clawbridge.runtime.durable.write_atomic`: temp file, fsync,
   rename, fsync of the folder), created 0600 (the index folder 0700): a reader sees the old or the
   new one, also after a power loss, and no other OS user reads them.
 - A server writes them only once it is listening (a failed bind leaves another server's alone)
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from clawbridge.durable import write_atomic
+from clawbridge.runtime.durable import write_atomic
 
 ADDRESS_FILE = "server.json"
 LIVENESS_TIMEOUT_S = 0.5

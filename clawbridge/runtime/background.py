@@ -6,7 +6,7 @@ Invariants:
   `timeout_s` for the task to end by itself before cancelling it (`cancel_first=False`: a step in
   progress may finish) or cancels it at once and waits up to `timeout_s` for it to unwind.
 - `notify` ends the current (or next) `sleep` early; wake-ups do not queue beyond one.
-- `sleep` runs on the loop's `Clock` (the store's, `clawbridge.clock`), so a test moves it instead of waiting.
+- `sleep` runs on the loop's `Clock` (the store's, `clawbridge.runtime.clock`), so a test moves it instead of waiting.
 - An exception that ends the task is logged by `stop`, never raised from it.
 """
 
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from clawbridge.clock import SYSTEM_CLOCK, Clock
+from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 

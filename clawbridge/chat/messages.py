@@ -8,7 +8,7 @@ on-policy distillation, tests) have them parsed by the same rules through `parse
 
 What a `ChatMessage` accepts (one rule set):
 - `role`: one of `ROLES`;
-- `content`: text by `clawbridge.content.content_text` (null -> "", text parts joined with
+- `content`: text by `clawbridge.chat.content.content_text` (null -> "", text parts joined with
   "\\n"); a `tool` message must have content;
 - assistant only: `reasoning_content` (a string), `tool_calls` (a list of objects with a function
   name; arguments that are a JSON object in a string become that object, other strings stay as
@@ -32,14 +32,14 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
-from clawbridge.content import ContentError, content_text
+from clawbridge.chat.content import ContentError, content_text
 
 __all__ = ["ROLES", "ChatMessage", "Messages", "RenderError", "Role", "parse_messages"]
 
 
 class RenderError(ValueError):
     """The request cannot be rendered (bad messages, tools or template failure): HTTP 400.
-    Defined here, below the chat formats (`clawbridge.chatformat` re-exports it), because parsing
+    Defined here, below the chat formats (`clawbridge.chat.chatformat` re-exports it), because parsing
     a message is the first thing that can fail."""
 
 

@@ -28,7 +28,7 @@ from clawbridge.config import Settings, parse_report_to
 from clawbridge.store import Store
 from clawbridge.store.observe import ObserveStore
 
-log = logging.getLogger("clawbridge.reporting")
+log = logging.getLogger("clawbridge.telemetry.reporting")
 
 QUEUE_MAX = 1000
 

@@ -1,0 +1,1 @@
+"""Figures for people and dashboards: Prometheus metrics and step metrics sent to experiment trackers."""
