@@ -8,12 +8,14 @@ run leaves: turns at two policy versions, api rewards, two committed steps.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from clawbridge.backend import ModelInfo
 from clawbridge.chat.render import Renderer
@@ -48,6 +50,15 @@ class TrainedProxy:
         return str(self.proxy.state.keys.client)
 
 
+
+
+def screenshots_dir(factory: pytest.TempPathFactory, name: str) -> Path:
+    """Where a browser test keeps its screenshots: `$CLAWBRIDGE_ARTIFACTS_DIR/<name>` when CI sets
+    it (kept as artifacts), else a fresh folder under the test's tmp dir."""
+    where = os.environ.get("CLAWBRIDGE_ARTIFACTS_DIR")
+    path = Path(where) / name if where else factory.mktemp(f"{name}-screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def start_trained_proxy(model_dir: Path, state_dir: Path, **settings: Any) -> TrainedProxy:

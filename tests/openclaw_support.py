@@ -66,16 +66,6 @@ def show_session(state: Path, session_id: str) -> dict[str, Any] | None:
     return doc
 
 
-def _printed_text(stdout: str) -> str:
-    """The assistant text `openclaw agent --json` printed (local and gateway output shapes)."""
-    doc = json.loads(stdout)
-    result = doc.get("result", doc)
-    meta = result.get("meta") or {}
-    if isinstance(meta.get("finalAssistantRawText"), str):
-        return str(meta["finalAssistantRawText"])
-    return "".join(p.get("text") or "" for p in result.get("payloads") or [])
-
-
 def openclaw_shim(folder: Path) -> Path:
     """An `openclaw` executable in `folder` (Node 24 running OpenClaw's entry), as a user has on PATH."""
     node, entry = find_node(), find_openclaw()

@@ -7,7 +7,6 @@ Install the browser with `.ci/install_chromium.sh` (apt: chromium chromium-drive
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.dashboard_support import ANSWER, TrainedProxy, start_trained_proxy, wait_for
+from tests.dashboard_support import ANSWER, TrainedProxy, screenshots_dir, start_trained_proxy, wait_for
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 from selenium.common.exceptions import WebDriverException  # noqa: E402
@@ -43,10 +42,7 @@ def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = os.environ.get("CLAWBRIDGE_ARTIFACTS_DIR")
-    path = Path(where) / "dashboard" if where else tmp_path_factory.mktemp("dashboard-screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshots_dir(tmp_path_factory, "dashboard")
 
 
 @pytest.fixture

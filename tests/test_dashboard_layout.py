@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,14 @@ import pytest
 
 from clawbridge.devtools.judge_server import JudgeServer
 from clawbridge.store.notes import NoteStore
-from tests.dashboard_support import CORRECTION, LONG_NOTE, TrainedProxy, start_talking_proxy, wait_for
+from tests.dashboard_support import (
+    CORRECTION,
+    LONG_NOTE,
+    TrainedProxy,
+    screenshots_dir,
+    start_talking_proxy,
+    wait_for,
+)
 from tests.test_dashboard_browser import CHROMIUM, DRIVER, log_in, wait_js
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
@@ -88,10 +94,7 @@ def talking(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = os.environ.get("CLAWBRIDGE_ARTIFACTS_DIR")
-    path = Path(where) / "dashboard-layout" if where else tmp_path_factory.mktemp("dashboard-layout-screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return screenshots_dir(tmp_path_factory, "dashboard-layout")
 
 
 def open_browser(profile: Path, width: int) -> WebDriver:

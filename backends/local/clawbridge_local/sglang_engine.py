@@ -317,9 +317,15 @@ class SGLangEngine:
             del self._users[version]
             if version in self._loaded and version != self._version and not self._held(version) \
                     and not self._closed:
-                task = asyncio.get_running_loop().create_task(self._unload(version))
+                task = asyncio.get_running_loop().create_task(self._unload_outside_a_load(version))
                 self._unloads.add(task)
                 task.add_done_callback(self._unloads.discard)
+
+    async def _unload_outside_a_load(self, version: int) -> bool:
+        """`_unload` under `_load_lock`: a load never counts room that an unload still in flight
+        has not given back on the server yet (the server would refuse it past max_loaded_loras)."""
+        async with self._load_lock:
+            return await self._unload(version)
 
     async def _unload(self, version: int, for_room: bool = False) -> bool:
         """Unload `version` from the server unless a stream uses it or it is current; unless
@@ -440,7 +446,7 @@ class SGLangEngine:
                 self._folders.pop(previous, None)
             for old in [v for v in self._loaded if v != version]:
                 if self._users[old] == 0:
-                    await self._unload(old)
+                    await self._unload_outside_a_load(old)
         return version
 
     async def _load_adapter(self, adapter_dir: str | Path, version: int) -> None:
@@ -482,7 +488,7 @@ class SGLangEngine:
         if version != self._version:
             self._folders.pop(version, None)
         if not self._closed and self._users[version] == 0:
-            await self._unload(version)
+            await self._unload_outside_a_load(version)
 
     async def unload_unknown(self, version: int) -> None:
         """Unload LoRA `version` from every replica although this engine did not load it (an
