@@ -65,12 +65,14 @@ def _env(extra_path: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT_S) -> str:
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = STEP_TIMEOUT_S,
+         stdout_only: bool = False) -> str:
+    """The command's output (stdout then stderr; `stdout_only`: what a pipe gets, e.g. `--json`)."""
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     print(f"$ {' '.join(cmd)}  ({time.monotonic() - started:.0f} s, exit {proc.returncode})")
     assert proc.returncode == 0, f"{cmd[:4]} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}"
-    return proc.stdout + proc.stderr
+    return proc.stdout if stdout_only else proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,7 @@ def test_installed_wheels_run_demo_openclaw_install_doctor_and_a_model_call(venv
         assert f"created {cfg}" in out and f"extension files copied to {ext}" in out, out
         assert all((ext / name).is_file() for name in EXTENSION_FILES)
         status = json.loads(_run([str(bin_ / "clawbridge"), "openclaw", "status", "--openclaw-config", str(cfg),
-                                  "--state-dir", str(state), "--json"], cwd=tmp_path, env=env))  # fmt: skip
+                                  "--state-dir", str(state), "--json"], cwd=tmp_path, env=env, stdout_only=True))  # fmt: skip
         assert status["installed"] is True and status["extension_current"] is True
 
         doctor = _run([str(bin_ / "clawbridge"), "doctor", "--state-dir", str(tmp_path / "state2")], cwd=tmp_path, env=env)
@@ -162,7 +164,7 @@ def test_installed_wheels_run_demo_openclaw_install_doctor_and_a_model_call(venv
         )
         _run([str(bin_ / "python"), "-c", call, f"{proxy.base}/v1", proxy.key()], cwd=tmp_path, env=env)
         shown = json.loads(_run([str(bin_ / "clawbridge"), "sessions", "show", "wheel-s1", "--json", "--state-dir",
-                                 str(state)], cwd=tmp_path, env=env))  # fmt: skip
+                                 str(state)], cwd=tmp_path, env=env, stdout_only=True))  # fmt: skip
         assert len(shown["turns"]) == 1 and shown["turns"][0]["completion_token_ids"]
     finally:
         proxy.stop()
