@@ -113,6 +113,7 @@ StalePolicy = Literal["drop", "importance_weight"]
 ExplicitRule = Literal["override", "add"]
 """Explicit rewards vs judge verdicts (`explicit_reward_rule`; rule 1b)."""
 RewardMethod = Literal["rl", "opd", "combine"]
+NotesPlace = Literal["system", "user"]
 """Per-token advantage method (`method`; rule 5)."""
 
 
@@ -288,9 +289,14 @@ class Settings(BaseSettings):
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
     notes: bool = Field(
         True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
-        "the user's next calls carry (appended to the last user message) while training teaches it to the weights "
+        "the user's next calls carry (where notes_place says) while training teaches it to the weights "
         "(noted turns train on the prompt without the note); notes retire once sessions served without them are "
         "accepted. List and delete them with `clawbridge notes` (docs/rewards.md).",
+    )
+    notes_place: NotesPlace = Field(
+        "user", description="Where a call carries its user's notes: `user` (a hint appended to the last user "
+        "message, as OPD's teacher sees it) or `system` (a line added to the system message, one made when the call "
+        "has none). bench/note_effect.py measures how much each moves the model's answers (docs/training.md).",
     )
     notes_max: int = Field(3, ge=1, le=20, description="Active notes kept per user (the oldest retires).")
     notes_check_share: float = Field(

@@ -67,20 +67,67 @@ def _decode(renderer: Renderer, blob: bytes | None) -> str:
     return "" if blob is None else str(renderer.decode(decode_ids(blob)))
 
 
-def test_a_correction_becomes_a_note_the_same_users_next_call_carries(tiny_model_dir: Path, tmp_path: Path) -> None:
+SEEN = {"system": "The user's name is Sam.\n\nThe user told you how they want your answers: " + COMPLAINT,
+        "user": f"How do I make tea?\n\n[Hint: {COMPLAINT}]"}
+"""What a noted call's prompt carries, by `notes_place`."""
+MARK = {"system": "The user told you how", "user": "[Hint:"}
+
+
+@pytest.mark.parametrize("place", ["system", "user"])
+def test_a_correction_becomes_a_note_the_same_users_next_call_carries(tiny_model_dir: Path, tmp_path: Path,
+                                                                       place: str) -> None:
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     sampler = FakeSampler(script=script_for(renderer, "Hello there, how can I help?"))
     with JudgeServer() as judge:
         proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, judge="endpoint",
                                  judge_base_url=judge.base_url, judge_model="rule-based", judge_votes=1,
-                                 judge_poll_interval_s=0.05)
+                                 judge_poll_interval_s=0.05, notes_place=place)
         try:
-            _run(proxy, renderer, tmp_path / "state")
+            _run(proxy, renderer, tmp_path / "state", place)
         finally:
             proxy.stop()
 
 
-def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
+def test_corrections_asking_for_the_same_thing_count_on_one_note(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Differently worded corrections of one preference are one note with several corrections (the
+    judge, shown the user's notes, says `SAME: n`); a correction about another thing is a note of
+    its own. Before, each wording was a note, and with notes_max of them the notes churned."""
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    sampler = FakeSampler(script=script_for(renderer, "Hello there, how can I help?"))
+    with JudgeServer() as judge:
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, judge="endpoint",
+                                 judge_base_url=judge.base_url, judge_model="rule-based", judge_votes=1,
+                                 judge_poll_interval_s=0.05, notes_max=2)
+        try:
+            admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+            client = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=proxy.state.keys.client)
+            question = {"role": "user", "content": "How do I make tea?"}
+
+            def session(sid: str, complaint: str, n_notes: int) -> list[dict[str, Any]]:
+                answer = client.chat.completions.create(model="tiny", messages=[question],
+                                                        extra_headers={"X-Session-Id": sid})
+                client.chat.completions.create(
+                    model="tiny", extra_headers={"X-Session-Id": sid, "X-Session-Done": "true"},
+                    messages=[question, {"role": "assistant", "content": answer.choices[0].message.content or ""},
+                              {"role": "user", "content": complaint}])
+                return list(wait_for(lambda: (lambda ns: ns if sum(n["corrections"] for n in ns) == n_notes else None)(
+                    httpx.get(f"{proxy.base}/rl/notes", headers=admin).json()["notes"]), 30, f"{sid} judged"))
+
+            session("a", COMPLAINT, 1)
+            session("b", "Don't forget to address me as Sam.", 2)
+            notes = session("c", "Please say my name, Sam, in your answers.", 3)
+            assert [(n["text"], n["corrections"], n["status"]) for n in notes] == [(COMPLAINT, 3, "active")]
+            asked = [m["content"] for body in judge.requests for m in body["messages"] if m["role"] == "user"]
+            assert f"[1] {COMPLAINT}" in asked[-1]  # the judge was shown the note it counted on
+            notes = session("d", "Too long. Keep it under 30 words, please.", 4)
+            assert sorted((n["text"], n["corrections"]) for n in notes) == [
+                ("Too long. Keep it under 30 words, please.", 1), (COMPLAINT, 3)]
+        finally:
+            proxy.stop()
+
+
+def _run(proxy: Any, renderer: Renderer, state_dir: Path, place: str) -> None:
+    mark = MARK[place]
     admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
     shared = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=proxy.state.keys.client)
     alice_key = httpx.post(f"{proxy.base}/rl/users", json={"user": "alice"}, headers=admin).json()["api_key"]
@@ -110,13 +157,13 @@ def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
     rows = {(r["session_id"], r["seq"]): r for r in _turns(state_dir)}
     noted = rows[("s2", 0)]
     seen, trains = _decode(renderer, noted["prompt_token_ids"]), _decode(renderer, noted["train_prompt_token_ids"])
-    assert f"How do I make tea?\n\n[Hint: {COMPLAINT}]" in seen
-    assert "[Hint:" not in trains and "How do I make tea?" in trains
+    assert SEEN[place] in seen
+    assert mark not in trains and "How do I make tea?" in trains
     assert json.loads(noted["request_json"])["messages"][-1] == question  # the client's own request
     assert json.loads(noted["meta_json"])["notes"] == [notes[0]["note_id"]]
     for key in (("s1", 0), ("alice:a1", 0), ("s3", 0), ("s4", 0), ("s5", 0)):
         row = rows[key]
-        assert "[Hint:" not in _decode(renderer, row["prompt_token_ids"]), key
+        assert mark not in _decode(renderer, row["prompt_token_ids"]), key
         assert row["train_prompt_token_ids"] is None, key
     # alice's correction is her own note; the admin sees both, alice only hers, the shared key only its own
     wait_for(lambda: len(httpx.get(f"{proxy.base}/rl/notes", headers=admin).json()["notes"]) == 2, 30, "alice's note")
@@ -133,7 +180,7 @@ def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
     assert httpx.delete(f"{proxy.base}/rl/notes/{theirs[0]['note_id']}", headers=client_hdr).json()["deleted"]
     shared.chat.completions.create(model="tiny", messages=[system, question], extra_headers={"X-Session-Id": "s6"})
     last = next(r for r in _turns(state_dir) if r["session_id"] == "s6")
-    assert "[Hint:" not in _decode(renderer, last["prompt_token_ids"]) and last["train_prompt_token_ids"] is None
+    assert mark not in _decode(renderer, last["prompt_token_ids"]) and last["train_prompt_token_ids"] is None
     assert httpx.get(f"{proxy.base}/rl/notes", headers=client_hdr).json()["notes"] == []
     # bad input: an empty note and an unknown field are 422, an unknown id 404
     assert httpx.post(f"{proxy.base}/rl/notes", json={"text": ""}, headers=client_hdr).status_code == 422
@@ -148,7 +195,7 @@ def _run(proxy: Any, renderer: Renderer, state_dir: Path) -> None:
     openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=new_key).chat.completions.create(
         model="tiny", messages=[system, question], extra_headers={"X-Session-Id": "fresh"})
     fresh = next(r for r in _turns(state_dir) if r["session_id"] == "alice:fresh")
-    assert "[Hint:" not in _decode(renderer, fresh["prompt_token_ids"]) and fresh["train_prompt_token_ids"] is None
+    assert mark not in _decode(renderer, fresh["prompt_token_ids"]) and fresh["train_prompt_token_ids"] is None
 
 
 def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ agent and the CLI run as a user runs it (its output piped, as in `clawbridge not
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,12 +94,12 @@ def test_notes_from_talk_listed_added_deleted_and_shown_in_status(proxy: ProxyPr
             "sessions since (100%); not stable yet; active: carried by the user's calls") in status
 
     # still good? the two judged sessions train steps, each gated by the probe against the base: the
-    # tiny random model knows none of the facts, so it has nothing to lose (test_capability_probe.py
-    # words the other cases)
+    # tiny random model knows no more facts than the one-fact slack (its greedy answer can match one by
+    # chance), so it has nothing to lose, as the promoter rules (test_capability_probe.py words the other cases)
     wait_for(lambda: rl_status(proxy)["promotion"]["serving_version"] >= 1, 300, "a trained version to serve")
     status = " ".join(run(proxy, "status").stdout.split())
-    assert ("still good? nothing to lose: the base v0 answers none of the 40 probe facts, so trained versions are "
-            "not probed") in status, status
+    assert re.search(r"still good\? nothing to lose: the base v0 answers (none|1 \(within the 1-fact slack\)) of "
+                     r"the 40 probe facts, so trained versions are not probed", status), status
 
     # deleted: gone from the list (and the store); a second delete says there is none
     assert f"note {note_id} deleted" in run(proxy, "notes", "delete", str(note_id)).stdout

@@ -20,6 +20,7 @@ from clawbridge.rewards.judge import (
     judge_turn,
     majority,
     parse_vote,
+    same_note,
 )
 from clawbridge.rewards.next_state import extract_next_states, turn_view
 from clawbridge.rewards.worker import RewardWorker, WorkerConfig
@@ -107,6 +108,19 @@ def test_next_state_anthropic_shape(tmp_path: Path) -> None:
 ])
 def test_parse_vote(text: str, score: int | None, hint: str | None) -> None:
     assert parse_vote(text) == (score, hint)
+
+
+def test_same_note_is_the_number_most_votes_name_and_only_a_listed_one() -> None:
+    from clawbridge.store.rewards import VoteRow
+
+    def votes(*texts: str | None) -> list[VoteRow]:
+        return [VoteRow(i, -1, None, t, None) for i, t in enumerate(texts)]
+
+    assert same_note(votes("HINT: x\nSAME: 2\nSCORE: -1", "SAME: 2", "SAME: 1"), 3) == 2
+    assert same_note(votes("SAME: 1", "SAME: 2", None), 3) == 1  # a tie: the lowest
+    assert same_note(votes("SAME: 4", "SAME: 0", "same = [2]"), 3) == 2  # 4 and 0 are not listed
+    assert same_note(votes("SAME: 1"), 0) is None  # no notes were listed
+    assert same_note(votes("HINT: the same as before\nSCORE: -1", "SAME: none"), 2) is None
 
 
 @pytest.mark.parametrize(("votes", "verdict"), [

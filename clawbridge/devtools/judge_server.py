@@ -15,6 +15,9 @@ Rule-based judge rules (on the "What happened next" section):
 - else, when tool results came back: any error marker ("error", "traceback", "not found",
   "permission denied", "exit code N>0", ...) -> -1, otherwise +1;
 - else (silence, an unrelated new request) -> 0.
+- When the prompt lists what the user asked for before (`clawbridge.rewards.judge.NOTES_SECTION`),
+  a correction about the same kind of thing as listed note n (length, names, formatting, what
+  comes first: `TOPICS`, by keywords, as a capable judge would group them) adds `SAME: n`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,36 @@ TOOL_ERROR = re.compile(
 )
 
 
+TOPICS: dict[str, re.Pattern[str]] = {
+    "length": re.compile(r"\b(long|longer|short|shorter|brief|wordy|words?|verbose|concise|too much|tl;?dr|"
+                         r"sentence or two)\b", re.IGNORECASE),
+    "name": re.compile(r"\b(my name|call me|address me|say my name|name)\b", re.IGNORECASE),
+    "format": re.compile(r"\b(lists?|bullets?( points?)?|bold|markdown|formatting|format|numbered|plain)\b",
+                         re.IGNORECASE),
+    "order": re.compile(r"\b(first|one[- ]line|one[- ]sentence|bury|up front|on top|then the details|details after)\b",
+                        re.IGNORECASE),
+}
+"""What kind of thing a correction asks for, by keywords (the rule-based judge's `SAME:`)."""
+
+
+def topics(text: str) -> set[str]:
+    """The kinds of thing `text` asks for: those with the most keyword hits (none: empty)."""
+    hits = {k: len(p.findall(text)) for k, p in TOPICS.items()}
+    best = max(hits.values())
+    return {k for k, v in hits.items() if v == best} if best else set()
+
+
+def same_as(hint: str, notes: list[str]) -> int | None:
+    """The first listed note (1-based) that asks for the same kind of thing as `hint`, or None."""
+    mine = topics(hint)
+    return next((i for i, n in enumerate(notes, 1) if mine & topics(n)), None)
+
+
+def _notes(prompt: str) -> list[str]:
+    listed = _section(prompt, "What this user asked for before")
+    return [m.group(1) for m in re.finditer(r"^\[\d+\] (.*)$", listed, re.MULTILINE)]
+
+
 def _section(prompt: str, title: str) -> str:
     m = re.search(rf"## {re.escape(title)}[^\n]*\n(.*?)(?=\n## |\Z)", prompt, re.DOTALL)
     return m.group(1).strip() if m else ""
@@ -82,7 +115,9 @@ def rule_based_answer(body: dict[str, Any]) -> str:
     prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
     score, hint, reason = rule_based_verdict(prompt)
     shown = "0" if score == 0 else f"{score:+d}"
-    return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}\nSCORE: {shown}"
+    same = same_as(hint, _notes(prompt)) if hint else None
+    said = f"\nSAME: {same}" if same is not None else ""
+    return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}{said}\nSCORE: {shown}"
 
 
 class JudgeServer:

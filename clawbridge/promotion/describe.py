@@ -74,9 +74,10 @@ def still_good_line(p: dict[str, Any] | None) -> str | None:
     slack = int(probe.get("slack_items") or 0)
     items = probe["items"]
     if serving is None:
-        if base is not None and base["passed"] == 0:
-            return (f"still good? nothing to lose: the base v0 answers none of the {items} probe facts, so trained "
-                    "versions are not probed (a model that knows no fact cannot lose one)")
+        if base is not None and base["passed"] <= slack:  # the promoter's rule: such a check cannot fail
+            known = "none" if base["passed"] == 0 else f"{base['passed']} (within the {slack}-fact slack)"
+            return (f"still good? nothing to lose: the base v0 answers {known} of the {items} probe facts, so "
+                    "trained versions are not probed (a version cannot lose more facts than the slack allows)")
         if probe.get("measuring"):
             return (f"still good? measuring now: the capability probe ({items} facts) runs on the serving "
                     f"v{p.get('serving_version')} in the background (started with the server)")

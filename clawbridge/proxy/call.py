@@ -245,7 +245,8 @@ class SampledCall:
         # Rendering and tokenizing grow with the prompt: off the loop when it is large.
         req = self.req
         notes, check = self.notes()
-        messages = noted_messages(req.messages, note_hint(notes)) if notes else req.messages
+        messages = (noted_messages(req.messages, note_hint(notes), self.state.notes.config.place)
+                    if notes and self.state.notes is not None else req.messages)
         self.prompt = await self.state.compute(len(self.stored), render_request, self.state, messages,
                                                req.tools, req.tool_choice, reads_store=self.with_history)
         self.prompt_ids = self.prompt.ids

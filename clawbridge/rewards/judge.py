@@ -11,6 +11,10 @@ Rules:
   judged again later (`JudgementFailed`), never silently scored 0.
 - Hint: the longest hint among the votes (at least `MIN_HINT_CHARS`), so OPD has the most
   specific description of what the user wanted; none when no vote gave one.
+- Same preference: when the prompt lists what the user asked for before (their active notes,
+  numbered from 1), a vote may add `SAME: <n>` to say the user's reaction asks for note n again.
+  The verdict's `same` is the number most votes gave (ties: the lowest); None when none did. A
+  number outside the list counts as none.
 
 `JudgeModel` is the seam: `OpenAIJudge` talks to any OpenAI-compatible endpoint with its own key;
 `BaseModelJudge` samples the serving backend's base model (no adapters) through a `Sampler`.
@@ -48,6 +52,9 @@ _SCORE_RE = re.compile(r"score\s*[:=]\s*\**\s*([+-]?\s*\d+)", re.IGNORECASE)
 _BOXED_RE = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 _HINT_RE = re.compile(r"^\s*\**hint\**\s*[:=]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _NO_HINT = {"none", "n/a", "na", "-", "no", "nothing", "null", "(none)"}
+_SAME_RE = re.compile(r"^\s*\**same\**\s*[:=]\s*\[?\s*(\d+)", re.IGNORECASE | re.MULTILINE)
+NOTES_SECTION = "What this user asked for before"
+"""The judge prompt's section listing the user's active notes (`judge_messages(notes=...)`)."""
 
 
 class JudgementFailed(RuntimeError):
@@ -106,13 +113,19 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
-def judge_messages(task: str, answer: Mapping[str, Any], next_state: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The chat messages the judge sees for one turn."""
+def judge_messages(task: str, answer: Mapping[str, Any], next_state: Sequence[Mapping[str, Any]],
+                   notes: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The chat messages the judge sees for one turn; `notes` (the user's active notes, oldest
+    first) add a section that lets the judge say a correction asks for one of them again."""
     user = (
         f"## Task (the user's last message)\n{_cut(task) or '(none)'}\n\n"
         f"## Assistant turn\n{_cut(describe_answer(answer))}\n\n"
         f"## What happened next\n{_cut(describe_next_state(next_state))}"
     )
+    if notes:
+        listed = "\n".join(f"[{i}] {_cut(n, 400)}" for i, n in enumerate(notes, 1))
+        user += (f"\n\n## {NOTES_SECTION}\n{listed}\n(If the user's reaction asks again for one of these, "
+                 "add a line `SAME: <its number>` after the HINT line.)")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
@@ -126,6 +139,22 @@ def parse_vote(text: str) -> tuple[int | None, str | None]:
     hints = [h.strip().strip("\"'`*") for h in _HINT_RE.findall(text)]
     hint = next((h for h in hints if h.lower().strip(".") not in _NO_HINT and len(h) >= MIN_HINT_CHARS), None)
     return score, hint
+
+
+def parse_same(text: str | None, n_notes: int) -> int | None:
+    """The note number (1..n_notes) a vote's `SAME:` line names, or None."""
+    found = [int(m) for m in _SAME_RE.findall(text or "")]
+    return found[-1] if found and 1 <= found[-1] <= n_notes else None
+
+
+def same_note(votes: Sequence[VoteRow], n_notes: int) -> int | None:
+    """The note number most votes named with `SAME:` (ties: the lowest), or None (module rules)."""
+    counts: dict[int, int] = {}
+    for v in votes:
+        k = parse_same(v.text, n_notes)
+        if k is not None:
+            counts[k] = counts.get(k, 0) + 1
+    return min(counts, key=lambda k: (-counts[k], k)) if counts else None
 
 
 def majority(scores: Sequence[int | None]) -> int:
@@ -155,6 +184,8 @@ class Verdict:
     mean_vote: float
     hint: str | None
     votes: list[VoteRow]
+    same: int | None = None
+    """The listed note (1-based) the correction asks for again, by the votes (module rules)."""
 
 
 @dataclass(frozen=True)
@@ -171,9 +202,10 @@ class VoteConfig:
 
 async def judge_turn(
     judge: JudgeModel, messages: list[dict[str, Any]], cfg: VoteConfig, slots: asyncio.Semaphore | None = None,
-    seed: int | None = None,
+    seed: int | None = None, n_notes: int = 0,
 ) -> Verdict:
-    """Sample `cfg.votes` judgements (each holding one of `slots` while in flight) and vote."""
+    """Sample `cfg.votes` judgements (each holding one of `slots` while in flight) and vote;
+    `n_notes` is how many notes `messages` lists (`judge_messages(notes=...)`)."""
 
     async def one(idx: int) -> VoteRow:
         err: str | None = None
@@ -200,7 +232,7 @@ async def judge_turn(
     if all(v.text is None for v in votes):
         raise JudgementFailedWithVotes(votes)
     scores = [v.score for v in votes]
-    return Verdict(majority(scores), mean_vote(scores), best_hint(votes), votes)
+    return Verdict(majority(scores), mean_vote(scores), best_hint(votes), votes, same_note(votes, n_notes))
 
 
 class JudgementFailedWithVotes(JudgementFailed):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawbridge.chat.messages import ChatMessage
-from clawbridge.config import Settings, default_of
+from clawbridge.config import NotesPlace, Settings, default_of
 from clawbridge.rewards.opd import HINT_TEMPLATE
 from clawbridge.store import Store
 from clawbridge.store.notes import Note, NoteStore
@@ -60,10 +60,12 @@ class NotesConfig:
     check_share: float = default_of("notes_check_share")
     check_after_steps: int = default_of("notes_check_after_steps")
     retire_after: int = default_of("notes_retire_after")
+    place: NotesPlace = default_of("notes_place")
 
     @classmethod
     def from_settings(cls, s: Settings) -> NotesConfig:
-        return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_retire_after)
+        return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_retire_after,
+                   s.notes_place)
 
 
 def note_hint(notes: Sequence[Note]) -> str:
@@ -71,10 +73,24 @@ def note_hint(notes: Sequence[Note]) -> str:
     return " ".join(n.text for n in notes)
 
 
-def noted_messages(messages: Sequence[ChatMessage], hint: str) -> list[ChatMessage]:
-    """`messages` with `hint` appended to the last user message as `HINT_TEMPLATE` (a user message
-    is added when there is none): what a noted call renders."""
+SYSTEM_NOTE_TEMPLATE = "\n\nThe user told you how they want your answers: {hint}"
+"""How `notes_place = "system"` adds a user's notes to the system message."""
+
+
+def noted_messages(messages: Sequence[ChatMessage], hint: str, place: NotesPlace = "user") -> list[ChatMessage]:
+    """What a noted call renders: `messages` with `hint` added where `place` says. `system`: a line
+    (`SYSTEM_NOTE_TEMPLATE`) at the end of the first system (or developer) message, or a system
+    message of its own first when there is none. `user`: appended to the last user message as
+    `HINT_TEMPLATE`, as on-policy distillation's teacher sees a hint (a user message is added when
+    there is none)."""
     out = list(messages)
+    if place == "system":
+        line = SYSTEM_NOTE_TEMPLATE.format(hint=hint.strip())
+        for i, m in enumerate(out):
+            if m.role in ("system", "developer"):
+                out[i] = m.model_copy(update={"content": f"{m.content or ''}{line}"})
+                return out
+        return [ChatMessage(role="system", content=line.lstrip()), *out]
     suffix = HINT_TEMPLATE.format(hint=hint.strip())
     for i in range(len(out) - 1, -1, -1):
         if out[i].role == "user":
@@ -126,9 +142,25 @@ class NoteBook:
         with self._lock:
             self._active, self._checking = active, checking
 
-    def add_from_hint(self, user: str, hint: str, turn_id: str) -> Note | None:
-        """A correction's hint becomes (or counts on) a note of `user`; None when notes are off."""
-        if not self.config.enabled or not hint.strip():
+    def active_of(self, user: str) -> list[Note]:
+        """`user`'s active notes, oldest first (from memory; what the judge is shown)."""
+        with self._lock:
+            return list(self._active.get(user, []))
+
+    def add_from_hint(self, user: str, hint: str, turn_id: str, same_as: int | None = None) -> Note | None:
+        """A correction's hint becomes a note of `user`, or counts on one: note `same_as` when the
+        judge said the correction asks for it again (and it is still an active note of `user`), else
+        an active note with the same text. None when notes are off or there is nothing to note."""
+        if not self.config.enabled:
+            return None
+        if same_as is not None:
+            counted = self.notes.count_on(same_as, user)
+            if counted is not None:
+                log.info("correction %d of note %d for %s", counted.corrections, counted.note_id,
+                         user or "the shared key")
+                self.refresh()
+                return counted
+        if not hint.strip():
             return None
         note, new = self.notes.add(user, hint, turn_id, self.config.max_active)
         if new:

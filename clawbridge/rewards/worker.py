@@ -36,6 +36,7 @@ from clawbridge.config import Settings, default_of
 from clawbridge.rewards.judge import (
     JudgementFailedWithVotes,
     JudgeModel,
+    Verdict,
     VoteConfig,
     judge_messages,
     judge_turn,
@@ -204,11 +205,14 @@ class RewardWorker:
     async def _judge_one(self, session_id: str, view: TurnView, next_state: list[dict[str, Any]]) -> bool:
         """Judge one turn; True when it needs no more work (done, or failed for the last time)."""
         attempt = await asyncio.to_thread(self.rstore.begin_judgement, view.turn_id, session_id, self.judge.name)
-        messages = judge_messages(last_user_text(view.messages), view.answer, next_state)
+        user, noted = await asyncio.to_thread(self.rstore.turn_notes_context, session_id, view.turn_id)
+        notes = self.notes.active_of(user) if self.notes is not None else []
+        messages = judge_messages(last_user_text(view.messages), view.answer, next_state, [n.text for n in notes])
         if self.privacy is not None:
             messages = self.privacy.mask_messages(messages)
         try:
-            verdict = await judge_turn(_Counting(self.judge, self), messages, self.config.votes, self.slots)
+            verdict = await judge_turn(_Counting(self.judge, self), messages, self.config.votes, self.slots,
+                                       n_notes=len(notes))
         except JudgementFailedWithVotes as exc:
             log.warning("judging %s failed (attempt %d): %s", view.turn_id, attempt, exc)
             await asyncio.to_thread(self.rstore.fail_judgement, view.turn_id, attempt, exc.votes, str(exc))
@@ -218,16 +222,17 @@ class RewardWorker:
             verdict.mean_vote, verdict.hint,
         )
         if self.notes is not None:
-            await asyncio.to_thread(self._take_notes, session_id, view.turn_id, verdict.score, verdict.hint)
+            same = notes[verdict.same - 1].note_id if verdict.same is not None else None
+            await asyncio.to_thread(self._take_notes, user, noted, view.turn_id, verdict, same)
         return True
 
-    def _take_notes(self, session_id: str, turn_id: str, score: int, hint: str | None) -> None:
-        """A correction's hint becomes a note of the session's user; a judged check session may
-        retire their notes (`clawbridge.rewards.notes`)."""
+    def _take_notes(self, user: str, noted: Any, turn_id: str, verdict: Verdict, same: int | None) -> None:
+        """A correction's hint becomes a note of the session's user, or counts on the note the judge
+        said it asks for again (`same`); a judged check session may retire their notes
+        (`clawbridge.rewards.notes`)."""
         assert self.notes is not None
-        user, noted = self.rstore.turn_notes_context(session_id, turn_id)
-        if score < 0 and hint:
-            self.notes.add_from_hint(user, hint, turn_id)
+        if verdict.score < 0 and (verdict.hint or same is not None):
+            self.notes.add_from_hint(user, verdict.hint or "", turn_id, same_as=same)
         elif noted == CHECK_META:
             self.notes.observe_check(user)
 

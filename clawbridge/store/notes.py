@@ -7,8 +7,9 @@ Invariants:
   that user's calls; every read and write here names the user it is for.
 - At most `max_active` notes of a user are active: adding one more retires the oldest (reason
   `replaced`), so what a user's calls carry stays short.
-- The same correction said again (the same text, case and spaces aside) does not make a second
-  note: it counts on the first (`corrections`).
+- The same correction said again (the same text, case and spaces aside), or one the judge says
+  asks for an active note again (`count_on`), does not make a second note: it counts on the first
+  (`corrections`), which also keeps it from being the oldest to retire.
 - Deleting a note removes its row (its text is gone, not hidden); forgetting a user removes hers
   with her turns (`turn_id`, `clawbridge.store.users`).
 """
@@ -94,6 +95,19 @@ class NoteStore:
                 c.execute("UPDATE notes SET status='retired', retired_at=?, retired_reason='replaced' "
                           "WHERE note_id=?", (now, r["note_id"]))
             return _row(c.execute("SELECT * FROM notes WHERE note_id=?", (note_id,)).fetchone()), True
+
+    def count_on(self, note_id: int, user: str) -> Note | None:
+        """Count one more correction on `user`'s active note `note_id`; the note, or None when it
+        is not an active note of `user` (deleted, retired, another user's)."""
+        if note_id not in SQLITE_INT:
+            return None
+        now = self.store.clock.now()
+        with self.store.write() as c:
+            n = c.execute("UPDATE notes SET corrections = corrections + 1, updated_at=? "
+                          "WHERE note_id=? AND user_id=? AND status='active'", (now, note_id, user)).rowcount
+            if not n:
+                return None
+            return _row(c.execute("SELECT * FROM notes WHERE note_id=?", (note_id,)).fetchone())
 
     def active(self) -> dict[str, list[Note]]:
         """Every user's active notes, oldest first (what the proxy keeps in memory)."""
