@@ -51,7 +51,10 @@ def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gat
     state.mkdir(exist_ok=True)
     env = {"CLAWBRIDGE_JUDGE": "endpoint", "CLAWBRIDGE_JUDGE_MODEL": "rule-based",
            "CLAWBRIDGE_METHOD": method, "CLAWBRIDGE_NOTES": "true" if notes else "false",
-           "CLAWBRIDGE_TRAIN_LAUNCHER": "torchrun", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5"}
+           "CLAWBRIDGE_TRAIN_LAUNCHER": "torchrun", "CLAWBRIDGE_JUDGE_POLL_INTERVAL_S": "0.5",
+           # every served version stays loadable for the capability check after the run (retention
+           # changes nothing the run learns; at the default of 3, `default@1` was pruned by the end)
+           "CLAWBRIDGE_KEEP_CHECKPOINTS": "1000"}
     if not gate:
         env["CLAWBRIDGE_PROMOTION_MODE"] = "off"
     env.update(extra)

@@ -297,8 +297,13 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
     result.final_version = int(serving if serving is not None else st.get("policy_version") or 0)
     served = sorted({s.policy_version for p in result.personas.values() for s in p.sessions} | {result.final_version})
     result.served_versions = served
+    import openai
+
     for v in served:
-        result.capability_by_version[v] = result.capability_before if v == 0 else capability(proxy, v)
+        try:
+            result.capability_by_version[v] = result.capability_before if v == 0 else capability(proxy, v)
+        except openai.NotFoundError as exc:  # pruned by retention (the bench keeps them; a user's run may not)
+            say(f"capability of v{v}: not measured ({exc.message})")
     for p in personas:
         pr = result.personas[p.key]
         pr.after_served = preference_rate(proxy, keys[p.key], p, cfg, notes=True)
