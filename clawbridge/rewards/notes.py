@@ -41,7 +41,7 @@ from clawbridge.chat.messages import ChatMessage
 from clawbridge.config import NotesPlace, Settings, default_of
 from clawbridge.rewards.opd import HINT_TEMPLATE
 from clawbridge.store import Store
-from clawbridge.store.notes import Note, NoteStore
+from clawbridge.store.notes import Note, NoteStore, normalized
 
 log = logging.getLogger("clawbridge.notes")
 
@@ -153,8 +153,9 @@ class NoteBook:
         an active note with the same text. None when notes are off or there is nothing to note."""
         if not self.config.enabled:
             return None
-        if same_as is not None:
-            counted = self.notes.count_on(same_as, user)
+        same = self.notes.get(same_as) if same_as is not None else None
+        if same is not None and normalized(same.text) != normalized(hint):  # the same text: `add` counts it
+            counted = self.notes.count_on(same.note_id, user)
             if counted is not None:
                 log.info("correction %d of note %d for %s", counted.corrections, counted.note_id,
                          user or "the shared key")
