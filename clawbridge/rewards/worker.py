@@ -205,8 +205,10 @@ class RewardWorker:
     async def _judge_one(self, session_id: str, view: TurnView, next_state: list[dict[str, Any]]) -> bool:
         """Judge one turn; True when it needs no more work (done, or failed for the last time)."""
         attempt = await asyncio.to_thread(self.rstore.begin_judgement, view.turn_id, session_id, self.judge.name)
-        user, noted = await asyncio.to_thread(self.rstore.turn_notes_context, session_id, view.turn_id)
-        notes = self.notes.active_of(user) if self.notes is not None else []
+        user, noted, notes = "", None, []
+        if self.notes is not None:  # the judge sees the user's notes, to say a correction asks for one again
+            user, noted = await asyncio.to_thread(self.rstore.turn_notes_context, session_id, view.turn_id)
+            notes = self.notes.active_of(user)
         messages = judge_messages(last_user_text(view.messages), view.answer, next_state, [n.text for n in notes])
         if self.privacy is not None:
             messages = self.privacy.mask_messages(messages)
