@@ -42,6 +42,7 @@ from bench_common import rss_mib  # noqa: E402
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
 from clawbridge_local.malloc import fix_mmap_threshold  # noqa: E402
+from multi_adapter import random_peft_tensors  # noqa: E402
 
 from clawbridge.config import LORA_TARGET_MODULES  # noqa: E402
 from clawbridge.models import cached_model  # noqa: E402
@@ -53,16 +54,7 @@ KEEP = 16
 
 def peft_tensors(model: torch.nn.Module, seed: int, rank: int) -> dict[str, torch.Tensor]:
     """A random adapter of `rank` on the default target modules, peft-named as a checkpoint holds it."""
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, torch.Tensor] = {}
-    for name, mod in model.named_modules():
-        w = getattr(mod, "weight", None)
-        if name.split(".")[-1] not in LORA_TARGET_MODULES or not isinstance(w, torch.Tensor) or w.dim() != 2:
-            continue
-        o, i = w.shape
-        out[f"base_model.model.{name}.lora_A.default.weight"] = torch.randn(rank, i, generator=gen) * 0.02
-        out[f"base_model.model.{name}.lora_B.default.weight"] = torch.randn(o, rank, generator=gen) * 0.02
-    return out
+    return random_peft_tensors(model, seed, rank, list(LORA_TARGET_MODULES))
 
 
 def live_storage_mib() -> float:

@@ -69,6 +69,11 @@ from clawbridge.serving.sampler import Sampler, SamplingParams  # noqa: E402
 
 def random_adapter(model: torch.nn.Module, seed: int, rank: int, targets: list[str]) -> LoraAdapter:
     """A LoRA adapter of `rank` on every linear module whose name ends with one of `targets`."""
+    return LoraAdapter.from_peft(random_peft_tensors(model, seed, rank, targets), 2.0, f"random adapter {seed}")
+
+
+def random_peft_tensors(model: torch.nn.Module, seed: int, rank: int, targets: list[str]) -> dict[str, torch.Tensor]:
+    """`random_adapter`'s tensors, peft-named as an adapter export or a checkpoint holds them."""
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, mod in model.named_modules():
@@ -78,7 +83,7 @@ def random_adapter(model: torch.nn.Module, seed: int, rank: int, targets: list[s
         out_f, in_f = weight.shape
         tensors[f"base_model.model.{name}.lora_A.default.weight"] = torch.randn(rank, in_f, generator=gen) * 0.02
         tensors[f"base_model.model.{name}.lora_B.default.weight"] = torch.randn(out_f, rank, generator=gen) * 0.02
-    return LoraAdapter.from_peft(tensors, 2.0, f"random adapter {seed}")
+    return tensors
 
 
 async def decode(samplers: list[Sampler], tokens: int) -> float:
