@@ -113,8 +113,9 @@ StalePolicy = Literal["drop", "importance_weight"]
 ExplicitRule = Literal["override", "add"]
 """Explicit rewards vs judge verdicts (`explicit_reward_rule`; rule 1b)."""
 RewardMethod = Literal["rl", "opd", "combine"]
-NotesPlace = Literal["system", "user"]
 """Per-token advantage method (`method`; rule 5)."""
+NotesPlace = Literal["system", "user"]
+"""Where a call carries its user's notes (`notes_place`; `clawbridge.rewards.notes.noted_messages`)."""
 
 
 class Settings(BaseSettings):

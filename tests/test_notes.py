@@ -46,6 +46,9 @@ def test_note_store_counts_the_same_correction_once_and_keeps_the_newest(tmp_pat
     assert notes.get(first.note_id).status == "retired"  # type: ignore[union-attr]
     assert notes.add("bob", "x" * 1000, None, 3)[0].text.endswith("…")  # a long one is cut
     assert set(notes.active()) == {"", "bob"}
+    assert notes.count_on(active[0].note_id, "bob") is None  # another user's note: not counted for bob
+    assert notes.count_on(first.note_id, "") is None  # a retired note is not counted on
+    assert notes.count_on(active[0].note_id, "").corrections == 2  # type: ignore[union-attr]
     assert notes.delete(first.note_id, user="bob") is False  # not bob's
     assert notes.delete(first.note_id) is True and notes.get(first.note_id) is None
     store.close()

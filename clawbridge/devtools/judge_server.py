@@ -30,6 +30,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from clawbridge.rewards.judge import NOTES_SECTION
+
 CORRECTION = re.compile(
     r"\b(no|nope|wrong|incorrect|not what|isn'?t what|not quite|instead|redo|try again|again|actually|"
     r"fix (it|this|that)|didn'?t|doesn'?t work|does not work|broke|broken|not right|should have|should be|"
@@ -82,7 +84,7 @@ def same_as(hint: str, notes: list[str]) -> int | None:
 
 
 def _notes(prompt: str) -> list[str]:
-    listed = _section(prompt, "What this user asked for before")
+    listed = _section(prompt, NOTES_SECTION)
     return [m.group(1) for m in re.finditer(r"^\[\d+\] (.*)$", listed, re.MULTILINE)]
 
 

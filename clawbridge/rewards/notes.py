@@ -147,15 +147,15 @@ class NoteBook:
         with self._lock:
             return list(self._active.get(user, []))
 
-    def add_from_hint(self, user: str, hint: str, turn_id: str, same_as: int | None = None) -> Note | None:
-        """A correction's hint becomes a note of `user`, or counts on one: note `same_as` when the
-        judge said the correction asks for it again (and it is still an active note of `user`), else
-        an active note with the same text. None when notes are off or there is nothing to note."""
+    def add_from_hint(self, user: str, hint: str, turn_id: str, same_as: Note | None = None) -> Note | None:
+        """A correction's hint becomes a note of `user`, or counts on one: `same_as` (one of the
+        user's active notes the judge was shown) when the judge said the correction asks for it
+        again and it is still an active note of `user`, else an active note with the same text.
+        None when notes are off or there is nothing to note."""
         if not self.config.enabled:
             return None
-        same = self.notes.get(same_as) if same_as is not None else None
-        if same is not None and normalized(same.text) != normalized(hint):  # the same text: `add` counts it
-            counted = self.notes.count_on(same.note_id, user)
+        if same_as is not None and normalized(same_as.text) != normalized(hint):  # the same text: `add` counts it
+            counted = self.notes.count_on(same_as.note_id, user)
             if counted is not None:
                 log.info("correction %d of note %d for %s", counted.corrections, counted.note_id,
                          user or "the shared key")

@@ -47,6 +47,7 @@ from clawbridge.rewards.notes import CHECK_META, NoteBook
 from clawbridge.rewards.opd import request_tools, teacher_input
 from clawbridge.runtime.background import Background
 from clawbridge.store import Store
+from clawbridge.store.notes import Note
 from clawbridge.store.rewards import RewardStore
 from clawbridge.store.turns import StoredTurn
 
@@ -224,11 +225,11 @@ class RewardWorker:
             verdict.mean_vote, verdict.hint,
         )
         if self.notes is not None:
-            same = notes[verdict.same - 1].note_id if verdict.same is not None else None
+            same = notes[verdict.same - 1] if verdict.same is not None else None
             await asyncio.to_thread(self._take_notes, user, noted, view.turn_id, verdict, same)
         return True
 
-    def _take_notes(self, user: str, noted: Any, turn_id: str, verdict: Verdict, same: int | None) -> None:
+    def _take_notes(self, user: str, noted: Any, turn_id: str, verdict: Verdict, same: Note | None) -> None:
         """A correction's hint becomes a note of the session's user, or counts on the note the judge
         said it asks for again (`same`); a judged check session may retire their notes
         (`clawbridge.rewards.notes`)."""
