@@ -506,6 +506,8 @@ class TorchEngine:
                         self._free_region(req)
                     self._admit()
                     self._round()
+                    if not self._running and not self._waiting:
+                        self._hooks.release()  # idle: adapters unloaded since are freed now
         finally:  # shutdown, or a bug in this loop: nobody may wait forever
             self._closed = True
             for req in [*self._running, *self._waiting]:

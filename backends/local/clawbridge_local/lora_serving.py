@@ -88,7 +88,71 @@ class LoraAdapter:
                                  f"fit its weight {tuple(weight.shape)}")
             down[name] = a_t.to(device=weight.device, dtype=weight.dtype)
             up[name] = b_t.to(device=weight.device, dtype=weight.dtype)
-        return LoraAdapter(down, up)
+        return LoraAdapter(*_packed([down, up]))
+
+
+def _packed(groups: Sequence[Mapping[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """`groups` copied into one buffer per device and dtype, each tensor a view of it.
+
+    Why (issue 32 §2): an adapter is hundreds of small matrices (rank 32 on SmolLM2: ~420 of 72-200
+    KiB, 43 MiB in all), each below glibc's mmap threshold, so each came from the heap, and users'
+    adapters loaded and dropped at random left the heap fragmented: RSS grew by MiBs per load with
+    the live tensors unchanged. One buffer is one mapping, given back whole when the adapter goes."""
+    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+    for group in groups:
+        for t in group.values():
+            where = (t.device, t.dtype)
+            sizes[where] = sizes.get(where, 0) + t.numel()
+    flat = {where: torch.empty(n, device=where[0], dtype=where[1]) for where, n in sizes.items()}
+    offset = dict.fromkeys(sizes, 0)
+    out: list[dict[str, torch.Tensor]] = []
+    for group in groups:
+        views: dict[str, torch.Tensor] = {}
+        for name, t in group.items():
+            where = (t.device, t.dtype)
+            view = flat[where][offset[where]: offset[where] + t.numel()].view(t.shape)
+            view.copy_(t)
+            views[name] = view
+            offset[where] += t.numel()
+        out.append(views)
+    return out
+
+
+Concatenation = tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]
+"""One module's mixed adapters: their A^T side by side, their (sB)^T stacked, and per adapter
+(its index in the mix, its rank), in column order."""
+
+
+def _concatenated(mixed: Sequence[LoraAdapter]) -> dict[str, Concatenation]:
+    """Per module that an adapter of `mixed` adapts, the concatenation `AdapterHooks` multiplies by,
+    written into one buffer per device and dtype (`_packed`'s reason)."""
+    names = list(dict.fromkeys(name for a in mixed for name in a.down))
+    shapes: dict[str, tuple[list[tuple[int, LoraAdapter]], torch.Size, torch.Size]] = {}
+    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
+    for name in names:
+        have = [(i, a) for i, a in enumerate(mixed) if name in a.down]
+        first = have[0][1].down[name]
+        rank = sum(a.down[name].shape[1] for _, a in have)
+        a_shape, b_shape = torch.Size((first.shape[0], rank)), torch.Size((rank, have[0][1].up[name].shape[1]))
+        shapes[name] = (have, a_shape, b_shape)
+        where = (first.device, first.dtype)
+        sizes[where] = sizes.get(where, 0) + a_shape.numel() + b_shape.numel()
+    flat = {where: torch.empty(n, device=where[0], dtype=where[1]) for where, n in sizes.items()}
+    offset = dict.fromkeys(sizes, 0)
+
+    def take(where: tuple[torch.device, torch.dtype], shape: torch.Size) -> torch.Tensor:
+        view = flat[where][offset[where]: offset[where] + shape.numel()].view(shape)
+        offset[where] += shape.numel()
+        return view
+
+    out: dict[str, Concatenation] = {}
+    for name, (have, a_shape, b_shape) in shapes.items():
+        first = have[0][1].down[name]
+        where = (first.device, first.dtype)
+        a_cat = torch.cat([a.down[name] for _, a in have], 1, out=take(where, a_shape))
+        b_cat = torch.cat([a.up[name] for _, a in have], 0, out=take(where, b_shape))
+        out[name] = (a_cat, b_cat, tuple((i, a.down[name].shape[1]) for i, a in have))
+    return out
 
 
 class AdapterHooks:
@@ -100,10 +164,10 @@ class AdapterHooks:
         """Per row, the index of its adapter in `_mixed` (-1: the base); empty when one version runs."""
         self._mixed: tuple[LoraAdapter, ...] = ()
         """The distinct adapters of a mixed forward (ordered by id, so a reordering of rows keeps `_cat`)."""
-        self._cat: dict[str, tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]] | None] = {}
-        """Per module, the mixed adapters' A^T and (sB)^T concatenated along the rank and which
-        adapter holds which columns (None: no mixed adapter adapts it); kept while the same
-        adapters mix (decode steps repeat them token after token)."""
+        self._cat: dict[str, Concatenation] = {}
+        """Per module a mixed adapter adapts, the mixed adapters' A^T and (sB)^T concatenated along
+        the rank and which adapter holds which columns; made when the mix changes, in one buffer,
+        and kept while the same adapters mix (decode steps repeat them token after token)."""
         self._masks: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         """Per column layout, [B, 1, R]: 1 where a column belongs to the row's own adapter."""
         self._device: torch.device | str = "cpu"
@@ -124,7 +188,8 @@ class AdapterHooks:
             return
         mixed = tuple(sorted({id(a): a for a in self._rows if a is not None}.values(), key=id))  # any row order
         if tuple(map(id, mixed)) != tuple(map(id, self._mixed)):
-            self._mixed, self._cat = mixed, {}
+            self._mixed, self._cat = (), {}  # the old mix's buffer goes before the new one is made
+            self._mixed, self._cat = mixed, _concatenated(mixed)
         index = {id(a): i for i, a in enumerate(mixed)}
         self._slots = tuple(-1 if a is None else index[id(a)] for a in self._rows)
         self._device = device
@@ -132,12 +197,7 @@ class AdapterHooks:
     def _mixed_delta(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
         """The rows' adapters' products in one pair of matmuls: x @ [A_1^T .. A_k^T], each row's
         columns of other adapters zeroed, @ [(sB_1)^T; ..; (sB_k)^T]."""
-        if name not in self._cat:
-            have = [(i, a) for i, a in enumerate(self._mixed) if name in a.down]
-            self._cat[name] = None if not have else (
-                torch.cat([a.down[name] for _, a in have], 1), torch.cat([a.up[name] for _, a in have], 0),
-                tuple((i, a.down[name].shape[1]) for i, a in have))
-        entry = self._cat[name]
+        entry = self._cat.get(name)
         if entry is None:
             return None
         a_cat, b_cat, layout = entry
@@ -149,6 +209,11 @@ class AdapterHooks:
             mask = torch.tensor(cols, dtype=x.dtype, device=self._device).unsqueeze(1)
             self._masks[layout] = mask
         return ((x @ a_cat) * mask) @ b_cat
+
+    def release(self) -> None:
+        """Forget the last forward's adapters and the mix's concatenation (the engine calls it when
+        it goes idle): an adapter unloaded since is freed now, not at the next mixed forward."""
+        self._rows, self._slots, self._mixed, self._cat, self._masks = (), (), (), {}, {}
 
     @property
     def installed(self) -> bool:
