@@ -225,9 +225,10 @@ def _episode(base: str, admin: str, index: int, cfg: DemoConfig) -> Episode:
     h = {"Authorization": f"Bearer {admin}"}
     task = index // cfg.group_size
     prompt = PROMPTS[task % len(PROMPTS)]
-    for _ in range(60):  # capacity mode may ask us to wait
+    deadline = time.monotonic() + 900.0
+    while True:  # capacity mode may ask us to wait (bounded: a trainer that never catches up fails the run)
         r = httpx.post(f"{base}/rl/start_session", json={"task_id": f"task-{task}"}, headers=h, timeout=30)
-        if r.status_code != 429:
+        if r.status_code != 429 or time.monotonic() > deadline:
             break
         time.sleep(float(r.headers.get("Retry-After", "1")))
     r.raise_for_status()
