@@ -12,9 +12,11 @@ fixed at 1 MiB as `up` fixes it (`clawbridge_local.malloc`):
   peft-named safetensors files, as checkpoints hold them; then `--loads` times a user not loaded is
   read from its file on a worker thread (`load_file` + `LoraAdapter.from_peft`, as
   `LocalTrainer.checkpoint_update` does), loaded beside the base (`TorchEngine.load_version`), and
-  answers one 8-token call; past 16 loaded, the least recently loaded is dropped. Prints RSS and the
-  bytes of live tensor storage (every tensor the garbage collector sees, each storage once) every
-  20 loads: RSS that grows while live storage does not is the allocator keeping freed memory.
+  answers one 8-token call; past 16 loaded, the least recently loaded is dropped. Prints RSS, the
+  bytes of live tensor storage (every tensor the garbage collector sees, each storage once) and the
+  KV pool's positions written so far every 20 loads: RSS that grows while live storage does not is
+  either the preallocated KV pool being written (resident as first written, up to its budget) or
+  the allocator keeping freed memory.
 - `mix`: 16 adapters loaded, then `--rounds` rounds of 8 concurrent streams of 8 random users
   (4 to 25 tokens each, so the mix of adapters in a decode step changes as streams end). Prints RSS
   every 5 rounds.
@@ -68,6 +70,14 @@ def live_storage_mib() -> float:
     return sum(storages.values()) / 2**20
 
 
+def pool_written_mib(engine: TorchEngine) -> float:
+    """The KV pool's positions written so far (its high-water mark), in MiB: the part of the pool's
+    preallocated storage that is resident (a position's pages are committed when first written)."""
+    pool = engine.pool
+    per_token = sum(t[:, :1].nbytes for t in (*pool.keys, *pool.values))
+    return pool.high_water_tokens * per_token / 2**20
+
+
 async def call(sampler: Sampler, seed: int, tokens: int) -> int:
     stream = await sampler.sample([1, 2, 3, *range(100, 130)], SamplingParams(max_tokens=tokens, seed=seed,
                                                                              stop_token_ids=()))
@@ -95,7 +105,8 @@ async def loads(engine: TorchEngine, model: Any, args: argparse.Namespace) -> No
             loaded.pop(next(iter(loaded)))
         await call(loaded[u], k, 8)
         if k % 20 == 0:
-            print(f"loads {k}: RSS {rss_mib():.0f} MiB, live tensor storage {live_storage_mib():.0f} MiB", flush=True)
+            print(f"loads {k}: RSS {rss_mib():.0f} MiB, live tensor storage {live_storage_mib():.0f} MiB, "
+                  f"KV pool written so far {pool_written_mib(engine):.0f} MiB", flush=True)
 
 
 async def mix(engine: TorchEngine, model: Any, args: argparse.Namespace) -> None:
@@ -107,7 +118,8 @@ async def mix(engine: TorchEngine, model: Any, args: argparse.Namespace) -> None
         users = rng.sample(range(KEEP), 8)
         await asyncio.gather(*(call(samplers[u], r * 10 + k, 4 + 3 * k) for k, u in enumerate(users)))
         if r % 5 == 0:
-            print(f"round {r} (8 streams of 8 users): RSS {rss_mib():.0f} MiB", flush=True)
+            print(f"round {r} (8 streams of 8 users): RSS {rss_mib():.0f} MiB, "
+                  f"KV pool written so far {pool_written_mib(engine):.0f} MiB", flush=True)
 
 
 def main() -> None:

@@ -255,6 +255,8 @@ def run_up(model_dir: str, work: Path, args: argparse.Namespace) -> list[tuple[s
            "CLAWBRIDGE_LOCAL_ENGINE": "torch"}
     if args.max_user_adapters:
         env["CLAWBRIDGE_MAX_USER_ADAPTERS"] = str(args.max_user_adapters)
+    if args.kv_dtype != "auto":
+        env["CLAWBRIDGE_LOCAL_KV_DTYPE"] = args.kv_dtype
     t0 = time.monotonic()
     server = UpServer.start(Path(model_dir), work / "state", env, log_level="info")
     rss = TreeRss(server.proc.pid)
@@ -286,7 +288,10 @@ def run_up(model_dir: str, work: Path, args: argparse.Namespace) -> list[tuple[s
     finally:
         peak = rss.stop()
         server.stop()
-    kv_dtype = (final.get("engine") or {}).get("kv_dtype") or "fp32"
+    eng = final.get("engine") or {}
+    kv_dtype = eng.get("kv_dtype") or "fp32"
+    per_token = eng.get("kv_budget_bytes", 0) / max(1, eng.get("kv_budget_tokens", 1))
+    kv_written = eng.get("kv_high_water_tokens", 0) * per_token
     check = check_alone(model_dir, server.state_dir, calls + mixed, kv_dtype)
     base = median([c.first_token_s for c in calls if c.user is None])
     resident = [c.first_token_s - base for c in calls if c.user is not None and not c.loaded]
@@ -299,6 +304,8 @@ def run_up(model_dir: str, work: Path, args: argparse.Namespace) -> list[tuple[s
          f"{args.max_user_adapters or 'default'}", "(defaults 16 / 2 / 2 unless set)"),
         ("up tree RSS: loaded / after training / after the calls / peak",
          f"{loaded_rss / mib:.0f} / {after_train / mib:.0f} / {steady / mib:.0f} / {peak / mib:.0f} MiB", ""),
+        ("  of it, the KV pool written so far (resident; bounded by its budget)",
+         f"{kv_written / mib:.0f} MiB", f"budget {eng.get('kv_budget_bytes', 0) / mib:.0f} MiB, {kv_dtype}"),
         (f"base calls (shared key): time to first token, median of {sum(c.user is None for c in calls)}",
          f"{base * 1000:.0f} ms", ""),
         (f"added latency, adapter resident: p50 / p99 of {len(resident)}",
@@ -308,7 +315,9 @@ def run_up(model_dir: str, work: Path, args: argparse.Namespace) -> list[tuple[s
         (f"user calls answered by the caller's own version ({args.concurrency} at a time for half)",
          f"{check['own_version']} of {check['checked']}", ""),
         ("  their tokens equal to the adapter loaded alone", f"{check['equal']} of {check['checked']}",
-         f"{len(near_ties)} differ at a near tie (< 0.01 nats), {len(check['differ']) - len(near_ties)} otherwise"),
+         f"{len(near_ties)} differ at a near tie (< 0.01 nats), {len(check['differ']) - len(near_ties)} otherwise"
+         + "".join(f"; {d['user']} at token {d['at']} (margin {d['margin']:.3f})"
+                   for d in check["differ"] if d["margin"] >= 1e-2)),
         ("load average (1, 5, 15 min) at the end", load_average(), ""),
     ]
 
@@ -321,6 +330,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=128, help="up: calls in each of the two phases")
     ap.add_argument("--concurrency", type=int, default=8, help="up: sessions or calls at a time")
     ap.add_argument("--max-user-adapters", type=int, default=0, help="up: 0 keeps the default")
+    ap.add_argument("--kv-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="up: the engine's kv_dtype (auto: bf16 on the CPU for a float32 model)")
     ap.add_argument("--drain", type=float, default=3600.0, help="up: seconds the lanes get to train")
     ap.add_argument("--adapters", type=int, default=8, help="engine: adapters loaded beside the published one")
     ap.add_argument("--rank", type=int, default=8, help="engine: LoRA rank")
