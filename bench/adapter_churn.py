@@ -10,7 +10,7 @@ fixed at 1 MiB as `up` fixes it (`clawbridge_local.malloc`):
 
 - `loads`: `--users` random rank-`--rank` adapters (the default target modules) are written as
   peft-named safetensors files, as checkpoints hold them; then `--loads` times a user not loaded is
-  read from its file on a worker thread (`load_file` + `LoraAdapter.from_peft`, as
+  read from its file on a worker thread (`LoraAdapter.from_safetensors`, as
   `LocalTrainer.checkpoint_update` does), loaded beside the base (`TorchEngine.load_version`), and
   answers one 8-token call; past 16 loaded, the least recently loaded is dropped. Prints RSS, the
   bytes of live tensor storage (every tensor the garbage collector sees, each storage once) and the
@@ -85,7 +85,7 @@ async def call(sampler: Sampler, seed: int, tokens: int) -> int:
 
 
 async def loads(engine: TorchEngine, model: Any, args: argparse.Namespace) -> None:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     folder = Path(tempfile.mkdtemp(prefix="clawbridge-churn-"))
     for u in range(args.users):
@@ -98,7 +98,7 @@ async def loads(engine: TorchEngine, model: Any, args: argparse.Namespace) -> No
         u = rng.choice([x for x in range(args.users) if x not in loaded])
 
         def read(u: int = u) -> LoraAdapter:
-            return LoraAdapter.from_peft(load_file(str(folder / f"u{u}.safetensors")), 1.0, f"user {u}")
+            return LoraAdapter.from_safetensors(folder / f"u{u}.safetensors", 1.0, f"user {u}")
 
         loaded[u] = await engine.load_version(await asyncio.to_thread(read), 10 + u)
         while len(loaded) > KEEP:

@@ -141,10 +141,10 @@ def test_a_loaded_adapter_is_one_buffer_and_is_freed_once_dropped(tiny_model_dir
     engine = TorchEngine.load(str(tiny_model_dir), device="cpu", progress=False)
     try:
         model: Any = engine._current.model
-        one, _ = random_adapter(model, seed=1)
-        two, _ = random_adapter(model, seed=2, scale=4.0)
 
-        async def go() -> weakref.ref[LoraAdapter]:
+        async def go() -> weakref.ref[LoraAdapter]:  # holds the adapters: nothing outside it does
+            one, _ = random_adapter(model, seed=1)
+            two, _ = random_adapter(model, seed=2, scale=4.0)
             first, second = await engine.load_version(one, 1), await engine.load_version(two, 2)
             placed = second._weights.adapter
             assert placed is not None
@@ -164,6 +164,32 @@ def test_a_loaded_adapter_is_one_buffer_and_is_freed_once_dropped(tiny_model_dir
         assert placed() is None, "a dropped adapter stayed alive after its streams ended"
     finally:
         engine.shutdown()
+
+
+def test_an_adapter_read_from_its_file_one_tensor_at_a_time_is_the_same(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`LoraAdapter.from_safetensors` (how a user's version is loaded from its checkpoint) gives what
+    `from_peft` of the whole file gives, bf16 tensors included, in one buffer."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    adapter, _ = random_adapter(model, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    tensors: dict[str, Any] = {"base_model.model.model.norm.weight": torch.ones(4)}  # not LoRA: skipped
+    for name, mod in model.named_modules():
+        if name.endswith(TARGETS):
+            out_f, in_f = mod.weight.shape
+            tensors[f"base_model.model.{name}.lora_A.default.weight"] = torch.randn(4, in_f, generator=gen)
+            tensors[f"base_model.model.{name}.lora_B.default.weight"] = torch.randn(out_f, 4, generator=gen).bfloat16()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    whole = LoraAdapter.from_peft(load_file(str(tmp_path / "model.safetensors")), 2.0, "whole")
+    streamed = LoraAdapter.from_safetensors(tmp_path / "model.safetensors", 2.0, "streamed")
+    assert set(streamed.down) == set(whole.down) == set(adapter.down)
+    for name in whole.down:
+        assert torch.equal(streamed.down[name], whole.down[name]) and torch.equal(streamed.up[name], whole.up[name])
+        assert streamed.up[name].dtype == torch.float32
+    assert len({t.untyped_storage().data_ptr() for t in (*streamed.down.values(), *streamed.up.values())}) == 1
+    assert streamed.placed(model) is streamed, "already one buffer of the model's dtype: placed as it is"
 
 
 def test_a_bad_adapter_is_refused_before_anything_changes(tiny_model_dir: Path) -> None:

@@ -29,8 +29,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -51,19 +52,53 @@ class LoraAdapter:
     def from_peft(cls, tensors: Mapping[str, torch.Tensor], scale: float, where: str) -> LoraAdapter:
         """From peft-named tensors (`base_model.model.<module>.lora_A[.default].weight` and its
         `lora_B`), as an adapter export or a checkpoint holds them; `where` names them in errors."""
-        down: dict[str, torch.Tensor] = {}
-        up: dict[str, torch.Tensor] = {}
-        for key, a in tensors.items():
+        return cls._filled(cls._pairs(tensors.keys(), where), lambda k: tuple(tensors[k].shape),
+                           tensors.__getitem__, scale)
+
+    @classmethod
+    def from_safetensors(cls, path: Path, scale: float, where: str) -> LoraAdapter:
+        """`from_peft` of a safetensors file, read one tensor at a time into the adapter's buffer
+        (a whole file read first made ~2x the adapter in small blocks on the reading thread's heap,
+        kept by the allocator after they were freed: issue 32 §2)."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return cls._filled(cls._pairs(f.keys(), where), lambda k: tuple(f.get_slice(k).get_shape()),
+                               f.get_tensor, scale)
+
+    @staticmethod
+    def _pairs(keys: Iterable[str], where: str) -> list[tuple[str, str, str]]:
+        """(module, its lora_A key, its lora_B key) of every adapted module among `keys`."""
+        names = set(keys)
+        pairs: list[tuple[str, str, str]] = []
+        for key in sorted(names):
             if ".lora_A." not in key:
                 continue
-            module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
-            b = tensors.get(key.replace(".lora_A.", ".lora_B."))
-            if b is None:
+            b_key = key.replace(".lora_A.", ".lora_B.")
+            if b_key not in names:
                 raise ValueError(f"{where}: {key} has no lora_B beside it")
-            down[module] = a.float().t().contiguous()
-            up[module] = (b.float() * scale).t().contiguous()
-        if not down:
+            pairs.append((key.split(".lora_A.")[0].removeprefix("base_model.model."), key, b_key))
+        if not pairs:
             raise ValueError(f"{where} has no LoRA weights")
+        return pairs
+
+    @classmethod
+    def _filled(cls, pairs: list[tuple[str, str, str]], shape: Callable[[str], tuple[int, ...]],
+                read: Callable[[str], torch.Tensor], scale: float) -> LoraAdapter:
+        """The adapter of `pairs`, float32 in one buffer (`_packed`'s reason): A^T and (scale*B)^T,
+        each tensor read (`read`) when its place is filled."""
+        sizes = [(shape(a)[0] * shape(a)[1], shape(b)[0] * shape(b)[1]) for _, a, b in pairs]
+        flat = torch.empty(sum(x + y for x, y in sizes), dtype=torch.float32)
+        down: dict[str, torch.Tensor] = {}
+        up: dict[str, torch.Tensor] = {}
+        at = 0
+        for (module, a_key, b_key), (a_n, b_n) in zip(pairs, sizes, strict=True):
+            a = read(a_key)
+            down[module] = flat[at: at + a_n].view(a.shape[1], a.shape[0]).copy_(a.t())
+            at += a_n
+            b = read(b_key)
+            up[module] = flat[at: at + b_n].view(b.shape[1], b.shape[0]).copy_(b.t()).mul_(scale)
+            at += b_n
         return cls(down, up)
 
     @property
@@ -72,10 +107,12 @@ class LoraAdapter:
         return sum(t.numel() * t.element_size() for m in (self.down, self.up) for t in m.values())
 
     def placed(self, model: torch.nn.Module) -> LoraAdapter:
-        """This adapter checked against `model` and moved to each module's device and dtype."""
+        """This adapter checked against `model` and moved to each module's device and dtype, in one
+        buffer (itself, when it is one buffer there already)."""
         modules = dict(model.named_modules())
         down: dict[str, torch.Tensor] = {}
         up: dict[str, torch.Tensor] = {}
+        moved = False
         for name, a_t in self.down.items():
             mod = modules.get(name)
             weight = getattr(mod, "weight", None)
@@ -88,6 +125,10 @@ class LoraAdapter:
                                  f"fit its weight {tuple(weight.shape)}")
             down[name] = a_t.to(device=weight.device, dtype=weight.dtype)
             up[name] = b_t.to(device=weight.device, dtype=weight.dtype)
+            moved = moved or down[name] is not a_t or up[name] is not b_t
+        tensors = [*down.values(), *up.values()]
+        if not moved and len({t.untyped_storage().data_ptr() for t in tensors}) == 1:
+            return self
         return LoraAdapter(*_packed([down, up]))
 
 

@@ -217,11 +217,12 @@ class LocalTrainer:
         state = json.loads((checkpoint / CHECKPOINT_STATE).read_text())
         if bool(state["lora"]) != self.lora:
             raise ValueError(f"checkpoint {checkpoint} is {'LoRA' if state['lora'] else 'full'}; the served model is not")
-        tensors: dict[str, Any] = load_file(str(checkpoint / "model.safetensors"))
         if not self.lora:
+            tensors: dict[str, Any] = load_file(str(checkpoint / "model.safetensors"))
             return tensors
         s = self.settings
-        return LoraAdapter.from_peft(tensors, float(s.lora_alpha) / s.lora_rank, str(checkpoint))
+        return LoraAdapter.from_safetensors(checkpoint / "model.safetensors", float(s.lora_alpha) / s.lora_rank,
+                                            str(checkpoint))
 
     def checkpoint_adapter(self, checkpoint: Path, out: Path) -> Path:
         """A peft adapter folder (what `export` writes for LoRA) at `out`, made from a LoRA
