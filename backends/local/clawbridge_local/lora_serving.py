@@ -22,6 +22,9 @@ Invariants:
   base's alone): rows never see another row's adapter.
 - An adapter whose modules the served model lacks, or whose shapes do not fit them, is refused
   (`ValueError`) before anything changes; its tensors are placed on the module's device and dtype.
+- A placed adapter's matrices are views of one buffer, and so are a mix's concatenations
+  (`_packed`): memory is taken and given back an adapter at a time, never a matrix at a time.
+  `release` drops every adapter the hooks hold (the engine calls it when idle).
 - The in-process trainer may share the base: its frozen parameters are the served model's tensors
   (`clawbridge_local.trainer.model.over_base`), once the engine has lent its base
   (`TorchEngine.lend_base`), after which the engine refuses full weights, so nothing writes them.
