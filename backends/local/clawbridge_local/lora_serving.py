@@ -90,18 +90,13 @@ class LoraAdapter:
                 read: Callable[[str], torch.Tensor], scale: float) -> LoraAdapter:
         """The adapter of `pairs`, float32 in one buffer (`_packed`'s reason): A^T and (scale*B)^T,
         each tensor read (`read`) when its place is filled."""
-        sizes = [(shape(a)[0] * shape(a)[1], shape(b)[0] * shape(b)[1]) for _, a, b in pairs]
-        flat = torch.empty(sum(x + y for x, y in sizes), dtype=torch.float32)
+        cpu: Place = (torch.device("cpu"), torch.float32)
+        views = iter(_carved([(cpu, torch.Size(shape(k)[::-1])) for _, a, b in pairs for k in (a, b)]))
         down: dict[str, torch.Tensor] = {}
         up: dict[str, torch.Tensor] = {}
-        at = 0
-        for (module, a_key, b_key), (a_n, b_n) in zip(pairs, sizes, strict=True):
-            a = read(a_key)
-            down[module] = flat[at: at + a_n].view(a.shape[1], a.shape[0]).copy_(a.t())
-            at += a_n
-            b = read(b_key)
-            up[module] = flat[at: at + b_n].view(b.shape[1], b.shape[0]).copy_(b.t()).mul_(scale)
-            at += b_n
+        for module, a_key, b_key in pairs:
+            down[module] = next(views).copy_(read(a_key).t())
+            up[module] = next(views).copy_(read(b_key).t()).mul_(scale)
         return cls(down, up)
 
     @property
@@ -135,6 +130,23 @@ class LoraAdapter:
         return LoraAdapter(*_packed([down, up]))
 
 
+Place = tuple[torch.device, torch.dtype]
+
+
+def _carved(specs: Sequence[tuple[Place, torch.Size]]) -> list[torch.Tensor]:
+    """Empty tensors of `specs` (where, shape), in order, each a view of one buffer per place."""
+    sizes: dict[Place, int] = {}
+    for where, shape in specs:
+        sizes[where] = sizes.get(where, 0) + shape.numel()
+    flat = {where: torch.empty(n, device=where[0], dtype=where[1]) for where, n in sizes.items()}
+    offset = dict.fromkeys(sizes, 0)
+    views: list[torch.Tensor] = []
+    for where, shape in specs:
+        views.append(flat[where][offset[where]: offset[where] + shape.numel()].view(shape))
+        offset[where] += shape.numel()
+    return views
+
+
 def _packed(groups: Sequence[Mapping[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
     """`groups` copied into one buffer per device and dtype, each tensor a view of it.
 
@@ -142,24 +154,8 @@ def _packed(groups: Sequence[Mapping[str, torch.Tensor]]) -> list[dict[str, torc
     KiB, 43 MiB in all), each below glibc's mmap threshold, so each came from the heap, and users'
     adapters loaded and dropped at random left the heap fragmented: RSS grew by MiBs per load with
     the live tensors unchanged. One buffer is one mapping, given back whole when the adapter goes."""
-    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-    for group in groups:
-        for t in group.values():
-            where = (t.device, t.dtype)
-            sizes[where] = sizes.get(where, 0) + t.numel()
-    flat = {where: torch.empty(n, device=where[0], dtype=where[1]) for where, n in sizes.items()}
-    offset = dict.fromkeys(sizes, 0)
-    out: list[dict[str, torch.Tensor]] = []
-    for group in groups:
-        views: dict[str, torch.Tensor] = {}
-        for name, t in group.items():
-            where = (t.device, t.dtype)
-            view = flat[where][offset[where]: offset[where] + t.numel()].view(t.shape)
-            view.copy_(t)
-            views[name] = view
-            offset[where] += t.numel()
-        out.append(views)
-    return out
+    views = iter(_carved([((t.device, t.dtype), t.shape) for group in groups for t in group.values()]))
+    return [{name: next(views).copy_(t) for name, t in group.items()} for group in groups]
 
 
 Concatenation = tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]
@@ -170,31 +166,20 @@ Concatenation = tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]]
 def _concatenated(mixed: Sequence[LoraAdapter]) -> dict[str, Concatenation]:
     """Per module that an adapter of `mixed` adapts, the concatenation `AdapterHooks` multiplies by,
     written into one buffer per device and dtype (`_packed`'s reason)."""
-    names = list(dict.fromkeys(name for a in mixed for name in a.down))
-    shapes: dict[str, tuple[list[tuple[int, LoraAdapter]], torch.Size, torch.Size]] = {}
-    sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-    for name in names:
+    out: dict[str, Concatenation] = {}
+    layouts: list[tuple[str, list[tuple[int, LoraAdapter]]]] = []
+    specs: list[tuple[Place, torch.Size]] = []
+    for name in dict.fromkeys(name for a in mixed for name in a.down):
         have = [(i, a) for i, a in enumerate(mixed) if name in a.down]
         first = have[0][1].down[name]
         rank = sum(a.down[name].shape[1] for _, a in have)
-        a_shape, b_shape = torch.Size((first.shape[0], rank)), torch.Size((rank, have[0][1].up[name].shape[1]))
-        shapes[name] = (have, a_shape, b_shape)
         where = (first.device, first.dtype)
-        sizes[where] = sizes.get(where, 0) + a_shape.numel() + b_shape.numel()
-    flat = {where: torch.empty(n, device=where[0], dtype=where[1]) for where, n in sizes.items()}
-    offset = dict.fromkeys(sizes, 0)
-
-    def take(where: tuple[torch.device, torch.dtype], shape: torch.Size) -> torch.Tensor:
-        view = flat[where][offset[where]: offset[where] + shape.numel()].view(shape)
-        offset[where] += shape.numel()
-        return view
-
-    out: dict[str, Concatenation] = {}
-    for name, (have, a_shape, b_shape) in shapes.items():
-        first = have[0][1].down[name]
-        where = (first.device, first.dtype)
-        a_cat = torch.cat([a.down[name] for _, a in have], 1, out=take(where, a_shape))
-        b_cat = torch.cat([a.up[name] for _, a in have], 0, out=take(where, b_shape))
+        specs += [(where, torch.Size((first.shape[0], rank))), (where, torch.Size((rank, have[0][1].up[name].shape[1])))]
+        layouts.append((name, have))
+    views = iter(_carved(specs))
+    for name, have in layouts:
+        a_cat = torch.cat([a.down[name] for _, a in have], 1, out=next(views))
+        b_cat = torch.cat([a.up[name] for _, a in have], 0, out=next(views))
         out[name] = (a_cat, b_cat, tuple((i, a.down[name].shape[1]) for i, a in have))
     return out
 
