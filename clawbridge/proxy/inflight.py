@@ -19,6 +19,10 @@ Invariants:
 - `drain(user, epoch)` returns once every ticket taken before `epoch` that is not identified as
   somebody else's has ended, or after `timeout_s`.
 - A forgotten name's grave is swept each time a ticket ends, once no ticket older than its end runs.
+- A ticket that ended holds no callback (`close` drops them): a call's `on_cut` callback holds the
+  call, which holds its ticket, and that cycle would keep the call's sampler stream, and with it
+  its version's weights (a user's adapter), alive until a full cyclic collection (rare in a server:
+  `clawbridge.server.tune_gc`), long after the version was evicted.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ class InFlight:
 
     def close(self, ticket: Ticket) -> None:
         self._tickets.discard(ticket)
+        ticket._on_cut.clear()  # no cycle through the call outlives it (module invariants)
         ticket.ended.set()
         if len(self.tombstones):
             self.sweep()
