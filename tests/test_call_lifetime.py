@@ -81,6 +81,6 @@ def test_a_finished_call_frees_its_stream_without_the_cycle_collector(
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert len(sampler.streams) == 6
     # The response's last byte reaches the client just before the server ends the request.
-    wait_until(lambda: sampler.alive() == 0, f"the 6 calls' streams to be freed ({sampler.alive()} alive)",
+    wait_until(lambda: sampler.alive() == 0, "the 6 calls' streams to be freed",
                timeout_s=20)
     client.close()
