@@ -19,7 +19,7 @@ Invariants:
 - `drain(user, epoch)` returns once every ticket taken before `epoch` that is not identified as
   somebody else's has ended, or after `timeout_s`.
 - A forgotten name's grave is swept each time a ticket ends, once no ticket older than its end runs.
-- A ticket that ended holds no callback (`close` drops them): a call's `on_cut` callback holds the
+- A ticket that ended holds no callback (`Ticket.end` drops them): a call's `on_cut` callback holds the
   call, which holds its ticket, and that cycle would keep the call's sampler stream, and with it
   its version's weights (a user's adapter), alive until a full cyclic collection (rare in a server:
   `clawbridge.server.tune_gc`), long after the version was evicted.
@@ -71,6 +71,11 @@ class Ticket:
         else:
             self._on_cut.append(callback)
 
+    def end(self) -> None:
+        """The request ended: wake whoever waits for it, and drop the callbacks (module invariants)."""
+        self._on_cut.clear()  # no cycle through the call outlives it
+        self.ended.set()
+
 
 class InFlight:
     """The tickets of one server (module invariants)."""
@@ -93,8 +98,7 @@ class InFlight:
 
     def close(self, ticket: Ticket) -> None:
         self._tickets.discard(ticket)
-        ticket._on_cut.clear()  # no cycle through the call outlives it (module invariants)
-        ticket.ended.set()
+        ticket.end()
         if len(self.tombstones):
             self.sweep()
 
