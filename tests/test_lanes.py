@@ -112,10 +112,17 @@ async def _train_all(tmp_path: Path, delay_s: float) -> tuple[Store, FakePerUser
     await shared.start()
     await lanes.start()
 
+    def caught_up(user: str) -> bool:
+        # The step's row commits in a worker thread before the lane's keeper takes the version in
+        # memory; a lane has caught up when both say the same newest version.
+        last = VersionStore(store, user).last_committed()
+        return last is not None and lanes.version_for(user) == last.version
+
     def done() -> bool:
         with store.read() as c:
-            return c.execute("SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL").fetchone()[0] == 0 \
+            consumed = c.execute("SELECT COUNT(*) FROM samples WHERE consumed_step IS NULL").fetchone()[0] == 0 \
                 and c.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 10
+        return consumed and caught_up("alice") and caught_up("bob")
     for _ in range(400):
         if done():
             break
