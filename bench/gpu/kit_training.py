@@ -45,7 +45,7 @@ def train_rows(kit: Kit, shape: str, world: int = 1) -> Iterator[Row]:
     tt = bench_module("train_throughput")
     model_dir = kit.shape_dir(shape)
     n_params = count_parameters(SHAPES[shape]) if not kit.quick else _count(model_dir)
-    batch_n, plen, clen, steps = (4, 16, 16, 2) if kit.quick else (8, 256, 256, 3)
+    batch_n, plen, clen, steps = (4, 16, 16, 2) if kit.quick else (8, 256, 256, 10)
     batch = tt.make_batch(model_dir, batch_n, plen, clen, device=kit.device)
     tokens = sum(len(d.tokens) - 1 for d in batch)
     loss = tt.LossConfig("importance_sampling")
