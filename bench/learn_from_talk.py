@@ -17,7 +17,7 @@ never); `held-out` the preference rate on held-out questions before -> after as 
 (notes included) [from the weights alone]; `capability` the fact check (12 facts the gate never
 sees) of the base -> the final serving version (the lowest of every served version); `steps`,
 versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
-logprob on hinted turns; `wall`.
+logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wall`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def user(text: str) -> dict[str, Any]:
 
 def record(store: Store, sid: str, messages: list[dict[str, Any]], answer: dict[str, Any], turn_type: str = "main",
            prompt: Sequence[int] = (1, 2, 3), completion: Sequence[int] = (4, 5, 6),
-           logprobs: Sequence[float] | None = None, task_id: str | None = None) -> str:
+           logprobs: Sequence[float] | None = None, task_id: str | None = None,
+           train_prompt: Sequence[int] | None = None) -> str:
     now = time.time()
     body = {"model": "tiny", "messages": messages, "tools": TOOLS}
     response = {"id": "chatcmpl-x", "object": "chat.completion", "model": "tiny",
@@ -55,14 +56,15 @@ def record(store: Store, sid: str, messages: list[dict[str, Any]], answer: dict[
         completion_token_ids=list(completion),
         completion_logprobs=list(logprobs) if logprobs is not None else [-0.5] * len(completion),
         policy_version=0, finish_reason="stop", request_json=json.dumps(body), response_json=json.dumps(response),
-        created_at=now, completed_at=now,
+        created_at=now, completed_at=now, train_prompt_token_ids=None if train_prompt is None else list(train_prompt),
     )
     return store.record_turn(turn, "header")
 
 
-def openclaw_session(store: Store, sid: str, end: bool = True) -> dict[str, str]:
+def openclaw_session(store: Store, sid: str, end: bool = True, noted: bool = False) -> dict[str, str]:
     """main(tool calls x2) -> side(title) -> main(answer from both results) -> main(after a
-    correction) -> side; the last main turn has no next state. Returns turn ids by name."""
+    correction) -> side; the last main turn has no next state. Returns turn ids by name.
+    `noted`: the answer turn was served with a note (prompt [1, 2, 3, 99], trains on [1, 2, 3])."""
     task = user("List the files in /tmp and show me notes.txt")
     calls = [call("call_ls", "exec", {"cmd": "ls /tmp"}), call("call_cat", "read", {"path": "/tmp/notes.txt"})]
     a1 = assistant("Let me look.", calls)
@@ -73,7 +75,8 @@ def openclaw_session(store: Store, sid: str, end: bool = True) -> dict[str, str]
     results = [tool("call_ls", "notes.txt\na.log", "exec"), tool("call_cat", "buy milk", "read")]
     h2 = [*h1, a1, *results]
     a2 = assistant("/tmp has notes.txt and a.log; notes.txt says: buy milk.")
-    ids["answer"] = record(store, sid, h2, a2)
+    ids["answer"] = record(store, sid, h2, a2, prompt=(1, 2, 3, 99), train_prompt=(1, 2, 3)) if noted else \
+        record(store, sid, h2, a2)
     h3 = [*h2, a2, user("No, I only wanted the .txt files, sorted by name.")]
     a3 = assistant("Only .txt files: notes.txt")
     ids["fixed"] = record(store, sid, h3, a3)

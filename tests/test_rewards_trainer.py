@@ -81,8 +81,9 @@ def test_mix_token_advantages_methods() -> None:
 # ------------------------------------------------------------------ through the store and the trainer
 
 
-def judged_session(store: Store, scorer: LogprobScorer | None = None, renderer: Any = None) -> dict[str, str]:
-    ids = openclaw_session(store, "s1")
+def judged_session(store: Store, scorer: LogprobScorer | None = None, renderer: Any = None,
+                   noted: bool = False) -> dict[str, str]:
+    ids = openclaw_session(store, "s1", noted=noted)
     answers = {"[tool result": "SCORE: +1", "[user] No,": "HINT: only .txt files, sorted by name\nSCORE: -1"}
 
     def pick(messages: list[dict[str, Any]]) -> str:
@@ -171,6 +172,34 @@ def test_teacher_scores_recorded_ids_with_the_hint_in_the_prompt(tmp_path: Path,
     # scored once: a second pass (or a restart) does not score again
     asyncio.run(RewardWorker(store, ScriptedJudge(["SCORE: 0"]), WorkerConfig(), renderer, scorer).run_once())
     assert len(scorer.calls) == 1
+
+
+def test_a_noted_turns_teacher_is_measured_against_the_plain_prompt(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A turn served with a note was sampled with the hint already in its context: OPD measures its
+    teacher against the base model on the plain prompt it trains on, not against its sampled
+    logprobs (which already carry the note)."""
+    from clawbridge.chat.render import Renderer
+
+    store = Store.open(tmp_path)
+    plain = [1, 2, 3, 4, 5, 6]  # the train prompt [1, 2, 3] + the recorded completion [4, 5, 6]
+    scorer = FakeLogprobScorer(lambda toks, i: -0.9 if list(toks) == plain else -0.1)
+    ids = judged_session(store, scorer, Renderer.from_pretrained(str(tiny_model_dir)), noted=True)
+    teacher = [(toks, plen) for toks, plen in scorer.calls if toks != plain]
+    assert len(teacher) == 1 and teacher[0][0][teacher[0][1]:] == [4, 5, 6]  # the hinted teacher, as before
+    assert [(toks, plen) for toks, plen in scorer.calls if toks == plain] == [(plain, 3)]  # one reference, plain
+    sig = RewardStore(store).turn_signals([ids["answer"]])[ids["answer"]]
+    assert sig.teacher_logprobs == [-0.1] * 3 and sig.reference_logprobs == [-0.9] * 3
+    tstore = TrainingStore(store, wait_for_judge=True)
+    tstore.ingest_ended()
+    pb = prepare_batch(tstore, tstore.ready_samples(), gamma=0.0, baseline="none", normalization="sum",
+                       running=RunningMeans(), current_version=0, mix=RewardMix("opd", opd_coef=1.0))
+    answer = next(d for d in pb.datums if d.turn_id == ids["answer"])
+    assert list(answer.tokens[:3]) == [1, 2, 3]  # trained on the plain prompt
+    # teacher -0.1 against the plain reference -0.9, not against the sampled -0.5
+    assert list(answer.advantages[answer.prompt_len - 1:]) == pytest.approx([0.8] * 3)
+    assert opd_advantages([-0.1], [-0.5], 1.0, reference=[-0.9]) == pytest.approx([0.8])
+    with pytest.raises(ValueError, match="reference"):
+        RewardStore(store).save_teacher_logprobs(ids["answer"], [-0.1] * 3, 3, reference=[-0.9] * 2)
 
 
 def test_hinted_messages() -> None:

@@ -106,7 +106,8 @@ class TalkResult:
     rejected: int = 0
     notes: list[dict[str, Any]] = field(default_factory=list)
     teacher_gap: float | None = None
-    """Mean teacher-minus-sampler logprob over the completion tokens of hinted turns."""
+    """Mean OPD gap over the completion tokens of hinted turns: teacher minus sampler, or minus the
+    plain-prompt reference for a turn served with notes (`clawbridge.rewards.opd`)."""
     hinted_turns: int = 0
     seconds: float = 0.0
 
@@ -250,13 +251,14 @@ def settle(proxy: Proxy, cfg: TalkConfig, say: Say) -> dict[str, Any]:
 
 
 def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
-    """(mean teacher - sampler logprob over hinted turns' completion tokens, hinted turns scored)."""
+    """(mean teacher - sampler logprob over hinted turns' completion tokens, the plain-prompt reference
+    in place of the sampler on turns served with notes, as OPD uses them; hinted turns scored)."""
     from clawbridge.store.codec import decode_floats
 
     db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT t.completion_logprobs, tl.logprobs FROM teacher_logprobs tl "
-                          "JOIN turns t ON t.turn_id = tl.turn_id").fetchall()
+        rows = db.execute("SELECT COALESCE(tl.reference_logprobs, t.completion_logprobs), tl.logprobs "
+                          "FROM teacher_logprobs tl JOIN turns t ON t.turn_id = tl.turn_id").fetchall()
     except sqlite3.Error:
         return None, 0
     finally:

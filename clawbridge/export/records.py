@@ -26,7 +26,7 @@ from clawbridge.config import Settings
 from clawbridge.rewards.next_state import turn_view
 from clawbridge.store import SessionRow, Store
 from clawbridge.store.observe import ObserveStore
-from clawbridge.store.rewards import RewardStore
+from clawbridge.store.rewards import RewardStore, TurnSignal
 from clawbridge.store.training import TrainingStore
 from clawbridge.trainer.advantages import (
     AdvantageItem,
@@ -93,7 +93,7 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
     tstore, rstore, observe = TrainingStore(store), RewardStore(store), ObserveStore(store)
     mix = RewardMix.from_settings(settings)
     records: list[dict[str, Any]] = []
-    items: list[tuple[dict[str, Any], AdvantageItem, list[float] | None]] = []
+    items: list[tuple[dict[str, Any], AdvantageItem, TurnSignal | None]] = []
     for session in _sessions(store, flt.status, flt.user):
         sid = session.session_id
         turns = store.session_turns(sid)
@@ -127,12 +127,14 @@ def export_records(store: Store, settings: Settings, flt: ExportFilter) -> list[
             if tid in returns:
                 item = advantage_item(returns[tid], session.task_id, session.source, positions[tid])
                 sig = signals.get(tid)
-                items.append((rec, item, None if sig is None else sig.teacher_logprobs))
+                items.append((rec, item, sig))
     advantages, _ = apply_baseline([i for _, i, _ in items], settings.baseline, RunningMeans())
-    for (rec, _, teacher), adv in zip(items, advantages, strict=True):
-        if teacher is not None and len(teacher) != len(rec["logprobs"]):
-            teacher = None  # a broken invariant the trainer refuses; an export still shows the turn, RL part only
+    for (rec, _, sig), adv in zip(items, advantages, strict=True):
+        teacher, reference = (None, None) if sig is None else (sig.teacher_logprobs, sig.reference_logprobs)
+        n = len(rec["logprobs"])
+        if (teacher is not None and len(teacher) != n) or (reference is not None and len(reference) != n):
+            teacher = reference = None  # a broken invariant the trainer refuses; an export shows the RL part only
         rec["advantage"] = adv
-        rec["advantages"], _ = token_advantages(adv, teacher, rec["logprobs"], mix)
+        rec["advantages"], _ = token_advantages(adv, teacher, rec["logprobs"], mix, reference)
     return [r for r in records if flt.keeps(r)]
 

@@ -8,6 +8,14 @@ Rules:
   re-tokenized, so teacher and sampler logprobs are over the very same token ids.
 - Per completion token t: `opd_advantage[t] = coef * (teacher_logprob[t] - sampler_logprob[t])`.
   Positive where the hinted teacher finds the sampled token likelier than the policy did.
+- A turn served with notes (`clawbridge.rewards.notes`) was sampled with the note, which is the
+  hint in the same words, already in its context: its sampled logprobs carry the hint, and teacher
+  minus sampler measured the note against itself (a mean of -0.02 to -0.21 nats per token on such
+  turns in two runs of `bench/learn_from_talk.py`: a push AWAY from the answers the note brought).
+  Such a turn trains on its plain prompt, so its reference is the base model on that plain prompt
+  (`reference_input`, scored by the same scorer as the teacher):
+  `opd_advantage[t] = coef * (teacher_logprob[t] - reference_logprob[t])`, what the hint changes
+  in the model's reading of the answer (+0.04 to +0.44 nats per token on the same turns).
 - A turn gets OPD only when the judge extracted a hint and the backend can score
   (`clawbridge.backend.LogprobScorer`); the trainer combines it with the RL part per
   `clawbridge.trainer.advantages` rule 5.
@@ -61,14 +69,24 @@ def teacher_input(
     return TeacherInput(list(prompt) + [int(t) for t in completion_ids], len(prompt))
 
 
+def reference_input(train_prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> TeacherInput:
+    """The plain-prompt reference of a turn served with notes: the prompt it trains on (no notes,
+    no hint) + its recorded completion ids, for the same scorer as the teacher (rules above)."""
+    return TeacherInput([int(t) for t in train_prompt_ids] + [int(t) for t in completion_ids], len(train_prompt_ids))
+
+
 def request_tools(request: Mapping[str, Any], api: str) -> tuple[list[dict[str, Any]] | None, Any]:
     """(tools, tool_choice) of a recorded request, in OpenAI shape (`clawbridge.shapes.recorded`)."""
     view = openai_view(request, api)
     return view.tools, view.tool_choice
 
 
-def opd_advantages(teacher: Sequence[float], sampler: Sequence[float], coef: float) -> list[float]:
-    """`coef * (teacher - sampler)` per completion token."""
-    if len(teacher) != len(sampler):
-        raise ValueError(f"teacher has {len(teacher)} logprobs, the sampler {len(sampler)}")
-    return [coef * (float(t) - float(s)) for t, s in zip(teacher, sampler, strict=True)]
+def opd_advantages(teacher: Sequence[float], sampler: Sequence[float], coef: float,
+                   reference: Sequence[float] | None = None) -> list[float]:
+    """`coef * (teacher - sampler)` per completion token, or `coef * (teacher - reference)` for a
+    turn served with notes (`reference` given; rules above)."""
+    against = sampler if reference is None else reference
+    if len(teacher) != len(sampler) or len(against) != len(sampler):
+        raise ValueError(f"teacher has {len(teacher)} logprobs, the reference {len(against)}, "
+                         f"the sampler {len(sampler)}")
+    return [coef * (float(t) - float(s)) for t, s in zip(teacher, against, strict=True)]

@@ -44,7 +44,7 @@ from clawbridge.rewards.judge import (
 )
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
 from clawbridge.rewards.notes import CHECK_META, NoteBook
-from clawbridge.rewards.opd import request_tools, teacher_input
+from clawbridge.rewards.opd import reference_input, request_tools, teacher_input
 from clawbridge.runtime.background import Background
 from clawbridge.store import Store
 from clawbridge.store.notes import Note
@@ -254,16 +254,28 @@ class RewardWorker:
                 msgs = _view(t).messages
                 inputs.append(await asyncio.to_thread(
                     teacher_input, self.renderer, msgs, tools, choice, hint, t.completion_ids))
-            lps = await self.scorer.compute_logprobs([i.tokens for i in inputs], [i.prompt_len for i in inputs])
+            # A turn served with notes is also scored on the plain prompt it trains on: the reference
+            # its teacher is measured against (`clawbridge.rewards.opd`, rule 3).
+            noted = [tid for tid, _ in want if turns[tid].train_prompt_ids is not None]
+            refs = [reference_input(turns[tid].trained_prompt_ids, turns[tid].completion_ids) for tid in noted]
+            every = inputs + refs
+            lps = await self.scorer.compute_logprobs([i.tokens for i in every], [i.prompt_len for i in every])
         except Exception:
             log.exception("teacher scoring failed for session %s; its turns stay RL-only", session_id)
             return
-        for (tid, _), inp, lp in zip(want, inputs, lps, strict=True):
-            if len(lp) != len(turns[tid].completion_ids):
-                log.error("teacher returned %d logprobs for %d tokens of %s; skipped", len(lp),
-                          len(turns[tid].completion_ids), tid)
+        if len(lps) != len(every):
+            log.error("the scorer returned %d results for %d sequences of session %s; its turns stay RL-only",
+                      len(lps), len(every), session_id)
+            return
+        reference = dict(zip(noted, lps[len(inputs):], strict=True))
+        for (tid, _), inp, lp in zip(want, inputs, lps[:len(inputs)], strict=True):
+            n = len(turns[tid].completion_ids)
+            ref = reference.get(tid)
+            if len(lp) != n or (ref is not None and len(ref) != n):
+                log.error("teacher returned %d logprobs (reference %s) for %d tokens of %s; skipped", len(lp),
+                          None if ref is None else len(ref), n, tid)
                 continue
-            await asyncio.to_thread(self.rstore.save_teacher_logprobs, tid, lp, inp.prompt_len)
+            await asyncio.to_thread(self.rstore.save_teacher_logprobs, tid, lp, inp.prompt_len, ref)
 
     def status(self) -> dict[str, Any]:
         return {"running": self.running, "judge_model": self.judge.name, "concurrency": self.config.concurrency,

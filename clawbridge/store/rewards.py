@@ -55,6 +55,10 @@ class TurnSignal:
     """The mean vote of that judgement, failed votes as 0 (for the "at least one" rule)."""
     teacher_logprobs: list[float] | None
     """Per completion token: the teacher's logprob with the hint in the prompt (None: no OPD)."""
+    reference_logprobs: list[float] | None = None
+    """Per completion token, for a turn served with notes: the base model's logprob on the prompt
+    the turn trains on (no notes, no hint). OPD measures the teacher against it instead of the
+    sampled logprobs, which were taken with the note in the context (`clawbridge.rewards.opd`)."""
 
 
 class RewardStore:
@@ -207,11 +211,18 @@ class RewardStore:
         return {str(r[0]): str(r[1]) for r in rows}
 
     # ------------------------------------------------------------------ teacher (OPD)
-    def save_teacher_logprobs(self, turn_id: str, logprobs: Sequence[float], prompt_len: int) -> None:
+    def save_teacher_logprobs(self, turn_id: str, logprobs: Sequence[float], prompt_len: int,
+                              reference: Sequence[float] | None = None) -> None:
+        """The teacher's logprobs of a hinted turn's completion and, for a turn served with notes,
+        the plain-prompt reference (`TurnSignal.reference_logprobs`); both of the completion's length."""
+        if reference is not None and len(reference) != len(logprobs):
+            raise ValueError(f"reference has {len(reference)} logprobs, the teacher {len(logprobs)}")
         with self.store.write() as c:
             c.execute(
-                "INSERT OR REPLACE INTO teacher_logprobs(turn_id, logprobs, prompt_len, created_at) VALUES(?,?,?,?)",
-                (turn_id, encode_floats(logprobs), prompt_len, self.store.clock.now()),
+                "INSERT OR REPLACE INTO teacher_logprobs(turn_id, logprobs, prompt_len, created_at, "
+                "reference_logprobs) VALUES(?,?,?,?,?)",
+                (turn_id, encode_floats(logprobs), prompt_len, self.store.clock.now(),
+                 None if reference is None else encode_floats(reference)),
             )
 
     def has_teacher(self, turn_ids: Iterable[str]) -> set[str]:
@@ -260,13 +271,15 @@ class RewardStore:
                 j = c.execute(
                     "SELECT score, mean_vote FROM judgements WHERE turn_id=? AND status='done'", (tid,)
                 ).fetchone()
-                t = c.execute("SELECT logprobs FROM teacher_logprobs WHERE turn_id=?", (tid,)).fetchone()
+                t = c.execute("SELECT logprobs, reference_logprobs FROM teacher_logprobs WHERE turn_id=?",
+                              (tid,)).fetchone()
                 if j is None and t is None:
                     continue
                 out[tid] = TurnSignal(
                     judge_score=None if j is None else float(j[0]),
                     mean_vote=None if j is None or j[1] is None else float(j[1]),
                     teacher_logprobs=None if t is None else decode_floats(t[0]),
+                    reference_logprobs=None if t is None or t[1] is None else decode_floats(t[1]),
                 )
         return out
 

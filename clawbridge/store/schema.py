@@ -278,6 +278,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE promotion_state ADD COLUMN held_version INTEGER;
     ALTER TABLE promotion_state ADD COLUMN held_since REAL;
     """,
+    # v12: a turn served with notes is scored twice for OPD: the teacher (base model, plain prompt +
+    # hint) and the reference it is measured against (base model, the plain prompt it trains on). Its
+    # sampled logprobs were taken with the note in the context, so they already carry the hint.
+    """
+    ALTER TABLE teacher_logprobs ADD COLUMN reference_logprobs BLOB;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

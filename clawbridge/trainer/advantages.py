@@ -61,7 +61,8 @@ per-token advantage by rule 5 (`combined_rewards`, `promote_best`, `mix_token_ad
     advantages still sum to 0, and the signal is bounded by the judge's own uncertainty.
 5.  METHOD (`method`, weights `w_rl`, `w_opd`, `opd_coef`). Per completion token t of a datum
     with RL advantage A (rules 1-3) and, when the turn has teacher logprobs,
-    OPD_t = opd_coef * (teacher_logprob_t - sampler_logprob_t):
+    OPD_t = opd_coef * (teacher_logprob_t - sampler_logprob_t) (a turn served with notes: its
+    plain-prompt reference in place of the sampler, `clawbridge.rewards.opd`):
     - `rl`: A;   `opd`: OPD_t (0 for turns without a teacher score);
     - `combine` (default): w_rl * A + w_opd * OPD_t; a turn without a teacher score gets
       w_rl * A only, a turn whose reward is 0 still gets its OPD part.
@@ -337,9 +338,11 @@ def advantage_item(ret: float, task_id: str | None, source: str, position: int) 
 
 
 def token_advantages(advantage: float, teacher: Sequence[float] | None, sampler: Sequence[float],
-                     mix: RewardMix) -> tuple[list[float], list[float] | None]:
+                     mix: RewardMix, reference: Sequence[float] | None = None,
+                     ) -> tuple[list[float], list[float] | None]:
     """Rule 5 for one turn: its per-token advantages (before rule 4's scale) and its OPD part
-    (None without teacher logprobs). Teacher logprobs of another length than the completion
-    (`sampler`, its sampled logprobs) raise `ValueError`."""
-    opd = None if teacher is None else opd_advantages(teacher, sampler, mix.opd_coef)
+    (None without teacher logprobs). `reference`: a turn served with notes, its plain-prompt
+    reference (`clawbridge.rewards.opd`). Teacher or reference logprobs of another length than the
+    completion (`sampler`, its sampled logprobs) raise `ValueError`."""
+    opd = None if teacher is None else opd_advantages(teacher, sampler, mix.opd_coef, reference)
     return mix_token_advantages(advantage, opd, len(sampler), mix.method, mix.w_rl, mix.w_opd), opd

@@ -21,7 +21,8 @@ Invariants:
 - Rewards are `advantages.combined_rewards` under the `RewardMix` (explicit + judge, rules 1b/1c)
   and per-token advantages follow rule 5 (RL and OPD parts); with no judge verdicts, no teacher
   scores and the default mix this equals the plain rules (`advantages.session_returns`).
-- The OPD part is `rewards.opd.opd_advantages` of the stored teacher logprobs; teacher logprobs
+- The OPD part is `rewards.opd.opd_advantages` of the stored teacher logprobs (against the stored
+  plain-prompt reference for a turn served with notes); teacher or reference logprobs
   of another length than the completion are a broken invariant (the reward worker stores only
   matching ones) and raise `ValueError`, failing the step, instead of being skipped.
 """
@@ -154,9 +155,10 @@ def prepare_batch(
     opd_values: list[float] = []
     for s, adv, scale in zip(batch, advantages, scales, strict=True):
         t = tokens[s.turn_id]
-        teacher = signals[s.turn_id].teacher_logprobs if s.turn_id in signals else None
+        sig = signals.get(s.turn_id)
+        teacher, reference = (None, None) if sig is None else (sig.teacher_logprobs, sig.reference_logprobs)
         # the worker stores only teacher logprobs of the completion's length: another raises
-        per_token, opd = token_advantages(adv, teacher, t.completion_logprobs, mix)
+        per_token, opd = token_advantages(adv, teacher, t.completion_logprobs, mix, reference)
         opd_values.extend(opd or [])
         pieces[s.turn_id] = TurnPiece(
             s.turn_id, s.session_id, t.trained_prompt_ids, t.completion_ids, t.completion_logprobs,
