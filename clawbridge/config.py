@@ -287,7 +287,8 @@ class Settings(BaseSettings):
     )
     w_rl: float = Field(1.0, ge=0.0, description="combine: weight of the reward (RL) advantage.")
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
-    opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob).")
+    opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob); a turn served with notes: "
+                          "minus the base model's logprob on its plain prompt (docs/rewards.md).")
     notes: bool = Field(
         True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
         "the user's next calls carry (where notes_place says) while training teaches it to the weights "

@@ -10,12 +10,12 @@ Rules:
   Positive where the hinted teacher finds the sampled token likelier than the policy did.
 - A turn served with notes (`clawbridge.rewards.notes`) was sampled with the note, which is the
   hint in the same words, already in its context: its sampled logprobs carry the hint, and teacher
-  minus sampler measured the note against itself (a mean of -0.02 to -0.21 nats per token on such
-  turns in two runs of `bench/learn_from_talk.py`: a push AWAY from the answers the note brought).
-  Such a turn trains on its plain prompt, so its reference is the base model on that plain prompt
+  minus sampler measures the note against itself (slightly negative on such turns: a push AWAY
+  from the answers the note brought; docs/training.md, "OPD against the plain prompt"). Such a
+  turn trains on its plain prompt, so its reference is the base model on that plain prompt
   (`reference_input`, scored by the same scorer as the teacher):
   `opd_advantage[t] = coef * (teacher_logprob[t] - reference_logprob[t])`, what the hint changes
-  in the model's reading of the answer (+0.04 to +0.44 nats per token on the same turns).
+  in the model's reading of the answer.
 - A turn gets OPD only when the judge extracted a hint and the backend can score
   (`clawbridge.backend.LogprobScorer`); the trainer combines it with the RL part per
   `clawbridge.trainer.advantages` rule 5.
