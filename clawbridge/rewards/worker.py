@@ -255,7 +255,7 @@ class RewardWorker:
                 inputs.append(await asyncio.to_thread(
                     teacher_input, self.renderer, msgs, tools, choice, hint, t.completion_ids))
             # A turn served with notes is also scored on the plain prompt it trains on: the reference
-            # its teacher is measured against (`clawbridge.rewards.opd`, rule 3).
+            # its teacher is measured against (the rules of `clawbridge.rewards.opd`).
             noted = [tid for tid, _ in want if turns[tid].train_prompt_ids is not None]
             refs = [reference_input(turns[tid].trained_prompt_ids, turns[tid].completion_ids) for tid in noted]
             every = inputs + refs
