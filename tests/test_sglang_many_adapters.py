@@ -144,6 +144,36 @@ def test_waiting_for_room_when_every_loaded_adapter_is_streaming(tiny_model_dir:
     assert most == 2 and len(tokens) == 6
 
 
+def test_a_start_waiting_for_a_load_does_not_pin_an_adapter_it_does_not_run_on(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    """Room for one adapter beside the current one. A (version 2) unloads 3 and loads 2; meanwhile
+    B (version 3) and then C (version 2) wait for the load lock. B gets it next and needs 2's room:
+    2 must count as free once A's stream ends, though C is waiting to use it. (Counted as a user
+    from its start, C pinned 2 and B waited for room until read_timeout_s: the CI run's timeout.)"""
+    server = fake_server(tiny_model_dir, max_loaded_loras=2, max_loras_per_batch=2, token_delay_s=0.003)
+    folders = {v: adapter(tmp_path / f"a{v}", v) for v in (1, 2, 3)}
+
+    async def go() -> tuple[list[list[int]], list[str]]:
+        engine = await SGLangEngine.connect(server.url, lora=True, max_loaded_loras=2, read_timeout_s=10.0)
+        await engine.publish_lora(folders[1], 1)
+        kept = {v: await engine.load_lora_version(folders[v], v) for v in (2, 3)}
+        assert engine.loaded_versions == {1, 3}
+        before = len(server.calls)
+        got = await asyncio.gather(answer(kept[2], [3, 4]), answer(kept[3], [3, 4]), answer(kept[2], [3, 5]))
+        await engine.drain_unloads()
+        await engine.aclose()
+        loads = [b["lora_name"] for path, b in server.calls[before:] if path == "/load_lora_adapter"]
+        return list(got), loads
+
+    try:
+        got, loads = asyncio.run(go())
+    finally:
+        server.stop()
+    assert loads == ["v2", "v3", "v2"]  # A's load, then B's, then C's: the interleaving described
+    assert all(len(tokens) == 6 for tokens in got)
+    assert server.most_loaded <= 2 and server.refused_loads == []
+
+
 def test_backend_launches_sglang_with_its_multi_lora_arguments(tiny_model_dir: Path, tmp_path: Path) -> None:
     s = Settings.model_validate({
         "model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4, "per_user_adapters": True,

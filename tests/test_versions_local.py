@@ -140,7 +140,10 @@ def test_a_committed_version_answers_by_name_through_the_proxy(tiny_model_dir: P
         turn = view.turn(again.id.replace("chatcmpl-", "turn_"))
         assert turn["policy_version"] == 1  # recorded with the version that answered
         assert turn["completion"] == v1["completion"]
-        assert turn["logprobs"] == pytest.approx(v1["logprobs"], rel=1e-5, abs=1e-5)
+        # Same tokens; logprobs within 2e-3 nats: on an AMD EPYC (AVX-512) the cold prefill again on
+        # bit-identical adapter weights came 5.4e-4 apart (under 1e-5 where CI ran before); version 2
+        # answers 2.1 nats apart, so the bound still tells the versions apart.
+        assert turn["logprobs"] == pytest.approx(v1["logprobs"], abs=2e-3)
         chunks = list(agent.client.chat.completions.create(model="default@1", messages=PROBE, temperature=0.0,  # type: ignore[arg-type]
                                                            max_tokens=12, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == served_v1.choices[0].message.content

@@ -23,6 +23,9 @@ Invariants:
 - Policy version per stream: fixed in `sample`. LoRA: version v is adapter `v{v}` (`lora_path`);
   version 0 (and full fine-tuning) is the served base path. Streams are counted per version; a
   LoRA version is unloaded once it is neither current, nor held (`held`), nor used by a stream.
+  A stream counts as using its adapter from the moment that adapter is loaded for it: a start that
+  waits for a load never pins an adapter it does not run on yet (else two starts can each wait
+  for the other's room).
 - Which versions are kept beside the current one is recorded once, by their owner
   (`clawbridge.serving.versions.LoadedVersions`, which the engine asks through `held`); the engine keeps
   only what the server has loaded (`loaded_versions`), each kept version's adapter folder and the
@@ -208,8 +211,8 @@ class SGLangEngine:
 
     @property
     def in_flight(self) -> int:
-        """Streams started and not yet ended or closed."""
-        return sum(self._users.values())
+        """Streams started (also those waiting for their adapter to load) and not yet ended or closed."""
+        return sum(self._load)
 
     @property
     def loaded_versions(self) -> set[int]:
@@ -268,13 +271,18 @@ class SGLangEngine:
         replica = self._pick()
         client = self._clients[replica]
         self._load[replica] += 1
-        self._users[version] += 1
         self._starting += 1
         self._idle.clear()
         response: httpx.Response | None = None
+        counted = False
         try:
             if adapter is not None:
                 await self._ensure_loaded(version)
+            # Counted only once loaded (no await since): a start still waiting for `_load_lock` must
+            # not keep a loaded adapter from being unloaded for room, or the holder of the lock may
+            # wait for room that only that start could give back (a deadlock until read_timeout_s).
+            self._users[version] += 1
+            counted = True
             request = client.build_request(
                 "POST", "/generate", json=self._body(prompt, params, adapter)
             )
@@ -293,7 +301,10 @@ class SGLangEngine:
         except BaseException:
             if response is not None:
                 await response.aclose()
-            self._release(version, replica)
+            if counted:
+                self._release(version, replica)
+            else:
+                self._load[replica] -= 1
             raise
         finally:
             self._starting -= 1
