@@ -196,6 +196,12 @@ class Settings(BaseSettings):
         8, ge=1, description="Rewarded main turns per training step; a step runs once this many are ready "
         "(turns merged into one sequence count one each).",
     )
+    updates_per_step: int = Field(
+        1, ge=1, le=16, description="Optimizer updates on each batch before its version is published (PPO's epochs). "
+        "Every update after the first sees the recorded sampler logprobs as stale ones: ppo stops pushing a token once "
+        "its ratio passes the clip, so the batch's pull is bounded; cispo only caps each token's weight at "
+        "1 + clip_high and keeps pushing. One version, one checkpoint and one gate decision per step, whatever the count.",
+    )
     loss: LossName = Field(
         "cispo", description="Policy-gradient loss (Tinker / Fireworks semantics). cispo (default): the ratio to the "
         "recorded sampler logprob weights each token, clipped to [1 - clip_low, 1 + clip_high] (every token keeps its "

@@ -271,6 +271,38 @@ def test_failed_step_leaves_samples_then_one_success_consumes_them_once(store: S
     assert loop.status()["last_error"]["step"] == failed.step
 
 
+def test_several_updates_per_step_train_one_batch_into_one_version(store: Store) -> None:
+    """`updates_per_step` 3: three train_step calls on the same datums, then one publish and one
+    committed step; a failure in a later update fails the whole step, undoes every update and
+    leaves the samples for the next step."""
+    ids = rewarded_session(store, "s1", n_main=2)
+    b = backend()
+    loop = loop_for(store, b, batch_size=2, updates_per_step=3)
+    first = run(loop.run_once())
+    assert first is not None and first.ok and first.policy_version == 1
+    assert len(b.batches) == 3 and all(batch == b.batches[0] for batch in b.batches)
+    assert b.published == [1] and consumed(store) == dict.fromkeys(ids, first.step)
+    assert first.metrics["updates"] == 3.0 and first.metrics["first_update_loss"] == first.metrics["loss"]
+
+    more = rewarded_session(store, "s2", n_main=2)
+    calls = len(b.batches)
+    real_step = b.train_step
+
+    async def second_update_fails(batch: Sequence[Any], loss: LossConfig) -> Any:
+        if len(b.batches) == calls + 1:  # the step's second update: applied, then it fails
+            b.fail_train, b.fail_after_apply = 1, True
+        return await real_step(batch, loss)
+
+    b.train_step = second_update_fails  # type: ignore[method-assign]
+    failed = run(loop.run_once())
+    assert failed is not None and not failed.ok and len(b.batches) == calls + 2
+    assert consumed(store) == {**dict.fromkeys(ids, first.step), **dict.fromkeys(more)}
+    assert b.applied == ids * 3  # undone: the weights hold step 1's three updates and nothing of s2
+    ok = run(loop.run_once())
+    assert ok is not None and ok.ok and len(b.batches) == calls + 2 + 3
+    assert b.applied == ids * 3 + more * 3 and b.published[-1] == ok.policy_version
+
+
 def test_killed_between_train_step_and_commit_retrains_after_restart(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     ids = rewarded_session(store, "s1", n_main=2)

@@ -8,7 +8,9 @@ Invariants:
 - When a turn becomes trainable: its session has ended (end_session, X-Session-Done, idle, a
   replaced session key, a one-call session) and it has at least one reward. See
   `clawbridge.store.training` for the sample lifecycle.
-- A step = `train_step(batch, LossConfig)`, then `publish(v)` of a version `v` reserved in the
+- A step = `train_step(batch, LossConfig)` (`updates_per_step` times on the same batch: every update
+  after the first sees the batch's recorded sampler logprobs as stale ones, weighted and clipped
+  by the loss like any stale sample), then `publish(v)` of a version `v` reserved in the
   store, then a checkpoint of the trainer state, and only then, in ONE transaction, the `steps`
   row becomes ok (with v, its checkpoint and metrics), v becomes committed and the batch's samples
   get `consumed_step`. A raise anywhere records the step as failed with its error and leaves the
@@ -105,6 +107,8 @@ class TrainerConfig:
     sessions/groups); merged turns count one each."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Loss name, clip thresholds and KL coefficient sent with every step."""
+    updates_per_step: int = default_of("updates_per_step")
+    """`train_step` calls on each batch before its one publish (module invariants)."""
     gamma: float = default_of("gamma")
     """Turn discount (advantages rule 2)."""
     baseline: BaselineRule = default_of("baseline")
@@ -140,6 +144,7 @@ class TrainerConfig:
         return cls(
             batch_size=s.batch_size,
             loss=LossConfig(name=s.loss, clip_low=s.clip_low, clip_high=s.clip_high, kl_coef=s.kl_coef),
+            updates_per_step=s.updates_per_step,
             gamma=s.gamma,
             baseline=s.baseline,
             normalization=s.advantage_normalization,
@@ -428,6 +433,9 @@ class TrainerLoop:
             keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
             result = await self.backend.train_step(prepared.datums, self.config.loss)
+            first_loss = result.metrics.get("loss")
+            for _ in range(self.config.updates_per_step - 1):  # the same batch again, its ratio clipped by the loss
+                result = await self.backend.train_step(prepared.datums, self.config.loss)
             t1 = time.monotonic()
             await fault_point("step.trained")
             version = await asyncio.to_thread(keeper.reserve_step, step)
@@ -437,6 +445,10 @@ class TrainerLoop:
             checkpoint = await keeper.save(version)
             await fault_point("step.checkpointed")
             metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
+            if self.config.updates_per_step > 1:  # the backend's figures are the last update's
+                metrics["updates"] = float(self.config.updates_per_step)
+                metrics["first_update_loss"] = float(first_loss) if first_loss is not None and _finite(first_loss) \
+                    else None
             metrics["checkpoint_seconds"] = time.monotonic() - t2
             metrics[RUNNING_MEANS_KEY] = {"sums": dict(prepared.running.sums), "counts": dict(prepared.running.counts)}
             await asyncio.to_thread(
