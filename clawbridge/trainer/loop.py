@@ -447,8 +447,7 @@ class TrainerLoop:
             metrics = self._step_metrics(prepared, result.metrics, t1 - t0, t2 - t1)
             if self.config.updates_per_step > 1:  # the backend's figures are the last update's
                 metrics["updates"] = float(self.config.updates_per_step)
-                metrics["first_update_loss"] = float(first_loss) if first_loss is not None and _finite(first_loss) \
-                    else None
+                metrics["first_update_loss"] = first_loss if _finite(first_loss) else None
             metrics["checkpoint_seconds"] = time.monotonic() - t2
             metrics[RUNNING_MEANS_KEY] = {"sums": dict(prepared.running.sums), "counts": dict(prepared.running.counts)}
             await asyncio.to_thread(
