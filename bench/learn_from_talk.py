@@ -4,6 +4,7 @@
     python bench/learn_from_talk.py --persona brief,name --seeds 0 --method rl --notes off
     python bench/learn_from_talk.py --together                        # the personas at once, each its own user
     python bench/learn_from_talk.py --baseline                        # what the defaults were before: no notes, no gate
+    python bench/learn_from_talk.py --pace 2                          # the trainer catches up after every 2 sessions
 
 Each (persona, method, seed) is one `clawbridge up --backend local` (LoRA, the settings' defaults
 except what the flags name) with the rule-based judge as an endpoint (it reads only what the
@@ -41,7 +42,7 @@ METHODS = ("combine", "rl", "opd")
 
 
 def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gate: bool, seed: int, sessions: int,
-            out: Path, extra: dict[str, str]) -> dict[str, Any]:
+            out: Path, extra: dict[str, str], pace: int = 0) -> dict[str, Any]:
     from clawbridge.devtools.demo import free_port, launch_proxy, stop_proxy, wait_healthy
     from clawbridge.devtools.judge_server import JudgeServer
     from clawbridge.devtools.talk import Proxy, TalkConfig, run_talk, save
@@ -66,7 +67,7 @@ def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gat
         try:
             wait_healthy(base, proc, timeout_s=900)
             proxy = Proxy(base, (state / "admin_key").read_text().strip(), (state / "client_key").read_text().strip())
-            cfg = TalkConfig(personas=personas, sessions=sessions, seed=seed)
+            cfg = TalkConfig(personas=personas, sessions=sessions, seed=seed, pace_every=pace)
             result = run_talk(proxy, state, cfg, say=lambda line: print(f"  [{'+'.join(personas)} {method} "
                                                                          f"s{seed}] {line}", flush=True))
         finally:
@@ -84,7 +85,7 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
             "promoted": r["promoted"], "rejected": r["rejected"],
             "notes": sum(1 for n in r["notes"] if (n.get("user") or persona) in (persona, None)),
             "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
-            "gap": r["teacher_gap"], "wall": r["seconds"]}
+            "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0)}
 
 
 def fmt(x: float | None, spec: str = ".2f") -> str:
@@ -127,6 +128,9 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--sessions", type=int, default=32)
     ap.add_argument("--together", action="store_true", help="the personas talk at once in one server, each a user")
+    ap.add_argument("--pace", type=int, default=0, metavar="N",
+                    help="after every N sessions a person waits until the trainer and the gate have caught up "
+                         "(as when their next conversation comes minutes later); 0: back to back (default)")
     ap.add_argument("--set", action="append", default=[], metavar="CLAWBRIDGE_X=V", help="extra settings for up")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
@@ -141,23 +145,26 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="clawbridge-talk-"))
     personas = [p.strip() for p in args.persona.split(",") if p.strip()]
     groups = [tuple(personas)] if args.together else [(p,) for p in personas]
-    label = ("notes" if notes else "no notes") + (", gate" if gate else ", no gate")
+    label = ("notes" if notes else "no notes") + (", gate" if gate else ", no gate") + (
+        f", paced every {args.pace}" if args.pace else "")
     print(f"learn from talk: {args.model}, {args.sessions} sessions per person, {label}, load {os.getloadavg()[0]:.1f}; "
           f"runs under {out}", flush=True)
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for method in args.method.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
             for group in groups:
-                name = f"{'+'.join(group)}-{method}-{'notes' if notes else 'plain'}-{'gate' if gate else 'nogate'}-s{seed}"
+                name = f"{'+'.join(group)}-{method}-{'notes' if notes else 'plain'}-{'gate' if gate else 'nogate'}"
+                name += (f"-pace{args.pace}" if args.pace else "") + f"-s{seed}"
                 t0 = time.monotonic()
-                r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra)
+                r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra, args.pace)
                 for p in group:
                     rw = row(r, p)
                     rows.setdefault((p + (" (together)" if args.together else ""), f"{method}, {label}"), []).append(rw)
                     print(f"{name} {p}: 3-in-a-row {rw['stable']}, held-out {rw['before']:.2f} -> {rw['served']:.2f} "
                           f"[{rw['weights']:.2f}], capability {rw['cap0']:.2f} -> {rw['cap']:.2f} (min {rw['capmin']:.2f}), "
                           f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
-                          f"gap {fmt(rw['gap'], '.3f')}, {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}",
+                          f"gap {fmt(rw['gap'], '.3f')}, {time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
+                          f"trainer), load {os.getloadavg()[0]:.1f}",
                           flush=True)
     print_table(rows)
     (out / "table.json").write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in rows.items()}, indent=1))

@@ -17,9 +17,13 @@ Measured per persona:
   logprob on hinted turns (does the judge's hint move the teacher?), wall time.
 
 Rules: a person talks one session at a time, and starts the next once the judge has read the last
-one (a person's next conversation comes minutes later; the judge takes seconds); personas in one
-run talk at once, each as their own user (their own key: notes are per user) over the one shared
-policy (per-user adapters stay as configured).
+one (a person's next conversation comes minutes later; the judge takes seconds). By default they
+then talk on at once, faster than any person, so on a slow machine the trainer falls behind the
+talk; with `pace_every` N they also wait, after every N sessions, until the trainer and the gate
+have caught up (the minutes between a person's conversations, in which training keeps up). The
+measure stays sessions, not seconds. Personas in one run talk at once, each as their own user
+(their own key: notes are per user) over the one shared policy (per-user adapters stay as
+configured).
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ class TalkConfig:
     """The longest a person waits for the judge to read their last session."""
     settle_s: float = 900.0
     """After talking: the longest to wait for the judge and the trainer to finish."""
+    pace_every: int = 0
+    """0: a person starts their next session as soon as the judge has read the last one (back to
+    back: the trainer falls behind the talk). N: after every N of their sessions they also wait
+    until the trainer has trained what is ready and the gate has decided (`settle`), as when a
+    person's next conversation comes minutes later and training keeps up."""
 
 
 @dataclass
@@ -86,6 +95,8 @@ class PersonaResult:
     before_rate: float = 0.0
     after_served: float = 0.0
     after_weights: float = 0.0
+    paced_s: float = 0.0
+    """Seconds this person waited for the trainer between sessions (`TalkConfig.pace_every`)."""
 
     @property
     def stable_after(self) -> int | None:
@@ -231,10 +242,20 @@ def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: Pers
         deadline = time.monotonic() + cfg.judge_wait_s
         while not judged(stored) and time.monotonic() < deadline:  # the judge reads it before the next one
             time.sleep(0.5)
+        if paced(cfg, i):
+            t = time.monotonic()
+            settle(proxy, cfg, lambda line: say(f"{persona.key} waiting for the trainer: {line}"))
+            result.paced_s += time.monotonic() - t
 
 
-def settle(proxy: Proxy, cfg: TalkConfig, say: Say) -> dict[str, Any]:
-    """Until the judge is idle and the trainer has trained what it has and the gate decided."""
+def paced(cfg: TalkConfig, index: int) -> bool:
+    """Whether the person waits for the trainer after session `index` (0-based; never after the last)."""
+    return cfg.pace_every > 0 and (index + 1) % cfg.pace_every == 0 and index + 1 < cfg.sessions
+
+
+def settle(proxy: Proxy, cfg: TalkConfig, say: Say, poll_s: float = 2.0) -> dict[str, Any]:
+    """Until the judge is idle and the trainer has trained what it has and the gate decided (or
+    `cfg.settle_s` has passed: said, and the last status returned)."""
     deadline = time.monotonic() + cfg.settle_s
     while True:
         st = proxy.status()
@@ -247,7 +268,7 @@ def settle(proxy: Proxy, cfg: TalkConfig, say: Say) -> dict[str, Any]:
         if time.monotonic() > deadline:
             say(f"not settled after {cfg.settle_s:.0f} s (backlog {untrained}, holding {promo.get('holding')})")
             return st
-        time.sleep(2.0)
+        time.sleep(poll_s)
 
 
 def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
