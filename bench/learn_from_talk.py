@@ -16,7 +16,9 @@ writes each run's JSON (every session, every served version's capability) under 
 Columns: `3-in-a-row` sessions talked until three first answers in a row met the preference (-:
 never); `held-out` the preference rate on held-out questions before -> after as the person gets it
 (notes included) [from the weights alone]; `capability` the fact check (12 facts the gate never
-sees) of the base -> the final serving version (the lowest of every served version); `steps`,
+sees) of the base -> the final serving version (the lowest of every served version), greedy and
+sampled (8 answers per fact at temperature 1: a greedy answer of a small model flips on near-ties);
+`steps`,
 versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
 logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wall`.
 """
@@ -82,10 +84,18 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
             "weights": p["after_weights"], "cap0": r["capability_before"],
             "cap": r["capability_by_version"].get(str(r["final_version"]), r["capability_by_version"].get(
                 r["final_version"], r["capability_before"])), "capmin": r["capability_min"], "steps": r["steps"],
+            "sampled": r.get("sampled_capability", {}), **sampled_row(r),
             "promoted": r["promoted"], "rejected": r["rejected"],
             "notes": sum(1 for n in r["notes"] if (n.get("user") or persona) in (persona, None)),
             "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
             "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0)}
+
+
+def sampled_row(r: dict[str, Any]) -> dict[str, float | None]:
+    """The sampled capability of the base, the final version and the lowest measured (keys may be
+    ints, or strings once read back from JSON)."""
+    by = {int(v): c for v, c in (r.get("sampled_capability") or {}).items()}
+    return {"scap0": by.get(0), "scap": by.get(int(r["final_version"])), "scapmin": min(by.values(), default=None)}
 
 
 def fmt(x: float | None, spec: str = ".2f") -> str:
@@ -99,8 +109,8 @@ def median(values: list[Any]) -> float | None:
 
 def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
     print("\n| persona | method | seeds | 3-in-a-row (median; each) | held-out before -> after [weights] | "
-          "capability base -> final (min served) | steps | promoted/rejected | notes | gap | wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "capability base -> final (min served) | sampled capability base -> final (min) | steps | promoted/rejected | notes | gap | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (persona, method), rs in sorted(rows.items()):
         stable = [r["stable"] for r in rs]
         each = ", ".join("-" if s is None else str(s) for s in stable)
@@ -111,7 +121,10 @@ def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
               f"{fmt(median([r['before'] for r in rs]))} -> {fmt(median([r['served'] for r in rs]))} "
               f"[{fmt(median([r['weights'] for r in rs]))}] | "
               f"{fmt(median([r['cap0'] for r in rs]))} -> {fmt(median([r['cap'] for r in rs]))} "
-              f"({fmt(min(r['capmin'] for r in rs))}) | {fmt(median([r['steps'] for r in rs]), 'g')} | "
+              f"({fmt(min(r['capmin'] for r in rs))}) | "
+              f"{fmt(median([r['scap0'] for r in rs]))} -> {fmt(median([r['scap'] for r in rs]))} "
+              f"({fmt(min((r['scapmin'] for r in rs if r['scapmin'] is not None), default=None))}) | "
+              f"{fmt(median([r['steps'] for r in rs]), 'g')} | "
               f"{fmt(median([r['promoted'] for r in rs]), 'g')}/{fmt(median([r['rejected'] for r in rs]), 'g')} | "
               f"{fmt(median([r['notes'] for r in rs]), 'g')}/{fmt(median([r['retired'] for r in rs]), 'g')} | "
               f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {fmt(median([r['wall'] for r in rs]), '.0f')} s |")
@@ -162,6 +175,7 @@ def main() -> int:
                     rows.setdefault((p + (" (together)" if args.together else ""), f"{method}, {label}"), []).append(rw)
                     print(f"{name} {p}: 3-in-a-row {rw['stable']}, held-out {rw['before']:.2f} -> {rw['served']:.2f} "
                           f"[{rw['weights']:.2f}], capability {rw['cap0']:.2f} -> {rw['cap']:.2f} (min {rw['capmin']:.2f}), "
+                          f"sampled {', '.join(f'v{v} {c:.2f}' for v, c in rw['sampled'].items())}, "
                           f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
                           f"gap {fmt(rw['gap'], '.3f')}, {time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
                           f"trainer), load {os.getloadavg()[0]:.1f}",

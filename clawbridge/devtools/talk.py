@@ -12,7 +12,8 @@ Measured per persona:
 - the held-out preference rate before and after (temperature 1, the same seeds), as the person gets
   it (`served`: their notes included) and from the weights alone (`X-Clawbridge-Notes: off`);
 - the capability check (`realdemo.FACTS`, greedy; a set the gate never sees) of the base and of
-  every version that served plain calls during the run (`NAME@N`);
+  every version that served plain calls during the run (`NAME@N`), and sampled (each fact 8 times
+  at temperature 1) for the base, the final and the lowest greedy version;
 - steps, versions promoted and rejected, notes made and retired, the mean teacher-minus-sampler
   logprob on hinted turns (does the judge's hint move the teacher?), wall time.
 
@@ -48,6 +49,8 @@ from clawbridge.devtools.realdemo import FACTS
 Say = Callable[[str], None]
 EVAL_CONCURRENCY = 8
 """Evaluation calls in flight at once (the engine batches them; the talking is one call at a time)."""
+CAPABILITY_SAMPLES = 8
+"""Sampled answers per fact for `TalkResult.sampled_capability`."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,11 @@ class TalkResult:
     capability_before: float = 0.0
     capability_by_version: dict[int, float] = field(default_factory=dict)
     """Every version that served plain calls during the run, and the final serving one."""
+    sampled_capability: dict[int, float] = field(default_factory=dict)
+    """The same facts answered `CAPABILITY_SAMPLES` times each at temperature 1, for the base, the
+    final version and the lowest greedy one: a greedy check of a small model flips on near-ties
+    (SmolLM2's first token for "the capital of France" is "The" 0.152 against "L" 0.140), the
+    sampled share says how often a person asking gets the fact."""
     served_versions: list[int] = field(default_factory=list)
     final_version: int = 0
     steps: int = 0
@@ -193,18 +201,22 @@ def preference_rate(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, n
     return sum(met) / len(met)
 
 
-def capability(proxy: Proxy, version: int | None) -> float:
-    """Share of FACTS whose greedy answer names the fact (`default@N`, or the serving version)."""
+def capability(proxy: Proxy, version: int | None, samples: int = 0) -> float:
+    """Share of FACTS whose answer names the fact (`default@N`, or the serving version): greedy, or
+    with `samples` > 0 the share of that many answers per fact at temperature 1 (fixed seeds)."""
     client = proxy.openai(proxy.client)
     model = "default" if version is None else f"default@{version}"
+    jobs = [(fact, None) for fact in FACTS] if samples <= 0 else [
+        (fact, 7_919 * i + k) for i, fact in enumerate(FACTS) for k in range(samples)]
 
-    def one(fact: tuple[str, tuple[str, ...]]) -> bool:
-        text, _ = _ask(client, [{"role": "user", "content": fact[0]}], 32, None, {"X-Clawbridge-Notes": "off"}, model)
-        return any(n in text.lower() for n in fact[1])
+    def one(job: tuple[tuple[str, tuple[str, ...]], int | None]) -> bool:
+        (question, names), seed = job
+        text, _ = _ask(client, [{"role": "user", "content": question}], 32, seed, {"X-Clawbridge-Notes": "off"}, model)
+        return any(n in text.lower() for n in names)
 
     with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:
-        hits = sum(pool.map(one, FACTS))
-    return hits / len(FACTS)
+        hits = sum(pool.map(one, jobs))
+    return hits / len(jobs)
 
 
 def session_judged(state_dir: Path, session_id: str) -> bool:
@@ -327,6 +339,14 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
             result.capability_by_version[v] = result.capability_before if v == 0 else capability(proxy, v)
         except openai.NotFoundError as exc:  # pruned by retention (the bench keeps them; a user's run may not)
             say(f"capability of v{v}: not measured ({exc.message})")
+    lowest = min(result.capability_by_version, key=lambda v: (result.capability_by_version[v], -v), default=0)
+    for v in sorted({0, result.final_version, lowest}):
+        try:
+            result.sampled_capability[v] = capability(proxy, v, CAPABILITY_SAMPLES)
+        except openai.NotFoundError as exc:
+            say(f"sampled capability of v{v}: not measured ({exc.message})")
+    say("capability, greedy: " + ", ".join(f"v{v} {c:.2f}" for v, c in sorted(result.capability_by_version.items()))
+        + "; sampled: " + ", ".join(f"v{v} {c:.2f}" for v, c in sorted(result.sampled_capability.items())))
     for p in personas:
         pr = result.personas[p.key]
         pr.after_served = preference_rate(proxy, keys[p.key], p, cfg, notes=True)
