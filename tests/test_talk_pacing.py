@@ -3,9 +3,12 @@ sessions, until the judge, the trainer and the gate have caught up, and never af
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from clawbridge.devtools.talk import Proxy, TalkConfig, paced, settle
+from clawbridge.devtools.talk import Proxy, TalkConfig, paced, settle, step_counts
+from clawbridge.store import Store
+from clawbridge.store.promotion import Decision, PromotionStore
 
 
 def test_a_paced_person_waits_after_every_n_sessions_but_the_last() -> None:
@@ -51,3 +54,21 @@ def test_settle_gives_up_after_settle_s_and_says_what_it_waited_for() -> None:
     st = settle(proxy, TalkConfig(settle_s=0.05), said.append, poll_s=0.01)
     assert st["promotion"]["holding"] == 7
     assert said == ["not settled after 0 s (backlog 2, holding 7)"]
+
+
+def test_the_bench_counts_every_step_and_decision_from_the_store_not_the_recent_ones(tmp_path: Path) -> None:
+    """A paced run makes dozens of decisions; `/rl/status` lists only the recent ones (a run of 32
+    steps with 30 promoted and 2 rejected printed 19/1 before the counts came from the store)."""
+    store = Store(tmp_path / "clawbridge.db")
+    ps = PromotionStore(store)
+    ps.set_state("probe", 0)
+    with store.write() as c:
+        for step in range(1, 41):
+            c.execute("INSERT INTO steps(step, policy_version, status, started_at) VALUES(?, ?, 'ok', 0)", (step, step))
+        c.execute("INSERT INTO steps(step, policy_version, status, started_at) VALUES(41, 41, 'failed', 0)")
+    for v in range(1, 41):
+        assert ps.decide(Decision(v, "rejected" if v % 4 == 0 else "promoted", "eval", "probe", v - 1), "probe")
+    assert ps.decide(Decision(3, "rejected", "admin", "an admin's rollback", 40), "probe", hold=True)
+    assert len(ps.decisions()) < 41  # what status shows is a window
+    assert step_counts(tmp_path) == (40, 30, 10)  # the failed step and the admin's decision are not counted
+    assert step_counts(tmp_path / "nowhere") == (0, 0, 0)  # no store: nothing, not an error

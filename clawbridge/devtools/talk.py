@@ -283,6 +283,24 @@ def settle(proxy: Proxy, cfg: TalkConfig, say: Say, poll_s: float = 2.0) -> dict
         time.sleep(poll_s)
 
 
+def step_counts(state_dir: Path) -> tuple[int, int, int]:
+    """(steps that committed, versions the gate promoted, versions it rejected), from the store:
+    `/rl/status` lists only the recent decisions, and a paced run makes dozens."""
+    try:
+        db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:  # no store (the server never started)
+        return 0, 0, 0
+    try:
+        steps = db.execute("SELECT COUNT(*) FROM steps WHERE status = 'ok'").fetchone()[0]
+        verdicts = dict(db.execute("SELECT verdict, COUNT(*) FROM promotion_decisions WHERE source != 'admin' "
+                                   "GROUP BY verdict").fetchall())
+    except sqlite3.Error:
+        return 0, 0, 0
+    finally:
+        db.close()
+    return int(steps), int(verdicts.get("promoted", 0)), int(verdicts.get("rejected", 0))
+
+
 def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
     """(mean teacher - sampler logprob over hinted turns' completion tokens, the plain-prompt reference
     in place of the sampler on turns served with notes, as OPD uses them; hinted turns scored)."""
@@ -324,10 +342,7 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
         t.join()
     st = settle(proxy, cfg, say)
     promo = st.get("promotion") or {}
-    decisions = promo.get("decisions") or []
-    result.promoted = sum(1 for d in decisions if d.get("verdict") == "promoted" and d.get("source") != "admin")
-    result.rejected = sum(1 for d in decisions if d.get("verdict") == "rejected")
-    result.steps = int(((st.get("trainer") or {}).get("steps") or {}).get("ok", 0))
+    result.steps, result.promoted, result.rejected = step_counts(state_dir)
     serving = promo.get("serving_version")
     result.final_version = int(serving if serving is not None else st.get("policy_version") or 0)
     served = sorted({s.policy_version for p in result.personas.values() for s in p.sessions} | {result.final_version})
