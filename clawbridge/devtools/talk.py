@@ -219,17 +219,26 @@ def capability(proxy: Proxy, version: int | None, samples: int = 0) -> float:
     return hits / len(jobs)
 
 
-def session_judged(state_dir: Path, session_id: str) -> bool:
-    """Whether the judge has finished `session_id` (read-only look at the store)."""
-    db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True, timeout=30)
+def _query(state_dir: Path, sql: str, params: tuple[Any, ...] = ()) -> list[Any] | None:
+    """The rows of `sql` on the run's store, opened read-only beside the running server; None when
+    there is no store yet or the query fails (a table not created yet)."""
     try:
-        row = db.execute("SELECT COUNT(*) FROM judgements WHERE session_id IN (?, ?) AND status IN ('done', 'failed')",
-                         (session_id, session_id.split(":", 1)[-1])).fetchone()
-        return bool(row and row[0])
+        db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True, timeout=30)
     except sqlite3.Error:
-        return False
+        return None
+    try:
+        return db.execute(sql, params).fetchall()
+    except sqlite3.Error:
+        return None
     finally:
         db.close()
+
+
+def session_judged(state_dir: Path, session_id: str) -> bool:
+    """Whether the judge has finished `session_id` (read-only look at the store)."""
+    rows = _query(state_dir, "SELECT COUNT(*) FROM judgements WHERE session_id IN (?, ?) AND status IN ('done', 'failed')",
+                  (session_id, session_id.split(":", 1)[-1]))
+    return bool(rows and rows[0][0])
 
 
 def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: PersonaResult,
@@ -286,19 +295,12 @@ def settle(proxy: Proxy, cfg: TalkConfig, say: Say, poll_s: float = 2.0) -> dict
 def step_counts(state_dir: Path) -> tuple[int, int, int]:
     """(steps that committed, versions the gate promoted, versions it rejected), from the store:
     `/rl/status` lists only the recent decisions, and a paced run makes dozens."""
-    try:
-        db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True, timeout=30)
-    except sqlite3.Error:  # no store (the server never started)
+    steps = _query(state_dir, "SELECT COUNT(*) FROM steps WHERE status = 'ok'")
+    verdicts = dict(_query(state_dir, "SELECT verdict, COUNT(*) FROM promotion_decisions WHERE source != 'admin' "
+                                      "GROUP BY verdict") or [])
+    if not steps:  # no store, or no steps table yet
         return 0, 0, 0
-    try:
-        steps = db.execute("SELECT COUNT(*) FROM steps WHERE status = 'ok'").fetchone()[0]
-        verdicts = dict(db.execute("SELECT verdict, COUNT(*) FROM promotion_decisions WHERE source != 'admin' "
-                                   "GROUP BY verdict").fetchall())
-    except sqlite3.Error:
-        return 0, 0, 0
-    finally:
-        db.close()
-    return int(steps), int(verdicts.get("promoted", 0)), int(verdicts.get("rejected", 0))
+    return int(steps[0][0]), int(verdicts.get("promoted", 0)), int(verdicts.get("rejected", 0))
 
 
 def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
@@ -306,14 +308,10 @@ def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
     in place of the sampler on turns served with notes, as OPD uses them; hinted turns scored)."""
     from clawbridge.store.codec import decode_floats
 
-    db = sqlite3.connect(f"file:{state_dir / 'clawbridge.db'}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT COALESCE(tl.reference_logprobs, t.completion_logprobs), tl.logprobs "
-                          "FROM teacher_logprobs tl JOIN turns t ON t.turn_id = tl.turn_id").fetchall()
-    except sqlite3.Error:
+    rows = _query(state_dir, "SELECT COALESCE(tl.reference_logprobs, t.completion_logprobs), tl.logprobs "
+                             "FROM teacher_logprobs tl JOIN turns t ON t.turn_id = tl.turn_id")
+    if rows is None:
         return None, 0
-    finally:
-        db.close()
     gaps = [te - sa for sampler, teacher in rows
             for sa, te in zip(decode_floats(sampler), decode_floats(teacher), strict=False)]
     return (statistics.fmean(gaps) if gaps else None), len(rows)
