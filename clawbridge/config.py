@@ -295,6 +295,10 @@ class Settings(BaseSettings):
     w_opd: float = Field(1.0, ge=0.0, description="combine: weight of the OPD advantage.")
     opd_coef: float = Field(1.0, ge=0.0, description="OPD advantage = opd_coef · (teacher logprob − sampler logprob); a turn served with notes: "
                           "minus the base model's logprob on its plain prompt (docs/rewards.md).")
+    rewrite_coef: float = Field(
+        1.0, ge=0.0, description="A correction the judge rewrote (the answer as the user asked for it) trains as a "
+        "demonstration on the turn's plain prompt, each token with this advantage (0: off; docs/rewards.md).",
+    )
     notes: bool = Field(
         True, description="Learn at once from talk: the judge's hint from a user's correction becomes a note that "
         "the user's next calls carry (where notes_place says) while training teaches it to the weights "

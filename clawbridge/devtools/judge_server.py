@@ -18,6 +18,11 @@ Rule-based judge rules (on the "What happened next" section):
 - When the prompt lists what the user asked for before (`clawbridge.rewards.judge.NOTES_SECTION`),
   a correction about the same kind of thing as listed note n (length, names, formatting, what
   comes first: `TOPICS`, by keywords, as a capable judge would group them) adds `SAME: n`.
+- A correction asking for one of those kinds of thing adds `REWRITE:` with the assistant's answer
+  rewritten that way, by rules that read only the answer and the user's words (`rule_based_rewrite`:
+  list markers and markdown removed; cut to whole sentences up to 25 words; the first sentence on a
+  line of its own, the rest below it; the name the user gave put first), as a capable judge would
+  write it. A tool call or an answer those rules leave unchanged gets none.
 """
 
 from __future__ import annotations
@@ -93,6 +98,69 @@ def _section(prompt: str, title: str) -> str:
     return m.group(1).strip() if m else ""
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_LIST_MARK = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+", re.MULTILINE)
+_GIVEN_NAME = re.compile(r"\b(?:call me|address me as|my name,?|name is)\s+([A-Z][a-z]+)\b")
+BRIEF_WORDS = 25
+"""A rule-based rewrite for "too long" keeps whole sentences up to this many words."""
+LEAD_WORDS = 20
+"""A rule-based lead line has at most this many words."""
+
+
+def _sentences(text: str) -> list[str]:
+    flat = " ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+    return [x for x in _SENTENCE_END.split(flat) if x]
+
+
+def _cut_words(sentence: str, n: int) -> str:
+    ws = sentence.split()
+    return sentence if len(ws) <= n else " ".join(ws[:n]).rstrip(",;:") + "."
+
+
+def _brief(text: str) -> str:
+    out: list[str] = []
+    for x in _sentences(text):
+        if out and len(" ".join([*out, x]).split()) > BRIEF_WORDS:
+            break
+        out.append(x)
+    return _cut_words(" ".join(out), BRIEF_WORDS) if out else text
+
+
+def _lead(text: str) -> str:
+    parts = _sentences(text)
+    if len(parts) < 2:
+        return text
+    return f"{_cut_words(parts[0], LEAD_WORDS)}\n\n{' '.join(parts[1:])}"
+
+
+def _plain_text(text: str) -> str:
+    return " ".join(_sentences(re.sub(r"[*_#`]+", "", _LIST_MARK.sub("", text))))
+
+
+def rule_based_rewrite(answer: str, hint: str) -> str | None:
+    """The answer rewritten the way the correction `hint` asks (module rules), or None."""
+    text = answer.strip()
+    if not text or text == "(no text)" or "TOOL CALL " in text:
+        return None
+    kinds = topics(hint)
+    out = text
+    if "format" in kinds:
+        out = _plain_text(out)
+    if "length" in kinds:
+        out = _brief(out)
+    if "order" in kinds:
+        out = _lead(out)
+    name = _GIVEN_NAME.search(hint)
+    if "name" in kinds and name and name.group(1).lower() not in out.lower():
+        out = f"{name.group(1)}, {out[:1].lower() if out[:2] != 'I ' else out[:1]}{out[1:]}"
+    return out if out != text else None
+
+
+def _answer_of(prompt: str) -> str:
+    m = re.search(r"## Assistant turn\n(.*?)\n\n## What happened next", prompt, re.DOTALL)
+    return m.group(1) if m else ""
+
+
 def rule_based_verdict(prompt: str) -> tuple[int, str | None, str]:
     """(score, hint, reason) for a judge prompt, by the module's keyword rules."""
     nxt = _section(prompt, "What happened next")
@@ -119,6 +187,8 @@ def rule_based_answer(body: dict[str, Any]) -> str:
     shown = "0" if score == 0 else f"{score:+d}"
     same = same_as(hint, _notes(prompt)) if hint else None
     said = f"\nSAME: {same}" if same is not None else ""
+    rewrite = rule_based_rewrite(_answer_of(prompt), hint) if hint and score < 0 else None
+    said += f"\nREWRITE:\n{rewrite}" if rewrite else ""
     return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}{said}\nSCORE: {shown}"
 
 

@@ -11,6 +11,11 @@ Rules:
   judged again later (`JudgementFailed`), never silently scored 0.
 - Hint: the longest hint among the votes (at least `MIN_HINT_CHARS`), so OPD has the most
   specific description of what the user wanted; none when no vote gave one.
+- Rewrite: on a correction that says how the user wanted the answer, a vote may write the answer
+  that way after a line `REWRITE:` (to the next `SAME:`/`SCORE:` line or `END REWRITE`). The
+  verdict's rewrite is the first one (by vote order) among the votes that gave the verdict's
+  score, and only a verdict of -1 has one: it becomes a demonstration
+  (`clawbridge.rewards.rewrites`). At most `MAX_REWRITE_CHARS`; longer ones are dropped.
 - Same preference: when the prompt lists what the user asked for before (their active notes,
   numbered from 1), a vote may add `SAME: <n>` to say the user's reaction asks for note n again.
   The verdict's `same` is the number most votes gave (ties: the lowest); None when none did. A
@@ -45,14 +50,23 @@ its tool calls and/or the user's next message. Decide whether this turn made pro
 -1: the user corrected it, asked for a redo, complained, or a tool call failed with an error.
 0: unclear: no reaction, an unrelated new request, or mixed signals you cannot resolve.
 If the next state reveals what the user actually wanted, write it as a short instruction hint.
+When the user corrected the answer and said how they wanted it, also write the assistant's answer \
+the way they wanted it: a line `REWRITE:` followed by the whole answer, rewritten (keep its content; \
+change what they asked to change).
 Answer with a one-sentence reason, then a line `HINT: <what the user wanted>` (or `HINT: none`), \
-then a final line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`."""
+then the rewrite if any, then a final line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`."""
 
 _SCORE_RE = re.compile(r"score\s*[:=]\s*\**\s*([+-]?\s*\d+)", re.IGNORECASE)
 _BOXED_RE = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 _HINT_RE = re.compile(r"^\s*\**hint\**\s*[:=]\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
 _NO_HINT = {"none", "n/a", "na", "-", "no", "nothing", "null", "(none)"}
 _SAME_RE = re.compile(r"^\s*\**same\**\s*[:=]\s*\[?\s*(\d+)", re.IGNORECASE | re.MULTILINE)
+_REWRITE_RE = re.compile(
+    r"^[ \t]*\**rewrite\**[ \t]*[:=][ \t]*(.*?)(?=^[ \t]*\**(?:same|score)\**[ \t]*[:=]|^[ \t]*end rewrite[ \t]*$|\Z)",
+    re.IGNORECASE | re.MULTILINE | re.DOTALL,
+)
+MAX_REWRITE_CHARS = 4000
+"""A rewrite longer than this is dropped (a runaway answer, not a rewrite)."""
 NOTES_SECTION = "What this user asked for before"
 """The judge prompt's section listing the user's active notes (`judge_messages(notes=...)`)."""
 
@@ -141,6 +155,22 @@ def parse_vote(text: str) -> tuple[int | None, str | None]:
     return score, hint
 
 
+def parse_rewrite(text: str | None) -> str | None:
+    """The answer a vote rewrote after `REWRITE:` (module rules), or None (none, empty, too long)."""
+    found = [m.group(1).strip() for m in _REWRITE_RE.finditer(text or "")]
+    rewrite = found[-1].strip("`").strip() if found else ""
+    if not rewrite or rewrite.lower().strip(".") in _NO_HINT or len(rewrite) > MAX_REWRITE_CHARS:
+        return None
+    return rewrite
+
+
+def best_rewrite(votes: Sequence[VoteRow], score: int) -> str | None:
+    """The verdict's rewrite: the first among the votes that gave `score`, and only for -1."""
+    if score != -1:
+        return None
+    return next((r for v in votes if v.score == score and (r := parse_rewrite(v.text))), None)
+
+
 def parse_same(text: str | None, n_notes: int) -> int | None:
     """The note number (1..n_notes) a vote's `SAME:` line names, or None."""
     found = [int(m) for m in _SAME_RE.findall(text or "")]
@@ -186,6 +216,8 @@ class Verdict:
     votes: list[VoteRow]
     same: int | None = None
     """The listed note (1-based) the correction asks for again, by the votes (module rules)."""
+    rewrite: str | None = None
+    """The answer as the user wanted it, written by the judge (a -1 verdict only; module rules)."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +264,9 @@ async def judge_turn(
     if all(v.text is None for v in votes):
         raise JudgementFailedWithVotes(votes)
     scores = [v.score for v in votes]
-    return Verdict(majority(scores), mean_vote(scores), best_hint(votes), votes, same_note(votes, n_notes))
+    score = majority(scores)
+    return Verdict(score, mean_vote(scores), best_hint(votes), votes, same_note(votes, n_notes),
+                   best_rewrite(votes, score))
 
 
 class JudgementFailedWithVotes(JudgementFailed):

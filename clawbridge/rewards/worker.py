@@ -19,6 +19,9 @@ Invariants:
   are sent (`clawbridge.privacy`); the votes stored are the judge's answers to the masked prompt.
 - A session is finished only when every main turn with a next state is done or given up; teacher
   scoring failures are logged and leave that turn RL-only.
+- A verdict of -1 with a rewrite of a text answer (no tool calls) is stored with the verdict; the
+  rewrite is turned into demonstration ids and scored by the base model before the session is
+  finished, like the teacher (`clawbridge.rewards.rewrites`); a failure leaves the turn without one.
 - With notes on, a verdict of -1 with a hint becomes a note of the session's user before the
   session is finished, so a session that starts after it was judged carries it
   (`clawbridge.rewards.notes`).
@@ -45,6 +48,7 @@ from clawbridge.rewards.judge import (
 from clawbridge.rewards.next_state import TurnView, extract_next_states, turn_view
 from clawbridge.rewards.notes import CHECK_META, NoteBook
 from clawbridge.rewards.opd import reference_input, request_tools, teacher_input
+from clawbridge.rewards.rewrites import rewrite_ids, rewrite_input
 from clawbridge.runtime.background import Background
 from clawbridge.store import Store
 from clawbridge.store.notes import Note
@@ -74,6 +78,8 @@ class WorkerConfig:
     poll_interval_s: float = default_of("judge_poll_interval_s")
     opd: bool = default_of("method") != "rl"
     """Score hinted turns with the teacher (needs a scorer and a renderer)."""
+    rewrites: bool = default_of("rewrite_coef") > 0
+    """Keep the judge's rewrites of corrected answers and score them as demonstrations."""
     sessions_per_pass: int = 8
     retry_backoff_s: float = 2.0
     """A session with failed judgements is retried after this, doubling per attempt."""
@@ -84,7 +90,7 @@ class WorkerConfig:
             votes=VoteConfig(votes=s.judge_votes, temperature=s.judge_temperature,
                              max_tokens=s.judge_max_tokens, retries=s.judge_retries),
             concurrency=s.judge_concurrency, max_attempts=s.judge_max_attempts,
-            poll_interval_s=s.judge_poll_interval_s, opd=s.method != "rl",
+            poll_interval_s=s.judge_poll_interval_s, opd=s.method != "rl", rewrites=s.rewrite_coef > 0,
         )
 
 
@@ -194,6 +200,8 @@ class RewardWorker:
         open_left = not all(results)
         if self.config.opd and self.scorer is not None and self.renderer is not None:
             await self._score_hinted(session_id, {t.turn_id: t for t in turns})
+        if self.config.rewrites and self.scorer is not None and self.renderer is not None:
+            await self._score_rewrites(session_id, {t.turn_id: t for t in turns})
         if open_left:
             attempt = max((known.get(t, ("", 0))[1] for t in todo), default=0) + 1
             self._retry_at[session_id] = self.clock.monotonic() + self.config.retry_backoff_s * 2 ** min(attempt, 6)
@@ -220,9 +228,10 @@ class RewardWorker:
             log.warning("judging %s failed (attempt %d): %s", view.turn_id, attempt, exc)
             await asyncio.to_thread(self.rstore.fail_judgement, view.turn_id, attempt, exc.votes, str(exc))
             return attempt >= self.config.max_attempts  # given up: the session may finish
+        rewrite = verdict.rewrite if self.config.rewrites and not view.answer.get("tool_calls") else None
         await asyncio.to_thread(
             self.rstore.finish_judgement, view.turn_id, attempt, verdict.votes, float(verdict.score),
-            verdict.mean_vote, verdict.hint,
+            verdict.mean_vote, verdict.hint, rewrite,
         )
         if self.notes is not None:
             same = notes[verdict.same - 1] if verdict.same is not None else None
@@ -276,6 +285,31 @@ class RewardWorker:
                           None if ref is None else len(ref), n, tid)
                 continue
             await asyncio.to_thread(self.rstore.save_teacher_logprobs, tid, lp, inp.prompt_len, ref)
+
+    async def _score_rewrites(self, session_id: str, turns: dict[str, StoredTurn]) -> None:
+        """The session's rewrites as demonstration ids, with the base model's logprobs of them."""
+        assert self.scorer is not None and self.renderer is not None
+        texts = await asyncio.to_thread(self.rstore.unscored_rewrites, session_id)
+        todo = []
+        for tid, text in texts.items():
+            t = turns.get(tid)
+            inp = None if t is None else rewrite_input(self.renderer, t.trained_prompt_ids, text, t.completion_ids)
+            if inp is not None:
+                todo.append((tid, inp))
+        if not todo:
+            return
+        try:
+            lps = await self.scorer.compute_logprobs([i.tokens for _, i in todo], [i.prompt_len for _, i in todo])
+        except Exception:
+            log.exception("scoring rewrites failed for session %s; its turns get no demonstration", session_id)
+            return
+        for (tid, inp), lp in zip(todo, lps, strict=True):
+            ids = rewrite_ids(inp)
+            if len(lp) != len(ids):
+                log.error("the scorer returned %d logprobs for the %d ids of %s's rewrite; skipped", len(lp),
+                          len(ids), tid)
+                continue
+            await asyncio.to_thread(self.rstore.save_rewrite_tokens, tid, ids, lp)
 
     def status(self) -> dict[str, Any]:
         return {"running": self.running, "judge_model": self.judge.name, "concurrency": self.config.concurrency,

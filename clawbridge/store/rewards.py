@@ -1,4 +1,4 @@
-"""The rewards view of the store: next states, judge votes and verdicts, hints, teacher logprobs.
+"""The rewards view of the store: next states, judge votes and verdicts, hints, rewrites, teacher logprobs.
 
 Operates on a `Store` through its `write()` / `read()` seam (like `store.training`), on the
 tables of schema v2.
@@ -9,8 +9,11 @@ Invariants:
 - A judgement left `running` by a killed process is reset by `recover_interrupted` (status
   `interrupted`); the turn is judged again with `attempt + 1`. Votes are kept per attempt, so the
   audit trail shows the interrupted run too; verdicts use only the final attempt's votes.
-- `finish_judgement` writes a turn's votes, its verdict and its hint in ONE transaction: a crash
-  leaves either all of them or none (then the turn is still `running` and gets re-judged).
+- `finish_judgement` writes a turn's votes, its verdict, its hint and its rewrite in ONE
+  transaction: a crash leaves either all of them or none (then the turn is still `running` and
+  gets re-judged).
+- A rewrite's demonstration ids and logprobs are written together, once, with as many logprobs as
+  ids (`save_rewrite_tokens`); the trainer reads only scored rewrites.
 - `finish_session` marks a session done and, in the same transaction, copies every done verdict
   into `rewards` with source `judge` (one row per turn, never twice). That row is what makes a
   session with no explicit reward READY for the trainer; the trainer itself reads verdicts from
@@ -25,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clawbridge.store.codec import decode_floats, encode_floats
+from clawbridge.store.codec import decode_floats, decode_ids, encode_floats, encode_ids
 from clawbridge.store.store import Store
 from clawbridge.store.turns import StoredTurn, decode_turn
 
@@ -59,6 +62,11 @@ class TurnSignal:
     """Per completion token, for a turn served with notes: the base model's logprob on the prompt
     the turn trains on (no notes, no hint). OPD measures the teacher against it instead of the
     sampled logprobs, which were taken with the note in the context (`clawbridge.rewards.opd`)."""
+    rewrite_ids: list[int] | None = None
+    """The judge's rewrite of the answer as completion ids on the turn's trained prompt (None: no
+    scored rewrite; `clawbridge.rewards.rewrites`)."""
+    rewrite_logprobs: list[float] | None = None
+    """The base model's logprob of each of `rewrite_ids` on that prompt."""
 
 
 class RewardStore:
@@ -156,9 +164,9 @@ class RewardStore:
 
     def finish_judgement(
         self, turn_id: str, attempt: int, votes: Sequence[VoteRow], score: float, mean_vote: float,
-        hint: str | None,
+        hint: str | None, rewrite: str | None = None,
     ) -> None:
-        """In ONE transaction: the attempt's votes, the verdict (status done) and the hint."""
+        """In ONE transaction: the attempt's votes, the verdict (status done), the hint and the rewrite."""
         now = self.store.clock.now()
         with self.store.write() as c:
             self._insert_votes(c, turn_id, attempt, votes, now)
@@ -173,6 +181,9 @@ class RewardStore:
                 c.execute(
                     "INSERT OR REPLACE INTO hints(turn_id, hint, created_at) VALUES(?,?,?)", (turn_id, hint, now)
                 )
+            if rewrite:
+                c.execute("INSERT OR REPLACE INTO rewrites(turn_id, text, created_at) VALUES(?,?,?)",
+                          (turn_id, rewrite, now))
 
     def fail_judgement(self, turn_id: str, attempt: int, votes: Sequence[VoteRow], error: str) -> None:
         """Every vote failed: keep them and the error; the turn may be judged again."""
@@ -209,6 +220,27 @@ class RewardStore:
                 (session_id,),
             ).fetchall()
         return {str(r[0]): str(r[1]) for r in rows}
+
+    # ------------------------------------------------------------------ rewrites (demonstrations)
+    def unscored_rewrites(self, session_id: str) -> dict[str, str]:
+        """`turn_id -> rewrite text` for the session's rewrites not yet turned into ids."""
+        with self.store.read() as c:
+            rows = c.execute(
+                "SELECT r.turn_id, r.text FROM rewrites r JOIN turns t ON t.turn_id = r.turn_id "
+                "WHERE t.session_id=? AND r.completion_token_ids IS NULL", (session_id,),
+            ).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
+
+    def save_rewrite_tokens(self, turn_id: str, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        """A rewrite's demonstration ids and the base model's logprobs of them (module invariants)."""
+        if not ids or len(ids) != len(logprobs):
+            raise ValueError(f"a rewrite needs ids and one logprob each: {len(ids)} ids, {len(logprobs)} logprobs")
+        with self.store.write() as c:
+            cur = c.execute("UPDATE rewrites SET completion_token_ids=?, logprobs=?, scored_at=? "
+                            "WHERE turn_id=? AND completion_token_ids IS NULL",
+                            (encode_ids(ids), encode_floats(logprobs), self.store.clock.now(), turn_id))
+            if cur.rowcount != 1:
+                raise ValueError(f"turn {turn_id!r} has no unscored rewrite")
 
     # ------------------------------------------------------------------ teacher (OPD)
     def save_teacher_logprobs(self, turn_id: str, logprobs: Sequence[float], prompt_len: int,
@@ -273,6 +305,8 @@ class RewardStore:
                 ).fetchone()
                 t = c.execute("SELECT logprobs, reference_logprobs FROM teacher_logprobs WHERE turn_id=?",
                               (tid,)).fetchone()
+                w = c.execute("SELECT completion_token_ids, logprobs FROM rewrites "
+                              "WHERE turn_id=? AND completion_token_ids IS NOT NULL", (tid,)).fetchone()
                 if j is None and t is None:
                     continue
                 out[tid] = TurnSignal(
@@ -280,6 +314,8 @@ class RewardStore:
                     mean_vote=None if j is None or j[1] is None else float(j[1]),
                     teacher_logprobs=None if t is None else decode_floats(t[0]),
                     reference_logprobs=None if t is None or t[1] is None else decode_floats(t[1]),
+                    rewrite_ids=None if w is None else decode_ids(w[0]),
+                    rewrite_logprobs=None if w is None else decode_floats(w[1]),
                 )
         return out
 
@@ -293,10 +329,13 @@ class RewardStore:
             done = c.execute("SELECT COUNT(*) FROM reward_sessions").fetchone()[0]
             teacher = c.execute("SELECT COUNT(*) FROM teacher_logprobs").fetchone()[0]
             hints = c.execute("SELECT COUNT(*) FROM hints").fetchone()[0]
+            rewrites = c.execute("SELECT COUNT(*), COUNT(completion_token_ids) FROM rewrites").fetchone()
         return {
             "judgements": by_status,
             "scores": {str(k): v for k, v in scores.items()},
             "sessions_done": done,
             "hints": hints,
             "teacher_scored": teacher,
+            "rewrites": int(rewrites[0]),
+            "rewrites_scored": int(rewrites[1]),
         }

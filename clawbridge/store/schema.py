@@ -284,6 +284,19 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE teacher_logprobs ADD COLUMN reference_logprobs BLOB;
     """,
+    # v13: the judge's rewrite of a corrected answer (what the user asked for, written out), trained
+    # as a demonstration on the turn's plain prompt (clawbridge.rewards.rewrites). The ids are the
+    # rewrite as the served tokenizer encodes it; the logprobs are the base model's on that prompt.
+    """
+    CREATE TABLE rewrites (
+        turn_id              TEXT PRIMARY KEY REFERENCES turns(turn_id),
+        text                 TEXT NOT NULL,
+        completion_token_ids BLOB,            -- NULL until scored
+        logprobs             BLOB,            -- float64 per id: the base model on the trained prompt
+        created_at           REAL NOT NULL,
+        scored_at            REAL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -67,6 +67,11 @@ per-token advantage by rule 5 (`combined_rewards`, `promote_best`, `mix_token_ad
     - `combine` (default): w_rl * A + w_opd * OPD_t; a turn without a teacher score gets
       w_rl * A only, a turn whose reward is 0 still gets its OPD part.
     Rule 4's scale then multiplies the whole per-token value.
+6.  REWRITES (`rewrite_coef`). A trainable turn in the batch whose judge verdict came with a
+    scored rewrite (`clawbridge.rewards.rewrites`) adds one more sequence: its trained prompt +
+    the rewrite's ids, each with advantage `rewrite_coef`, its logprobs the base model's. Rule 4
+    counts its tokens with the batch's (as one more turn), so a demonstration weighs what a
+    sampled answer of its length does. The turn itself trains unchanged.
 
 The trainer (`clawbridge.trainer.datums`) and the exports (`clawbridge.export.records`) apply these
 rules through the same two functions, so an exported advantage is the one the trainer would use:
@@ -300,13 +305,16 @@ class RewardMix:
     opd_coef: float = default_of("opd_coef")
     explicit_rule: ExplicitRule = default_of("explicit_reward_rule")
     promote_best: bool = default_of("judge_promote_best")
+    rewrite_coef: float = default_of("rewrite_coef")
+    """Rule 6: the advantage of each token of a judge's rewrite (0: rewrites do not train)."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> RewardMix:
         """The mix the settings ask for (`method`, `w_rl`, `w_opd`, `opd_coef`,
         `explicit_reward_rule`, `judge_promote_best`)."""
         return cls(method=s.method, w_rl=s.w_rl, w_opd=s.w_opd, opd_coef=s.opd_coef,
-                   explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best)
+                   explicit_rule=s.explicit_reward_rule, promote_best=s.judge_promote_best,
+                   rewrite_coef=s.rewrite_coef)
 
 
 @dataclass(frozen=True)

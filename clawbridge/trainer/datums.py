@@ -21,6 +21,9 @@ Invariants:
 - Rewards are `advantages.combined_rewards` under the `RewardMix` (explicit + judge, rules 1b/1c)
   and per-token advantages follow rule 5 (RL and OPD parts); with no judge verdicts, no teacher
   scores and the default mix this equals the plain rules (`advantages.session_returns`).
+- A turn with a scored rewrite of the judge adds one datum more, after the batch's turns: its
+  trained prompt + the rewrite's ids (`advantages` rule 6). It carries the turn's id and version
+  and is counted in `rewrite_datums` / `rewrite_tokens`, not in `turns` or `tokens`.
 - The OPD part is `rewards.opd.opd_advantages` of the stored teacher logprobs (against the stored
   plain-prompt reference for a turn served with notes); teacher or reference logprobs
   of another length than the completion are a broken invariant (the reward worker stores only
@@ -150,7 +153,10 @@ def prepare_batch(
     advantages, new_running = apply_baseline(items, baseline, running)
     tokens = tstore.turn_tokens([s.turn_id for s in batch])
     lengths = [len(tokens[s.turn_id].completion_ids) for s in batch]
-    scales = token_scales(lengths, normalization)
+    rewrites = [(s, sig) for s in batch if mix.rewrite_coef > 0
+                and (sig := signals.get(s.turn_id)) is not None and sig.rewrite_ids and sig.rewrite_logprobs]
+    every_scale = token_scales(lengths + [len(sig.rewrite_ids or ()) for _, sig in rewrites], normalization)
+    scales, rewrite_scales = every_scale[:len(batch)], every_scale[len(batch):]
     pieces: dict[str, TurnPiece] = {}
     opd_values: list[float] = []
     for s, adv, scale in zip(batch, advantages, scales, strict=True):
@@ -169,6 +175,12 @@ def prepare_batch(
         first_of_session.setdefault(s.session_id, i)
     in_order = sorted(batch, key=lambda s: (first_of_session[s.session_id], s.seq))
     datums, merged = build_datums([pieces[s.turn_id] for s in in_order], merge)
+    for (s, sig), scale in zip(rewrites, rewrite_scales, strict=True):
+        assert sig.rewrite_ids is not None and sig.rewrite_logprobs is not None
+        t = tokens[s.turn_id]
+        datums.append(Datum.from_turn(t.trained_prompt_ids, sig.rewrite_ids, sig.rewrite_logprobs,
+                                      [mix.rewrite_coef * scale] * len(sig.rewrite_ids), t.policy_version,
+                                      s.turn_id))
     staleness = [current_version - s.policy_version for s in batch]
     n_turns = len(batch)
     metrics = {
@@ -190,6 +202,8 @@ def prepare_batch(
     judged = [v.judge_score for v in signals.values() if v.judge_score is not None]
     metrics["judge_turns"] = float(len(judged))
     metrics["judge_score_mean"] = sum(judged) / len(judged) if judged else 0.0
+    metrics["rewrite_datums"] = float(len(rewrites))
+    metrics["rewrite_tokens"] = float(sum(len(sig.rewrite_ids or ()) for _, sig in rewrites))
     metrics["opd_tokens"] = float(len(opd_values))
     metrics["opd_advantage_mean"] = sum(opd_values) / len(opd_values) if opd_values else 0.0
     return PreparedBatch(datums, [s.turn_id for s in batch], new_running, metrics, merged)
