@@ -153,3 +153,33 @@ def test_with_rewrite_coef_zero_no_rewrite_is_kept_and_a_bad_save_is_refused(
         RewardStore(store).save_rewrite_tokens(ids["answer"], [1], [-0.1])
     with pytest.raises(ValueError, match="one logprob each"):
         RewardStore(store).save_rewrite_tokens(ids["answer"], [1, 2], [-0.1])
+
+
+def test_a_demonstration_scored_by_the_base_trains_on_real_torch(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """On the local backend with LoRA: the base model's logprobs of a never-sampled rewrite are the
+    trainer's own at v0 (ratio 1 on the first update), and training it makes it likelier."""
+    pytest.importorskip("torch")
+    pytest.importorskip("clawbridge_local")
+    from clawbridge_local.backend import LocalBackend
+
+    from clawbridge.backend import Datum, LossConfig
+    from clawbridge.config import Settings
+
+    prompt, rewrite = [11, 42, 7, 300, 5, 99, 1000, 3], [17, 250, 64, 901, 33, 8]
+    settings = Settings.model_validate({"model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
+                                        "learning_rate": 0.002,
+                                        "backends": {"local": {"engine": "torch", "device": "cpu"}}})
+    backend = LocalBackend(settings, progress=False)
+
+    async def go() -> list[float]:
+        await backend.start()
+        try:
+            [base] = await backend.compute_logprobs([prompt + rewrite], [len(prompt)])
+            datum = Datum.from_turn(prompt, rewrite, base, [1.0] * len(rewrite), policy_version=0, turn_id="t0")
+            return [(await backend.train_step([datum], LossConfig("cispo"))).metrics["ratio_mean"] for _ in range(3)]
+        finally:
+            await backend.close()
+
+    ratios = asyncio.run(go())
+    assert ratios[0] == pytest.approx(1.0, abs=1e-3)
+    assert ratios[2] > ratios[1] > 1.0  # the policy puts more on the rewrite with each update

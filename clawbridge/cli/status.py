@@ -191,7 +191,7 @@ def lane_text(lane: dict[str, Any] | None) -> str:
 def _fmt_metrics(m: dict[str, Any] | None) -> str:
     if not m:
         return ""
-    keys = ("loss", "reward_mean", "kl", "clip_fraction", "tokens", "seconds")
+    keys = ("loss", "reward_mean", "kl", "clip_fraction", "tokens", "rewrite_datums", "seconds")
     parts = []
     for k in keys:
         v = m.get(k)
