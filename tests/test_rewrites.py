@@ -19,6 +19,7 @@ from clawbridge.rewards.judge import (
     best_rewrite,
     judge_messages,
     parse_rewrite,
+    parse_vote,
 )
 from clawbridge.rewards.worker import RewardWorker, WorkerConfig
 from clawbridge.store import Store
@@ -44,6 +45,10 @@ def test_a_votes_rewrite_is_read_and_only_a_correction_keeps_one() -> None:
     assert parse_rewrite("HINT: x\nREWRITE: Sam, hi.\nEND REWRITE\nnoise\nSCORE: -1") == "Sam, hi."
     assert parse_rewrite("HINT: x\nREWRITE: Sam, hi.\nSAME: 1\nSCORE: -1") == "Sam, hi."
     assert parse_rewrite("HINT: x\nREWRITE: none\nSCORE: -1") is None
+    # after the SCORE line, as the prompt asks: a vote cut by max_tokens keeps its score, drops its rewrite
+    assert parse_rewrite("HINT: x\nSCORE: -1\nREWRITE:\nSam, hi.\nEND REWRITE") == "Sam, hi."
+    cut = "HINT: be brief\nSCORE: -1\nREWRITE:\nSam, the capital of Fra"
+    assert parse_rewrite(cut) is None and parse_vote(cut) == (-1, "be brief")
     assert parse_rewrite("SCORE: -1") is None
     assert parse_rewrite(f"REWRITE: {'a' * (MAX_REWRITE_CHARS + 1)}\nSCORE: -1") is None
 
@@ -100,7 +105,7 @@ def _session(store: Store, stop: int, noted: bool = False) -> dict[str, str]:
 
 def _judge(messages: list[dict[str, Any]]) -> str:
     # a judge that rewrites every correction, the tool-call turn's included (the worker must not keep that one)
-    return f"HINT: only the .txt files\nREWRITE:\n{REWRITE}\nSCORE: -1"
+    return f"HINT: only the .txt files\nSCORE: -1\nREWRITE:\n{REWRITE}\nEND REWRITE"
 
 
 @pytest.mark.parametrize("noted", [False, True])

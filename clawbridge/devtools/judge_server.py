@@ -18,11 +18,11 @@ Rule-based judge rules (on the "What happened next" section):
 - When the prompt lists what the user asked for before (`clawbridge.rewards.judge.NOTES_SECTION`),
   a correction about the same kind of thing as listed note n (length, names, formatting, what
   comes first: `TOPICS`, by keywords, as a capable judge would group them) adds `SAME: n`.
-- A correction asking for one of those kinds of thing adds `REWRITE:` with the assistant's answer
-  rewritten that way, by rules that read only the answer and the user's words (`rule_based_rewrite`:
-  list markers and markdown removed; cut to whole sentences up to 25 words; the first sentence on a
-  line of its own, the rest below it; the name the user gave put first), as a capable judge would
-  write it. A tool call or an answer those rules leave unchanged gets none.
+- A correction asking for one of those kinds of thing adds, after its SCORE line, `REWRITE:` with
+  the assistant's answer rewritten that way (then `END REWRITE`), by rules that read only the
+  answer and the user's words (`rule_based_rewrite`: list markers and markdown removed; cut to
+  whole sentences up to 25 words; the first sentence on a line of its own, the rest below it; the
+  name the user gave put first), as a capable judge would write it. A tool call or an answer those rules leave unchanged gets none.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def rule_based_answer(body: dict[str, Any]) -> str:
     same = same_as(hint, _notes(prompt)) if hint else None
     said = f"\nSAME: {same}" if same is not None else ""
     rewrite = rule_based_rewrite(_answer_of(prompt), hint) if hint and score < 0 else None
-    said += f"\nREWRITE:\n{rewrite}" if rewrite else ""
-    return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}{said}\nSCORE: {shown}"
+    written = f"\nREWRITE:\n{rewrite}\nEND REWRITE" if rewrite else ""
+    return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}{said}\nSCORE: {shown}{written}"
 
 
 class JudgeServer:

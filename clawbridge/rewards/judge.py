@@ -12,7 +12,9 @@ Rules:
 - Hint: the longest hint among the votes (at least `MIN_HINT_CHARS`), so OPD has the most
   specific description of what the user wanted; none when no vote gave one.
 - Rewrite: on a correction that says how the user wanted the answer, a vote may write the answer
-  that way after a line `REWRITE:` (to the next `SAME:`/`SCORE:` line or `END REWRITE`). The
+  that way after a line `REWRITE:`, up to a line `END REWRITE` (or a `SAME:`/`SCORE:` line). The
+  prompt asks for it after the SCORE line, so a vote cut by `max_tokens` keeps its score; a rewrite
+  with no end (cut) is dropped, never trained half-written. The
   verdict's rewrite is the first one (by vote order) among the votes that gave the verdict's
   score, and only a verdict of -1 has one: it becomes a demonstration
   (`clawbridge.rewards.rewrites`). At most `MAX_REWRITE_CHARS`; longer ones are dropped.
@@ -50,11 +52,11 @@ its tool calls and/or the user's next message. Decide whether this turn made pro
 -1: the user corrected it, asked for a redo, complained, or a tool call failed with an error.
 0: unclear: no reaction, an unrelated new request, or mixed signals you cannot resolve.
 If the next state reveals what the user actually wanted, write it as a short instruction hint.
-When the user corrected the answer and said how they wanted it, also write the assistant's answer \
-the way they wanted it: a line `REWRITE:` followed by the whole answer, rewritten (keep its content; \
-change what they asked to change).
 Answer with a one-sentence reason, then a line `HINT: <what the user wanted>` (or `HINT: none`), \
-then the rewrite if any, then a final line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`."""
+then a line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`.
+When the user corrected the answer and said how they wanted it, then also write the assistant's answer \
+the way they wanted it: a line `REWRITE:`, the whole answer rewritten (keep its content; change what \
+they asked to change), and a last line `END REWRITE`."""
 
 _SCORE_RE = re.compile(r"score\s*[:=]\s*\**\s*([+-]?\s*\d+)", re.IGNORECASE)
 _BOXED_RE = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
@@ -62,7 +64,7 @@ _HINT_RE = re.compile(r"^\s*\**hint\**\s*[:=]\s*(.+?)\s*$", re.IGNORECASE | re.M
 _NO_HINT = {"none", "n/a", "na", "-", "no", "nothing", "null", "(none)"}
 _SAME_RE = re.compile(r"^\s*\**same\**\s*[:=]\s*\[?\s*(\d+)", re.IGNORECASE | re.MULTILINE)
 _REWRITE_RE = re.compile(
-    r"^[ \t]*\**rewrite\**[ \t]*[:=][ \t]*(.*?)(?=^[ \t]*\**(?:same|score)\**[ \t]*[:=]|^[ \t]*end rewrite[ \t]*$|\Z)",
+    r"^[ \t]*\**rewrite\**[ \t]*[:=][ \t]*(.*?)^[ \t]*(?:\**(?:same|score)\**[ \t]*[:=]|end rewrite[ \t]*$)",
     re.IGNORECASE | re.MULTILINE | re.DOTALL,
 )
 MAX_REWRITE_CHARS = 4000
@@ -156,7 +158,7 @@ def parse_vote(text: str) -> tuple[int | None, str | None]:
 
 
 def parse_rewrite(text: str | None) -> str | None:
-    """The answer a vote rewrote after `REWRITE:` (module rules), or None (none, empty, too long)."""
+    """The answer a vote rewrote after `REWRITE:` (module rules), or None (none, empty, cut, too long)."""
     found = [m.group(1).strip() for m in _REWRITE_RE.finditer(text or "")]
     rewrite = found[-1].strip("`").strip() if found else ""
     if not rewrite or rewrite.lower().strip(".") in _NO_HINT or len(rewrite) > MAX_REWRITE_CHARS:
