@@ -116,7 +116,8 @@ def test_the_worker_keeps_a_corrections_rewrite_as_ids_scored_by_the_base_model(
     store = Store.open(tmp_path)
     ids = _session(store, stop, noted)
     scorer = FakeLogprobScorer(lambda toks, i: -0.25)
-    w = RewardWorker(store, ScriptedJudge(_judge), WorkerConfig(opd=False), renderer=renderer, scorer=scorer)
+    w = RewardWorker(store, ScriptedJudge(_judge), WorkerConfig(opd=False, rewrites=True), renderer=renderer,
+                     scorer=scorer)
     assert asyncio.run(w.run_once()) == 1
     want = [*renderer.encode(REWRITE), stop]  # the recorded answer ended with the stop token: so does this
     assert scorer.calls == [([1, 2, 3, *want], 3)]  # on the prompt it trains on: never the noted one
@@ -188,3 +189,12 @@ def test_a_demonstration_scored_by_the_base_trains_on_real_torch(tiny_model_dir:
     ratios = asyncio.run(go())
     assert ratios[0] == pytest.approx(1.0, abs=1e-3)
     assert ratios[2] > ratios[1] > 1.0  # the policy puts more on the rewrite with each update
+
+
+def test_the_judge_is_asked_for_a_rewrite_only_when_rewrites_train() -> None:
+    from clawbridge.rewards.judge import REWRITE_PROMPT
+
+    plain = judge_messages("q", assistant("a"), [user("No, shorter.")])
+    asked = judge_messages("q", assistant("a"), [user("No, shorter.")], rewrite=True)
+    assert REWRITE_PROMPT not in plain[0]["content"] and asked[0]["content"].endswith(REWRITE_PROMPT)
+    assert plain[1] == asked[1]

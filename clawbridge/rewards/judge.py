@@ -13,8 +13,8 @@ Rules:
   specific description of what the user wanted; none when no vote gave one.
 - Rewrite: on a correction that says how the user wanted the answer, a vote may write the answer
   that way after a line `REWRITE:`, up to a line `END REWRITE` (or a `SAME:`/`SCORE:` line). The
-  prompt asks for it after the SCORE line, so a vote cut by `max_tokens` keeps its score; a rewrite
-  with no end (cut) is dropped, never trained half-written. The
+  prompt asks for it (when rewrites train) after the SCORE line, so a vote cut by `max_tokens`
+  keeps its score; a rewrite with no end (cut) is dropped, never trained half-written. The
   verdict's rewrite is the first one (by vote order) among the votes that gave the verdict's
   score, and only a verdict of -1 has one: it becomes a demonstration
   (`clawbridge.rewards.rewrites`). At most `MAX_REWRITE_CHARS`; longer ones are dropped.
@@ -53,10 +53,12 @@ its tool calls and/or the user's next message. Decide whether this turn made pro
 0: unclear: no reaction, an unrelated new request, or mixed signals you cannot resolve.
 If the next state reveals what the user actually wanted, write it as a short instruction hint.
 Answer with a one-sentence reason, then a line `HINT: <what the user wanted>` (or `HINT: none`), \
-then a line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`.
+then a line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`."""
+REWRITE_PROMPT = """
 When the user corrected the answer and said how they wanted it, then also write the assistant's answer \
 the way they wanted it: a line `REWRITE:`, the whole answer rewritten (keep its content; change what \
 they asked to change), and a last line `END REWRITE`."""
+"""Added to `SYSTEM_PROMPT` when rewrites train (`rewrite_coef > 0`, `judge_messages(rewrite=True)`)."""
 
 _SCORE_RE = re.compile(r"score\s*[:=]\s*\**\s*([+-]?\s*\d+)", re.IGNORECASE)
 _BOXED_RE = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
@@ -130,9 +132,10 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def judge_messages(task: str, answer: Mapping[str, Any], next_state: Sequence[Mapping[str, Any]],
-                   notes: Sequence[str] = ()) -> list[dict[str, Any]]:
+                   notes: Sequence[str] = (), rewrite: bool = False) -> list[dict[str, Any]]:
     """The chat messages the judge sees for one turn; `notes` (the user's active notes, oldest
-    first) add a section that lets the judge say a correction asks for one of them again."""
+    first) add a section that lets the judge say a correction asks for one of them again;
+    `rewrite` asks it for the corrected answer too (`REWRITE_PROMPT`)."""
     user = (
         f"## Task (the user's last message)\n{_cut(task) or '(none)'}\n\n"
         f"## Assistant turn\n{_cut(describe_answer(answer))}\n\n"
@@ -142,7 +145,8 @@ def judge_messages(task: str, answer: Mapping[str, Any], next_state: Sequence[Ma
         listed = "\n".join(f"[{i}] {_cut(n, 400)}" for i, n in enumerate(notes, 1))
         user += (f"\n\n## {NOTES_SECTION}\n{listed}\n(If the user's reaction asks again for one of these, "
                  "add a line `SAME: <its number>` after the HINT line.)")
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    system = SYSTEM_PROMPT + (REWRITE_PROMPT if rewrite else "")
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def parse_vote(text: str) -> tuple[int | None, str | None]:

@@ -218,7 +218,8 @@ class RewardWorker:
         if self.notes is not None:  # the judge sees the user's notes, to say a correction asks for one again
             user, noted = await asyncio.to_thread(self.rstore.turn_notes_context, session_id, view.turn_id)
             notes = self.notes.active_of(user)
-        messages = judge_messages(last_user_text(view.messages), view.answer, next_state, [n.text for n in notes])
+        messages = judge_messages(last_user_text(view.messages), view.answer, next_state, [n.text for n in notes],
+                                  rewrite=self.config.rewrites)
         if self.privacy is not None:
             messages = self.privacy.mask_messages(messages)
         try:
