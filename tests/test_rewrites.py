@@ -166,16 +166,11 @@ def test_a_demonstration_scored_by_the_base_trains_on_real_torch(tiny_model_dir:
     trainer's own at v0 (ratio 1 on the first update), and training it makes it likelier."""
     pytest.importorskip("torch")
     pytest.importorskip("clawbridge_local")
-    from clawbridge_local.backend import LocalBackend
-
     from clawbridge.backend import Datum, LossConfig
-    from clawbridge.config import Settings
+    from tests.test_updates_per_step import lora_backend
 
     prompt, rewrite = [11, 42, 7, 300, 5, 99, 1000, 3], [17, 250, 64, 901, 33, 8]
-    settings = Settings.model_validate({"model": str(tiny_model_dir), "state_dir": str(tmp_path), "lora_rank": 4,
-                                        "learning_rate": 0.002,
-                                        "backends": {"local": {"engine": "torch", "device": "cpu"}}})
-    backend = LocalBackend(settings, progress=False)
+    backend = lora_backend(tiny_model_dir, tmp_path)
 
     async def go() -> list[float]:
         await backend.start()

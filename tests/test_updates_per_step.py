@@ -26,12 +26,17 @@ from clawbridge.config import Settings
 from tests.test_lora_serving import PROMPT, SCORED, run
 
 
-def ratios_after_each_update(model: Path, state: Path, loss: str, updates: int) -> list[float]:
-    """The batch's mean token ratio (new / sampler) reported by each update, updates 2..n."""
+def lora_backend(model: Path, state: Path) -> LocalBackend:
+    """The local torch backend on CPU with a rank-4 LoRA and a rate that moves in a few updates."""
     settings = Settings.model_validate({"model": str(model), "state_dir": str(state), "lora_rank": 4,
                                         "learning_rate": 0.002,
                                         "backends": {"local": {"engine": "torch", "device": "cpu"}}})
-    backend = LocalBackend(settings, progress=False)
+    return LocalBackend(settings, progress=False)
+
+
+def ratios_after_each_update(model: Path, state: Path, loss: str, updates: int) -> list[float]:
+    """The batch's mean token ratio (new / sampler) reported by each update, updates 2..n."""
+    backend = lora_backend(model, state)
 
     async def go() -> list[float]:
         await backend.start()
