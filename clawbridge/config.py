@@ -351,11 +351,6 @@ class Settings(BaseSettings):
         1, ge=0, description="Capability probe items a candidate may score below the serving version and the anchor "
         "(a small model's answer to one question flips as its style changes).",
     )
-    capability_probe_bar: Literal["both", "anchor"] = Field(
-        "both", description="What a candidate's capability probe score is held to: both (within "
-        "capability_probe_slack items of the serving version and of the anchor) or anchor (of the anchor only: the "
-        "base, or what the admin last chose; a serving version's lucky items are no bar).",
-    )
     capability_probe_max_tokens: int = Field(
         32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
         "it names the fact).")

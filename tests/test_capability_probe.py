@@ -98,25 +98,6 @@ def test_probe_mode_rejects_a_candidate_that_lost_facts_and_keeps_one_within_the
     store.close()
 
 
-def test_the_anchor_bar_holds_candidates_to_the_base_not_to_a_lucky_serving_version(tmp_path: Path) -> None:
-    """`capability_probe_bar = "anchor"`: a serving version that drew two items above the base
-    (30 vs 28) does not reject candidates at the base's score; two items below the base still do.
-    The default (`both`) rejects the first of them."""
-    scores = {0: 28, 1: 30, 2: 28, 3: 26, 4: 27}
-    both, store = _promoter(tmp_path / "both", Settings(), FakeEvaluator(dict(scores)))
-    assert _decide(both, 1).verdict == "promoted"
-    assert _decide(both, 2).verdict == "rejected"  # the base's 28, below the serving v1's 30 - 1
-    store.close()
-    anchor, store = _promoter(tmp_path / "anchor", Settings(capability_probe_bar="anchor"), FakeEvaluator(scores))
-    assert _decide(anchor, 1).verdict == "promoted" and anchor.serving == 1
-    second = _decide(anchor, 2)
-    assert second.verdict == "promoted" and "anchor v0's 0.700" in second.reason  # at the base: it serves
-    third = _decide(anchor, 3)
-    assert third.verdict == "rejected" and "anchor v0's 0.700" in third.reason  # two below the base: never
-    assert _decide(anchor, 4).verdict == "promoted"  # one below the base: within the slack
-    store.close()
-
-
 def test_still_good_says_in_words_how_the_serving_version_does_against_the_base(tmp_path: Path) -> None:
     fake = FakeEvaluator({0: 30, 1: 29, 2: 28, 3: 31})
     promoter, store = _promoter(tmp_path, Settings(), fake)

@@ -369,13 +369,12 @@ class Promoter:
         inc = await self.evaluate(self.serving, es)
         figures: dict[str, Any] = {"incumbent": inc.as_dict(), "tolerance": tol}
         floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
-        anchor_only = es is self.probe and self.settings.capability_probe_bar == "anchor"
-        anchor = await self._anchor(es, tol, anchor_only)
+        anchor = await self._anchor(es, tol)
         if anchor is not None and anchor[1] is None:
             figures["anchor_unavailable"] = anchor[0]
         elif anchor is not None and anchor[1] is not None:
             figures["anchor"] = anchor[1].as_dict()
-            if anchor_only or anchor[1].score - tol > floor:
+            if anchor[1].score - tol > floor:
                 floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
         if floor <= 0:
             return Check(es.source, True, f"{against} on {es.source} leaves nothing to lose: not evaluated",
@@ -403,17 +402,16 @@ class Promoter:
         reason = "; and ".join(c.reason for c in shown)
         return Decision(candidate, verdict, "eval", reason, self.serving, main.score, main.incumbent_score, figures)
 
-    async def _anchor(self, es: EvalSet, tol: float, anchor_only: bool = False) -> tuple[int, VersionEval | None] | None:
+    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
         """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
         may lose up to `tol` against the serving version, so a chain of them could drift far below
         where the gate started; a candidate must also score within `tol` of the anchor
         (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then) or
-        when the anchor serves. `anchor_only` (the probe with `capability_probe_bar = "anchor"`):
-        the anchor is the only bar, so it is evaluated whatever the tolerance. Retention never prunes the anchor's checkpoint; one pruned before
+        when the anchor serves. Retention never prunes the anchor's checkpoint; one pruned before
         that rule (an older state dir) gives (anchor, None), said in the log and the decision's
         figures, never silently."""
         anchor = await self._read(self.pstore.anchor_version)
-        if (tol <= 0 and not anchor_only) or anchor is None or anchor == self.serving:
+        if tol <= 0 or anchor is None or anchor == self.serving:
             return None
         cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
         if cached is None and not await self._servable(anchor):
