@@ -193,3 +193,21 @@ def test_the_judge_is_asked_for_a_rewrite_only_when_rewrites_train() -> None:
     asked = judge_messages("q", assistant("a"), [user("No, shorter.")], rewrite=True)
     assert REWRITE_PROMPT not in plain[0]["content"] and asked[0]["content"].endswith(REWRITE_PROMPT)
     assert plain[1] == asked[1]
+
+
+def test_status_prints_a_steps_rewrites_only_when_it_trained_some() -> None:
+    import io
+
+    from rich.console import Console
+
+    from clawbridge.cli.status import print_trainer
+
+    def printed(metrics: dict[str, float]) -> str:
+        out = io.StringIO()
+        step = {"step": 3, "status": "ok", "policy_version": 3, "metrics": {"loss": 0.5, **metrics}}
+        print_trainer(Console(file=out, width=200), {"samples": {"pending": 0, "consumed": 8, "dropped": {}},
+                                                     "steps": {"ok": 3, "failed": 0}, "recent_steps": [step]})
+        return out.getvalue()
+
+    assert "rewrite_datums 2" in printed({"rewrite_datums": 2.0})
+    assert "rewrite_datums" not in printed({"rewrite_datums": 0.0}) and "loss 0.5" in printed({})

@@ -195,6 +195,8 @@ def _fmt_metrics(m: dict[str, Any] | None) -> str:
     parts = []
     for k in keys:
         v = m.get(k)
+        if k == "rewrite_datums" and not v:
+            continue  # rewrites off (the default), or none in this step: nothing to say
         if isinstance(v, int | float):
             parts.append(f"{k} {v:.4g}")
     return ", ".join(parts)
