@@ -211,3 +211,23 @@ def test_status_prints_a_steps_rewrites_only_when_it_trained_some() -> None:
 
     assert "rewrite_datums 2" in printed({"rewrite_datums": 2.0})
     assert "rewrite_datums" not in printed({"rewrite_datums": 0.0}) and "loss 0.5" in printed({})
+
+
+def test_forgetting_a_user_deletes_her_rewrites_to_the_last_byte(tmp_path: Path) -> None:
+    from clawbridge.store.users import UserStore
+    from tests.test_users import _turn, raw_bytes
+
+    store = Store.open(tmp_path)
+    users, rstore = UserStore(store), RewardStore(store)
+    for name in ("alice", "bob"):
+        users.add(name)
+        store.record_turn(_turn(f"{name}:s", name, f"{name} asks"), end_reason="end_session")
+        tid = store.last_turn_id(f"{name}:s")
+        attempt = rstore.begin_judgement(tid, f"{name}:s", "judge")
+        rstore.finish_judgement(tid, attempt, [], -1.0, -1.0, "shorter", f"{name}'s rewrite zq7x")
+        rstore.save_rewrite_tokens(tid, [5, 6], [-0.1, -0.2])
+    report = users.forget("alice")
+    assert report.deleted["rewrites"] == 1 and rstore.stats()["rewrites"] == 1
+    store.close()
+    data = raw_bytes(tmp_path)
+    assert b"alice's rewrite zq7x" not in data and b"bob's rewrite zq7x" in data
