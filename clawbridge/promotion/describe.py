@@ -99,4 +99,8 @@ def still_good_line(p: dict[str, Any] | None) -> str | None:
     line = f"still good? {verdict}: serving v{serving['version']} answers {facts}, the base v0 {base['passed']}{tail}"
     if anchor is not None and anchor["version"] != 0:
         line += f"; the gate's anchor v{anchor['version']}: {anchor['passed']}"
+    likely = probe.get("likelihood")
+    if likely and likely.get("serving_nats") is not None:
+        line += (f"; likely to say them: {likely['serving_nats']:+.3f} nats per token against anchor "
+                 f"v{likely['anchor']}'s {likely['answers']} correct answers (bar -{likely['bar_nats']:g})")
     return line

@@ -92,7 +92,8 @@ def held_out(session_id: str, share: float) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < share
 
 
-def _digest(parts: Sequence[Any]) -> str:
+def digest_of(parts: Sequence[Any]) -> str:
+    """A short stable hash of JSON-able `parts` (an `EvalSet.digest`)."""
     return hashlib.sha256(json.dumps(list(parts), sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -109,7 +110,7 @@ def parse_eval_set(text: str, source: str, max_tokens: int) -> EvalSet:
         raise EvalSetError(f"{source}: no items (each line is {{\"messages\": [...], \"expect\": \"REGEX\"}} or "
                            "{\"messages\": [...], \"rubric\": \"...\"})")
     parts = [[i.kind, i.id, list(i.messages), i.expect, i.rubric] for i in items]
-    return EvalSet(tuple(items), source, _digest([max_tokens, *parts]))
+    return EvalSet(tuple(items), source, digest_of([max_tokens, *parts]))
 
 
 def load_eval_set(path: str | Path, max_tokens: int) -> EvalSet:
@@ -189,4 +190,4 @@ def held_out_set(store: Store, max_items: int, max_tokens: int) -> EvalSet:
             break
     items.reverse()
     parts = [[i.id, i.verdict] for i in items]
-    return EvalSet(tuple(items), "held-out sessions", _digest([max_tokens, "held_out_likelihood", *parts]))
+    return EvalSet(tuple(items), "held-out sessions", digest_of([max_tokens, "held_out_likelihood", *parts]))

@@ -48,12 +48,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.access import OPERATOR
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
+from clawbridge.promotion.likelihood import ReferenceMaker, nats_of, nats_tolerance, reference_set
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
 from clawbridge.rewards.judge import VoteConfig
@@ -146,6 +147,8 @@ class Promoter:
         self._baseline_task: asyncio.Task[None] | None = None
         self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
+        self._references: dict[int, EvalSet | None] = {}
+        """The likelihood guard's reference set per anchor version (None: off for it, said once)."""
 
     @property
     def probe_tolerance(self) -> float:
@@ -346,7 +349,38 @@ class Promoter:
         checks = [main]
         if self.probe is not None and es is not self.probe:
             checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
+        likely = await self._likelihood(candidate)
+        if likely is not None:
+            checks.append(likely)
         return self._decision(candidate, checks)
+
+    async def _likelihood(self, candidate: int) -> Check | None:
+        """The likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within
+        `capability_probe_nats` per token of the anchor's correct probe answers; None when off."""
+        nats = self.settings.capability_probe_nats
+        if self.probe is None or nats <= 0 or not isinstance(self.evaluator, ReferenceMaker):
+            return None
+        anchor = await self._read(self._anchor_version)
+        if anchor not in self._references:
+            try:
+                items = await self.evaluator.references(anchor, self.probe)
+            except VersionNotFound as exc:
+                items, why = None, f"v{anchor} cannot answer ({exc})"
+            else:
+                why = "its sampler cannot score given tokens" if items is None else "it passes no probe item"
+            self._references[anchor] = reference_set(anchor, self.probe, items) if items else None
+            if not items:
+                log.warning("promotion: the likelihood guard is off against anchor v%d: %s", anchor, why)
+        refs = self._references[anchor]
+        if refs is None:
+            return None
+        check = await self._check(candidate, refs, nats_tolerance(nats))
+        if check.score is None:
+            return check
+        verb = "within" if check.passed else "beyond"
+        return replace(check, reason=(
+            f"likelihood of anchor v{anchor}'s {len(refs.items)} correct probe answers {nats_of(check.score):+.3f} "
+            f"nats per token, {verb} the bar of -{nats:g} (capability_probe_nats)"))
 
     async def _check(self, candidate: int, es: EvalSet, tol: float) -> Check:
         """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
@@ -425,8 +459,10 @@ class Promoter:
         share = self.settings.canary_share
         if self.router.candidate_version != candidate and self.probe is not None:
             probe = await self._check(candidate, self.probe, self.probe_tolerance)
-            if not probe.passed:  # a floor: a candidate that lost capability never answers anyone
-                return self._decision(candidate, [probe])
+            likely = await self._likelihood(candidate)
+            checks = [probe] + ([likely] if likely is not None else [])
+            if not all(c.passed for c in checks):  # a floor: a candidate that lost capability never answers anyone
+                return self._decision(candidate, checks)
         if self.router.candidate_version != candidate:
             since = self.store.clock.now()
             await self._read(self.pstore.set_state, self.mode, self.serving, candidate, since, share)
@@ -571,7 +607,18 @@ class Promoter:
                 "floor": self.mode != "probe", "serving": score(self.serving),
                 "measuring": self._baseline_task is not None and not self._baseline_task.done(),
                 "anchor": score(anchor) if anchor != self.serving else None,
-                "base": score(0)}  # the shared lane's base is version 0 (`VersionStore.commit_base`)
+                "base": score(0),  # the shared lane's base is version 0 (`VersionStore.commit_base`)
+                "likelihood": self._likelihood_status(anchor)}
+
+    def _likelihood_status(self, anchor: int) -> dict[str, Any] | None:
+        """The likelihood guard's figure of the serving version (nats per token against the
+        anchor's correct probe answers), once its reference set is built; None when off."""
+        refs = self._references.get(anchor)
+        if refs is None or self.settings.capability_probe_nats <= 0:
+            return None
+        cached = self.pstore.cached_eval(self.serving, refs.digest)
+        return {"anchor": anchor, "answers": len(refs.items), "bar_nats": self.settings.capability_probe_nats,
+                "serving_nats": nats_of(float(cached["score"])) if cached is not None else None}
 
     def _anchor_version(self) -> int:
         """The drift guard's anchor (`_anchor`): the serving version before any decision."""
@@ -640,12 +687,16 @@ def promotion_line(settings: Settings) -> str:
     mode = settings.promotion_mode
     floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"
              if settings.capability_probe else "")
+    if settings.capability_probe and settings.capability_probe_nats > 0:
+        floor += f" and its likelihood of the base's correct answers within {settings.capability_probe_nats:g} nats/token"
     if mode == "off":
         return ("promotion: off (every trained version serves at once, even one that lost capability; the default "
                 "gate is promotion_mode = auto: docs/promotion.md)")
     if mode == "probe":
+        likely = (f", and its likelihood of the base's correct answers within {settings.capability_probe_nats:g} "
+                  "nats/token" if settings.capability_probe_nats > 0 else "")
         return ("promotion: probe (a new version serves only if it still answers the built-in capability probe within "
-                f"{settings.capability_probe_slack} item(s) of the serving version and the base; name your own eval "
+                f"{settings.capability_probe_slack} item(s) of the serving version and the base{likely}; name your own eval "
                 "set, CLAWBRIDGE_EVAL_SET, to gate on it too; `clawbridge status` shows decisions)")
     if mode == "eval":
         where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"

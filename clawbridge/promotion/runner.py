@@ -129,9 +129,13 @@ class FakeEvaluator:
     """A `VersionScorer` without a model: version v passes the first `passed[v]` items (of a set
     named in `by_set`, the first `by_set[source][v]`)."""
 
-    def __init__(self, passed: dict[int, int], by_set: dict[str, dict[int, int]] | None = None) -> None:
+    def __init__(self, passed: dict[int, int], by_set: dict[str, dict[int, int]] | None = None,
+                 references_of: dict[int, int] | None = None) -> None:
         self.passed = passed
         self.by_set = by_set or {}
+        self.references_of = references_of
+        """`references(v, ...)`: the first `references_of[v]` items as reference answers (None:
+        the sampler cannot score given tokens, like a hosted backend's)."""
         self.judge: JudgeModel | None = None
         self.calls: list[int] = []
         """The versions evaluated, in order (a cached figure is not asked for again)."""
@@ -146,6 +150,13 @@ class FakeEvaluator:
         failed = [it.id for it in eval_set.items[k:]]
         return VersionEval(version, eval_set.source, eval_set.digest, n, k, k / n, low, high, k / n, None, 0.0, 0.0,
                            failed[:20], [])
+
+    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
+        if self.references_of is None:
+            return None
+        self.asked.append((version, "references"))
+        return [EvalItem("held_out", it.id, prompt_ids=(1,), completion_ids=(2, 3), completion_logprobs=(-0.5, -0.5),
+                         verdict=1) for it in eval_set.items[:self.references_of[version]]]
 
 
 class Evaluator:
@@ -229,6 +240,32 @@ class Evaluator:
             return ItemResult(item.id, item.kind, passed, float(passed), text, len(ids))
         verdict = await self._judge(item, text)
         return ItemResult(item.id, item.kind, verdict > 0, (verdict + 1) / 2, text, len(ids), verdict)
+
+    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
+        """`version`'s greedy answers to the expect items of `eval_set` it passes (cut where they
+        match, token exact), each with its own logprobs of them, as verdict +1 held-out items
+        (`clawbridge.promotion.likelihood`); None when its sampler cannot score given tokens."""
+        sampler = await self.router.sampler_for(version, OPERATOR, "evaluate")
+        if not isinstance(sampler, SequenceScorer):
+            return None
+        scorer: SequenceScorer = sampler
+
+        async def one(item: EvalItem) -> EvalItem | None:
+            if item.kind != "expect":
+                return None
+            prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
+            pattern = re.compile(item.expect, re.IGNORECASE)
+            ids = await self.answer(sampler, prompt, self.max_tokens,
+                                    lambda ids: pattern.search(self._text(ids)) is not None)
+            if not ids or pattern.search(self._text(ids)) is None:
+                return None
+            async with self.slots:
+                lps = await scorer.score(prompt, ids)
+            return EvalItem("held_out", item.id, prompt_ids=tuple(prompt), completion_ids=tuple(ids),
+                            completion_logprobs=tuple(lps), verdict=1)
+
+        found = await asyncio.gather(*(one(i) for i in eval_set.items))
+        return [i for i in found if i is not None]
 
     def _text(self, ids: list[int]) -> str:
         stops = set(self.renderer.stop_token_ids)

@@ -1,0 +1,69 @@
+"""The probe's likelihood guard: is a candidate still likely to SAY what the anchor answered right?
+
+Why: the capability probe is greedy, and a person's agent samples. Measured on SmolLM2 taught by
+talk (docs/training.md, "the probe is greedy, users sample"): after about 30 steps the greedy probe
+and a greedy fact check still said "fine" while the same facts answered 8 times each at temperature
+1 fell from 0.33 to 0.12-0.21, late versions saying gibberish where the base said the fact. What
+moved is probability mass, and a forward pass sees it where a greedy answer cannot.
+
+So, with `capability_probe_nats` > 0 and a sampler that scores given tokens (`SequenceScorer`, the
+local torch engine), every candidate also faces a reference set built once per anchor: the
+anchor's own greedy answers to the probe questions it passes (token exact, cut where they name the
+fact), with the anchor's logprobs of them. Each is a held-out-style item of verdict +1, scored by
+`clawbridge.promotion.runner` as sigmoid(HELD_OUT_SCALE x margin), margin = the version's mean
+per-token logprob of that answer minus the anchor's. The anchor scores 0.5; a candidate that lost
+d nats per token on every answer scores sigmoid(-HELD_OUT_SCALE x d). `nats_tolerance(n)` is the
+score tolerance that admits exactly d <= n, so the promoter's ordinary check (`Promoter._check`:
+against the serving version and the anchor) holds a candidate within n nats per token of the
+anchor's answers: a trust region measured where the user's capability lives.
+
+Invariants:
+- The reference set depends only on the anchor version and the probe (greedy answers, untempered
+  scores), so its digest, and every version's cached figures on it, survive a restart.
+- Off (None) where it cannot be measured: `capability_probe_nats` 0, a sampler that cannot score
+  given tokens (hosted backends, SGLang), an anchor without a checkpoint, or an anchor that passes
+  no probe item (a random tiny model has nothing to lose). The promoter says which, once, in its log.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+from clawbridge.promotion.evalset import EvalItem, EvalSet, digest_of
+from clawbridge.promotion.runner import HELD_OUT_SCALE
+
+LIKELIHOOD_SOURCE = "the capability probe's likelihood"
+"""How decisions and status name the reference set (`EvalSet.source`)."""
+
+
+@runtime_checkable
+class ReferenceMaker(Protocol):
+    """An evaluator that can write the reference set (`Evaluator`; `FakeEvaluator` beside it)."""
+
+    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
+        """`version`'s greedy answers to the expect items it passes, as verdict +1 held-out items
+        with its own logprobs of them; None when its sampler cannot score given tokens."""
+        ...
+
+
+def nats_tolerance(nats: float) -> float:
+    """The score tolerance that admits a candidate whose answers lost at most `nats` per token
+    against the reference (module doc): 0.5 - sigmoid(-HELD_OUT_SCALE x nats); 0 when off."""
+    if nats <= 0:
+        return 0.0
+    return 0.5 - 1.0 / (1.0 + math.exp(HELD_OUT_SCALE * nats)) + 1e-9
+
+
+def nats_of(score: float) -> float:
+    """The per-token margin a reference-set score stands for (the inverse of the sigmoid; exact
+    when every item moved alike), for the words of a decision."""
+    s = min(1.0 - 1e-12, max(1e-12, score))
+    return math.log(s / (1.0 - s)) / HELD_OUT_SCALE
+
+
+def reference_set(anchor: int, probe: EvalSet, items: list[EvalItem]) -> EvalSet:
+    """The reference set of `anchor`'s answers (`items`) to `probe`, with a digest of everything
+    that decides a score."""
+    parts = [[i.id, list(i.completion_ids)] for i in items]
+    return EvalSet(tuple(items), LIKELIHOOD_SOURCE, digest_of(["probe_likelihood", anchor, probe.digest, *parts]))

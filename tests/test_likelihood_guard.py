@@ -1,0 +1,137 @@
+"""The probe's likelihood guard (`clawbridge.promotion.likelihood`): a candidate must stay within
+`capability_probe_nats` per token of the anchor's likelihood of its own correct probe answers.
+
+The promoter's decisions with a `FakeEvaluator` and a real SQLite store; the reference answers and
+their scores with the real local torch engine (the tiny model), where the anchor must score
+exactly the reference's 0.5 (token exact: the logprobs it scores are those it would sample with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from clawbridge.backend import ModelInfo
+from clawbridge.config import Settings
+from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
+from clawbridge.promotion.describe import still_good_line
+from clawbridge.promotion.evalset import parse_eval_set
+from clawbridge.promotion.likelihood import LIKELIHOOD_SOURCE, nats_of, nats_tolerance
+from clawbridge.promotion.promoter import Promoter, promotion_line
+from clawbridge.promotion.runner import FakeEvaluator
+from clawbridge.serving.sampler import FakeSampler
+from clawbridge.serving.versions import VersionRouter
+from clawbridge.store import Store
+from clawbridge.store.promotion import Decision
+from clawbridge.store.versions import VersionStore
+from clawbridge.trainer.fake import FakeTrainingBackend
+
+PROBE_ITEMS = len(capability_probe(48).items)
+
+
+def _promoter(tmp_path: Path, settings: Settings, fake: FakeEvaluator) -> tuple[Promoter, Store]:
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    promoter = Promoter(settings, store, VersionRouter(backend, VersionStore(store)), fake)
+    promoter.serving = 0
+    return promoter, store
+
+
+def _decide(promoter: Promoter, candidate: int) -> Decision:
+    async def run() -> Decision:
+        d = await promoter._evaluate(candidate)
+        await promoter._apply(d)
+        return d
+
+    return asyncio.run(run())
+
+
+def test_the_tolerance_admits_exactly_the_bar_in_nats() -> None:
+    assert nats_tolerance(0.0) == 0.0
+    for bar in (0.05, 0.1, 0.3):
+        floor = 0.5 - nats_tolerance(bar)  # the anchor scores 0.5 on its own answers
+        assert nats_of(floor) == pytest.approx(-bar, abs=1e-6)
+        assert nats_of(floor + 1e-3) > -bar > nats_of(floor - 1e-3)
+
+
+def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_holds(tmp_path: Path) -> None:
+    # every version answers all 30 greedy probe facts the base does; only their likelihood moves.
+    # FakeEvaluator scores k of n items as k / n: the anchor 30/30 = 1.0, so with a bar of 0.1 nats
+    # the floor is 1.0 - nats_tolerance(0.1) = 0.901
+    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 30, 3: 30},
+                                     LIKELIHOOD_SOURCE: {0: 30, 1: 28, 2: 26, 3: 29}},
+                         references_of={0: 30})
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    first = _decide(promoter, 1)
+    assert first.verdict == "promoted" and promoter.serving == 1
+    assert "within the bar of -0.1 (capability_probe_nats)" in first.reason
+    second = _decide(promoter, 2)  # 26/30 = 0.867 < 0.901: beyond the bar, whatever the greedy probe says
+    assert second.verdict == "rejected" and promoter.serving == 1
+    assert second.reason.startswith("likelihood of anchor v0's 30 correct probe answers")
+    assert "beyond the bar of -0.1" in second.reason and PROBE_SOURCE not in second.reason
+    assert _decide(promoter, 3).verdict == "promoted"
+    # the reference answers were written once, by the anchor, for all three decisions
+    assert [a for a in fake.asked if a[1] == "references"] == [(0, "references")]
+    likely = promoter.status()["capability_probe"]["likelihood"]
+    assert likely["anchor"] == 0 and likely["answers"] == 30 and likely["bar_nats"] == 0.1
+    assert likely["serving_nats"] == pytest.approx(nats_of(29 / 30))
+    line = still_good_line(promoter.status())
+    assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
+    assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(
+        Settings(capability_probe_nats=0.1))
+    store.close()
+
+
+@pytest.mark.parametrize("nats,references_of", [(0.0, {0: 30}), (0.1, None), (0.1, {0: 0})],
+                         ids=["bar-off", "sampler-cannot-score", "anchor-passes-nothing"])
+def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: float,
+                                                      references_of: dict[int, int] | None) -> None:
+    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30}, LIKELIHOOD_SOURCE: {0: 30, 1: 0}},
+                         references_of=references_of)
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=nats), fake)
+    d = _decide(promoter, 1)  # the candidate would score 0 on the reference set: only the probe decides
+    assert d.verdict == "promoted" and "likelihood" not in d.reason
+    assert all(source != LIKELIHOOD_SOURCE for _, source in fake.asked)
+    assert promoter.status()["capability_probe"]["likelihood"] is None
+    store.close()
+
+
+def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exact(tiny_model_dir: Path) -> None:
+    """The real engine: only items the anchor passes become references, cut where they match,
+    with the logprobs sampling at temperature 1 would report; the anchor scores 0.5 on them."""
+    pytest.importorskip("torch")
+    pytest.importorskip("clawbridge_local")
+    from clawbridge_local.engine import TorchEngine
+
+    from clawbridge.chat.render import Renderer
+    from clawbridge.promotion.likelihood import reference_set
+    from clawbridge.promotion.runner import Evaluator
+
+    class Router:
+        def __init__(self, engine: TorchEngine) -> None:
+            self.engine = engine
+
+        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> TorchEngine:
+            return self.engine
+
+    lines = ['{"id": "any", "messages": [{"role": "user", "content": "Say something."}], "expect": "\\\\S"}',
+             '{"id": "never", "messages": [{"role": "user", "content": "Name it."}], "expect": "zq#never#qz"}']
+    es = parse_eval_set("\n".join(lines), "two items", 8)
+    engine = TorchEngine.load(str(tiny_model_dir), device="cpu", max_running=4, max_queued=4, progress=False)
+    try:
+        ev = Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+        items = asyncio.run(ev.references(0, es))
+        assert items is not None and [i.id for i in items] == ["any"]
+        ref = items[0]
+        assert ref.kind == "held_out" and ref.verdict == 1 and 1 <= len(ref.completion_ids) <= 8
+        assert len(ref.completion_logprobs) == len(ref.completion_ids)
+        assert all(lp <= 0.0 for lp in ref.completion_logprobs)
+        refs = reference_set(0, capability_probe(32), items)
+        again = asyncio.run(ev.references(0, es))
+        assert again is not None and reference_set(0, capability_probe(32), again).digest == refs.digest  # greedy
+        anchor = asyncio.run(ev.evaluate(0, refs))
+        assert anchor.source == LIKELIHOOD_SOURCE and anchor.score == pytest.approx(0.5, abs=1e-4)
+    finally:
+        engine.shutdown()
