@@ -135,3 +135,31 @@ def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exac
         assert anchor.source == LIKELIHOOD_SOURCE and anchor.score == pytest.approx(0.5, abs=1e-4)
     finally:
         engine.shutdown()
+
+
+def test_a_version_loaded_beside_the_published_one_can_still_score_given_tokens() -> None:
+    """`LoadedVersions` keeps each loaded sampler in a wrapper; that wrapper hid `score`, so every
+    version but the published one was scored by a greedy replay in held-out evaluation and gave
+    the likelihood guard no reference at all (the anchor is never the published version once a
+    candidate is). A sampler that cannot score stays one that cannot."""
+    from dataclasses import dataclass
+
+    from clawbridge.serving.sampler import SequenceScorer
+    from clawbridge.serving.versions import LoadedVersions
+
+    @dataclass
+    class Scoring(FakeSampler):
+        async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+            return [-0.25 * self.version for _ in completion_ids]
+
+    async def go() -> None:
+        async def load(version: int, checkpoint: str) -> FakeSampler:
+            return Scoring(script=[3], version=version) if checkpoint == "scores" else FakeSampler([3], version=version)
+
+        cache = LoadedVersions(2, load)
+        kept = await cache.get(2, "scores")
+        assert isinstance(kept, SequenceScorer)
+        assert await kept.score([1, 2], [3, 4]) == [-0.5, -0.5]
+        assert not isinstance(await cache.get(3, "replays"), SequenceScorer)
+
+    asyncio.run(go())

@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from clawbridge.access import OPERATOR, Hidden, Principal, Target, check
 from clawbridge.backend import FakeServingBackend, ModelInfo
-from clawbridge.serving.sampler import FakeSampler, Sampler, SamplerUnavailable, SampleStream, SamplingParams
+from clawbridge.serving.sampler import (
+    FakeSampler,
+    Sampler,
+    SamplerUnavailable,
+    SampleStream,
+    SamplingParams,
+    SequenceScorer,
+)
 
 if TYPE_CHECKING:
     from clawbridge.store.versions import VersionRow
@@ -341,7 +348,8 @@ class LoadedVersions:
         await self._keep(version, sampler)
 
     async def _keep(self, version: int, sampler: Sampler) -> Sampler:
-        kept = _Kept(self, version, sampler)
+        kept = (_KeptScorer(self, version, sampler) if isinstance(sampler, SequenceScorer)
+                else _Kept(self, version, sampler))
         self._loaded[version] = kept
         self._loaded.move_to_end(version)
         await self._evict(lambda: len(self._loaded) > self.max_loaded)
@@ -399,6 +407,21 @@ class _Kept:
     async def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> SampleStream:
         try:
             return await self.sampler.sample(prompt_ids, params)
+        except SamplerUnavailable:
+            await self.cache._failed(self.version, self)
+            raise
+
+
+class _KeptScorer(_Kept):
+    """A kept sampler that can also score given tokens (`SequenceScorer`, the local torch engine's
+    versions): the cache must not hide it, or promotion scores held-out turns and the likelihood
+    guard's references by a greedy replay, or not at all."""
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        scorer = self.sampler
+        assert isinstance(scorer, SequenceScorer)
+        try:
+            return await scorer.score(prompt_ids, completion_ids)
         except SamplerUnavailable:
             await self.cache._failed(self.version, self)
             raise
