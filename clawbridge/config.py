@@ -352,10 +352,10 @@ class Settings(BaseSettings):
         "(a small model's answer to one question flips as its style changes).",
     )
     capability_probe_nats: float = Field(
-        0.0, ge=0.0, le=5.0, description="Also hold every candidate within this many nats per token of the "
+        0.1, ge=0.0, le=5.0, description="Also hold every candidate within this many nats per token of the "
         "anchor's likelihood of its own correct probe answers (0: off). The greedy probe misses a model that "
         "still answers right greedily but samples nonsense; the local torch engine measures it in one forward "
-        "pass per answer (docs/promotion.md).")
+        "pass per answer; other backends skip it, saying so in the log (docs/promotion.md).")
     capability_probe_max_tokens: int = Field(
         32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
         "it names the fact).")

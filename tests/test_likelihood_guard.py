@@ -79,21 +79,24 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     assert likely["serving_nats"] == pytest.approx(nats_of(29 / 30))
     line = still_good_line(promoter.status())
     assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
-    assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(
-        Settings(capability_probe_nats=0.1))
+    assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings())
+    assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0))
     store.close()
 
 
-@pytest.mark.parametrize("nats,references_of", [(0.0, {0: 30}), (0.1, None), (0.1, {0: 0})],
-                         ids=["bar-off", "sampler-cannot-score", "anchor-passes-nothing"])
-def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: float,
-                                                      references_of: dict[int, int] | None) -> None:
-    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30}, LIKELIHOOD_SOURCE: {0: 30, 1: 0}},
-                         references_of=references_of)
+@pytest.mark.parametrize("nats,references_of,probe_facts",
+                         [(0.0, {0: 30}, 30), (0.1, None, 30), (0.1, {0: 0}, 30), (0.1, {0: 1}, 1)],
+                         ids=["bar-off", "sampler-cannot-score", "no-correct-answer", "anchor-within-the-slack"])
+def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: float, references_of: dict[int, int] | None,
+                                                      probe_facts: int) -> None:
+    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: probe_facts, 1: probe_facts},
+                                     LIKELIHOOD_SOURCE: {0: 30, 1: 0}}, references_of=references_of)
     promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=nats), fake)
     d = _decide(promoter, 1)  # the candidate would score 0 on the reference set: only the probe decides
     assert d.verdict == "promoted" and "likelihood" not in d.reason
     assert all(source != LIKELIHOOD_SOURCE for _, source in fake.asked)
+    # an anchor with nothing to lose is not asked for 40 answers (a random tiny model's run long)
+    assert ((0, "references") in fake.asked) == (nats > 0 and probe_facts > 1)
     assert promoter.status()["capability_probe"]["likelihood"] is None
     store.close()
 
@@ -122,14 +125,14 @@ def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exac
     engine = TorchEngine.load(str(tiny_model_dir), device="cpu", max_running=4, max_queued=4, progress=False)
     try:
         ev = Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
-        items = asyncio.run(ev.references(0, es))
+        items = asyncio.run(ev.references(0, es, 8))
         assert items is not None and [i.id for i in items] == ["any"]
         ref = items[0]
         assert ref.kind == "held_out" and ref.verdict == 1 and 1 <= len(ref.completion_ids) <= 8
         assert len(ref.completion_logprobs) == len(ref.completion_ids)
         assert all(lp <= 0.0 for lp in ref.completion_logprobs)
         refs = reference_set(0, capability_probe(32), items)
-        again = asyncio.run(ev.references(0, es))
+        again = asyncio.run(ev.references(0, es, 8))
         assert again is not None and reference_set(0, capability_probe(32), again).digest == refs.digest  # greedy
         anchor = asyncio.run(ev.evaluate(0, refs))
         assert anchor.source == LIKELIHOOD_SOURCE and anchor.score == pytest.approx(0.5, abs=1e-4)

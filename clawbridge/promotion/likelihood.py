@@ -1,7 +1,7 @@
 """The probe's likelihood guard: is a candidate still likely to SAY what the anchor answered right?
 
 Why: the capability probe is greedy, and a person's agent samples. Measured on SmolLM2 taught by
-talk (docs/training.md, "the probe is greedy, users sample"): after about 30 steps the greedy probe
+talk (docs/training.md, "Tried: the probe's bar at the base alone"): after about 30 steps the greedy probe
 and a greedy fact check still said "fine" while the same facts answered 8 times each at temperature
 1 fell from 0.33 to 0.12-0.21, late versions saying gibberish where the base said the fact. What
 moved is probability mass, and a forward pass sees it where a greedy answer cannot.
@@ -22,7 +22,10 @@ Invariants:
   scores), so its digest, and every version's cached figures on it, survive a restart.
 - Off (None) where it cannot be measured: `capability_probe_nats` 0, a sampler that cannot score
   given tokens (hosted backends, SGLang), an anchor without a checkpoint, or an anchor that passes
-  no probe item (a random tiny model has nothing to lose). The promoter says which, once, in its log.
+  no more probe items than the slack (a random tiny model has nothing to lose, and is not asked
+  40 answers for nothing). The promoter says which, once, in its log.
+- Reference answers are cut at `capability_probe_max_tokens`: an answer that names its fact later
+  is left out, so building the set costs at most one probe's worth of short greedy answers.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ LIKELIHOOD_SOURCE = "the capability probe's likelihood"
 class ReferenceMaker(Protocol):
     """An evaluator that can write the reference set (`Evaluator`; `FakeEvaluator` beside it)."""
 
-    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
-        """`version`'s greedy answers to the expect items it passes, as verdict +1 held-out items
-        with its own logprobs of them; None when its sampler cannot score given tokens."""
+    async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
+        """`version`'s greedy answers to the expect items it passes within `max_tokens`, as
+        verdict +1 held-out items with its own logprobs of them; None when its sampler cannot
+        score given tokens."""
         ...
 
 

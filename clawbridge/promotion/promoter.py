@@ -53,7 +53,14 @@ from typing import TYPE_CHECKING, Any
 
 from clawbridge.access import OPERATOR
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
-from clawbridge.promotion.evalset import EvalSet, EvalSetError, held_out, held_out_set, load_eval_set
+from clawbridge.promotion.evalset import (
+    EvalItem,
+    EvalSet,
+    EvalSetError,
+    held_out,
+    held_out_set,
+    load_eval_set,
+)
 from clawbridge.promotion.likelihood import ReferenceMaker, nats_of, nats_tolerance, reference_set
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
@@ -362,12 +369,18 @@ class Promoter:
             return None
         anchor = await self._read(self._anchor_version)
         if anchor not in self._references:
-            try:
-                items = await self.evaluator.references(anchor, self.probe)
-            except VersionNotFound as exc:
-                items, why = None, f"v{anchor} cannot answer ({exc})"
+            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
+            items: list[EvalItem] | None = None
+            if known is not None and float(known["score"]) <= self.probe_tolerance:
+                why = f"it answers {known['passed']} of {known['items']} probe items: nothing to lose"
             else:
-                why = "its sampler cannot score given tokens" if items is None else "it passes no probe item"
+                try:
+                    items = await self.evaluator.references(anchor, self.probe,
+                                                            self.settings.capability_probe_max_tokens)
+                except VersionNotFound as exc:
+                    why = f"v{anchor} cannot answer ({exc})"
+                else:
+                    why = "its sampler cannot score given tokens" if items is None else "it passes no probe item"
             self._references[anchor] = reference_set(anchor, self.probe, items) if items else None
             if not items:
                 log.warning("promotion: the likelihood guard is off against anchor v%d: %s", anchor, why)

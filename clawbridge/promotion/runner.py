@@ -151,10 +151,10 @@ class FakeEvaluator:
         return VersionEval(version, eval_set.source, eval_set.digest, n, k, k / n, low, high, k / n, None, 0.0, 0.0,
                            failed[:20], [])
 
-    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
+    async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
+        self.asked.append((version, "references"))
         if self.references_of is None:
             return None
-        self.asked.append((version, "references"))
         return [EvalItem("held_out", it.id, prompt_ids=(1,), completion_ids=(2, 3), completion_logprobs=(-0.5, -0.5),
                          verdict=1) for it in eval_set.items[:self.references_of[version]]]
 
@@ -241,10 +241,11 @@ class Evaluator:
         verdict = await self._judge(item, text)
         return ItemResult(item.id, item.kind, verdict > 0, (verdict + 1) / 2, text, len(ids), verdict)
 
-    async def references(self, version: int, eval_set: EvalSet) -> list[EvalItem] | None:
-        """`version`'s greedy answers to the expect items of `eval_set` it passes (cut where they
-        match, token exact), each with its own logprobs of them, as verdict +1 held-out items
-        (`clawbridge.promotion.likelihood`); None when its sampler cannot score given tokens."""
+    async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
+        """`version`'s greedy answers to the expect items of `eval_set` it passes within
+        `max_tokens` (cut where they match, token exact), each with its own logprobs of them, as
+        verdict +1 held-out items (`clawbridge.promotion.likelihood`); None when its sampler cannot
+        score given tokens."""
         sampler = await self.router.sampler_for(version, OPERATOR, "evaluate")
         if not isinstance(sampler, SequenceScorer):
             return None
@@ -255,8 +256,7 @@ class Evaluator:
                 return None
             prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
             pattern = re.compile(item.expect, re.IGNORECASE)
-            ids = await self.answer(sampler, prompt, self.max_tokens,
-                                    lambda ids: pattern.search(self._text(ids)) is not None)
+            ids = await self.answer(sampler, prompt, max_tokens, lambda ids: pattern.search(self._text(ids)) is not None)
             if not ids or pattern.search(self._text(ids)) is None:
                 return None
             async with self.slots:
