@@ -13,39 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
 from clawbridge.promotion.likelihood import LIKELIHOOD_SOURCE, nats_of, nats_tolerance
-from clawbridge.promotion.promoter import Promoter, promotion_line
+from clawbridge.promotion.promoter import promotion_line
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
-from clawbridge.serving.versions import VersionRouter
-from clawbridge.store import Store
-from clawbridge.store.promotion import Decision
-from clawbridge.store.versions import VersionStore
-from clawbridge.trainer.fake import FakeTrainingBackend
-
-PROBE_ITEMS = len(capability_probe(48).items)
-
-
-def _promoter(tmp_path: Path, settings: Settings, fake: FakeEvaluator) -> tuple[Promoter, Store]:
-    store = Store(tmp_path / "db.sqlite")
-    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
-    promoter = Promoter(settings, store, VersionRouter(backend, VersionStore(store)), fake)
-    promoter.serving = 0
-    return promoter, store
-
-
-def _decide(promoter: Promoter, candidate: int) -> Decision:
-    async def run() -> Decision:
-        d = await promoter._evaluate(candidate)
-        await promoter._apply(d)
-        return d
-
-    return asyncio.run(run())
+from tests.test_capability_probe import _decide, _promoter
 
 
 def test_the_tolerance_admits_exactly_the_bar_in_nats() -> None:
