@@ -193,3 +193,20 @@ def test_a_chain_of_versions_promoted_unevaluated_stays_unevaluated(tmp_path: Pa
     assert fake.asked == [(0, PROBE_SOURCE)]  # v1 and v2 never evaluated
     assert "nothing to lose" in (PromotionStore(store).last_decision(2).reason)  # type: ignore[union-attr]
     store.close()
+
+
+def test_probe_answers_stop_at_the_probes_own_max_tokens(tiny_model_dir: Path) -> None:
+    """`capability_probe_max_tokens` cuts each greedy probe answer (it was only part of the digest,
+    and answers ran to eval_max_tokens, 256, on every fact a version missed); a user's eval set
+    keeps the length it was parsed with."""
+    from clawbridge.chat.render import Renderer
+    from clawbridge.promotion.runner import Evaluator
+
+    class Router:
+        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> FakeSampler:
+            return FakeSampler(script=[7] * 100)  # never names a fact, never stops
+
+    ev = Evaluator(Router(), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=256)  # type: ignore[arg-type]
+    probe = asyncio.run(ev.evaluate(0, capability_probe(12)))
+    assert probe.passed == 0 and probe.mean_answer_tokens == 12
+    assert capability_probe(12).max_tokens == 12

@@ -25,9 +25,10 @@ Rules:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from importlib import resources
 
-from clawbridge.promotion.evalset import EvalSet, parse_eval_set
+from clawbridge.promotion.evalset import EvalSet, digest_of, parse_eval_set
 
 PROBE_FILE = "capability_probe.jsonl"
 PROBE_SOURCE = "the built-in capability probe"
@@ -37,7 +38,9 @@ PROBE_SOURCE = "the built-in capability probe"
 def capability_probe(max_tokens: int) -> EvalSet:
     """The built-in probe as an `EvalSet` (its digest covers the items and `max_tokens`)."""
     text = resources.files("clawbridge.promotion").joinpath(PROBE_FILE).read_text(encoding="utf-8")
-    return parse_eval_set(text, PROBE_SOURCE, max_tokens)
+    probe = parse_eval_set(text, PROBE_SOURCE, max_tokens)
+    # answers were cut at eval_max_tokens until 2026-11-28: figures cached before then are not reused
+    return replace(probe, digest=digest_of(["answers cut at max_tokens", probe.digest]))
 
 
 def probe_tolerance(probe: EvalSet, slack_items: int) -> float:

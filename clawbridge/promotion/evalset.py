@@ -74,6 +74,8 @@ class EvalSet:
     source: str
     """The file, or 'held-out sessions'."""
     digest: str
+    max_tokens: int | None = None
+    """The longest greedy answer per expect / rubric item (None: the evaluator's own)."""
 
     @property
     def needs_judge(self) -> bool:
@@ -110,7 +112,7 @@ def parse_eval_set(text: str, source: str, max_tokens: int) -> EvalSet:
         raise EvalSetError(f"{source}: no items (each line is {{\"messages\": [...], \"expect\": \"REGEX\"}} or "
                            "{\"messages\": [...], \"rubric\": \"...\"})")
     parts = [[i.kind, i.id, list(i.messages), i.expect, i.rubric] for i in items]
-    return EvalSet(tuple(items), source, digest_of([max_tokens, *parts]))
+    return EvalSet(tuple(items), source, digest_of([max_tokens, *parts]), max_tokens)
 
 
 def load_eval_set(path: str | Path, max_tokens: int) -> EvalSet:

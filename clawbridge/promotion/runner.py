@@ -178,7 +178,8 @@ class Evaluator:
             raise EvalSetError(f"{eval_set.source}: rubric items need a judge (set judge = endpoint or base)")
         sampler = await self.router.sampler_for(version, OPERATOR, "evaluate")
         t0 = time.monotonic()
-        results = await asyncio.gather(*(self._item(sampler, item) for item in eval_set.items))
+        cut = eval_set.max_tokens or self.max_tokens
+        results = await asyncio.gather(*(self._item(sampler, item, cut) for item in eval_set.items))
         seconds = time.monotonic() - t0
         n = len(results)
         passed = sum(r.passed for r in results)
@@ -216,7 +217,7 @@ class Evaluator:
                     break
             return ids
 
-    async def _item(self, sampler: Sampler, item: EvalItem) -> ItemResult:
+    async def _item(self, sampler: Sampler, item: EvalItem, max_tokens: int) -> ItemResult:
         if item.kind == "held_out" and isinstance(sampler, SequenceScorer) and item.completion_ids:
             async with self.slots:
                 lps = await sampler.score(item.prompt_ids, item.completion_ids)
@@ -233,7 +234,7 @@ class Evaluator:
         if item.kind == "expect":  # a greedy answer that matched passes whatever follows: stop there
             pattern = re.compile(item.expect, re.IGNORECASE)
             matched = lambda ids: pattern.search(self._text(ids)) is not None  # noqa: E731
-        ids = await self.answer(sampler, prompt, self.max_tokens, matched)
+        ids = await self.answer(sampler, prompt, max_tokens, matched)
         text = self._text(ids)
         if item.kind == "expect":
             passed = re.search(item.expect, text, re.IGNORECASE) is not None
