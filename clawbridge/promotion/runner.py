@@ -229,16 +229,12 @@ class Evaluator:
             same = tuple(ids) == item.completion_ids
             passed = same if item.verdict > 0 else not same
             return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
-        prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
-        matched = None
-        if item.kind == "expect":  # a greedy answer that matched passes whatever follows: stop there
-            pattern = re.compile(item.expect, re.IGNORECASE)
-            matched = lambda ids: pattern.search(self._text(ids)) is not None  # noqa: E731
-        ids = await self.answer(sampler, prompt, max_tokens, matched)
-        text = self._text(ids)
         if item.kind == "expect":
-            passed = re.search(item.expect, text, re.IGNORECASE) is not None
-            return ItemResult(item.id, item.kind, passed, float(passed), text, len(ids))
+            _, ids, passed = await self._expect(sampler, item, max_tokens)
+            return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
+        prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
+        ids = await self.answer(sampler, prompt, max_tokens)
+        text = self._text(ids)
         verdict = await self._judge(item, text)
         return ItemResult(item.id, item.kind, verdict > 0, (verdict + 1) / 2, text, len(ids), verdict)
 
@@ -255,10 +251,8 @@ class Evaluator:
         async def one(item: EvalItem) -> EvalItem | None:
             if item.kind != "expect":
                 return None
-            prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
-            pattern = re.compile(item.expect, re.IGNORECASE)
-            ids = await self.answer(sampler, prompt, max_tokens, lambda ids: pattern.search(self._text(ids)) is not None)
-            if not ids or pattern.search(self._text(ids)) is None:
+            prompt, ids, passed = await self._expect(sampler, item, max_tokens)
+            if not passed:
                 return None
             async with self.slots:
                 lps = await scorer.score(prompt, ids)
@@ -267,6 +261,14 @@ class Evaluator:
 
         found = await asyncio.gather(*(one(i) for i in eval_set.items))
         return [i for i in found if i is not None]
+
+    async def _expect(self, sampler: Sampler, item: EvalItem, max_tokens: int) -> tuple[list[int], list[int], bool]:
+        """(prompt ids, greedy answer ids, passed) of an expect item: a greedy answer that matched
+        passes whatever follows, so it stops there."""
+        prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
+        pattern = re.compile(item.expect, re.IGNORECASE)
+        ids = await self.answer(sampler, prompt, max_tokens, lambda ids: pattern.search(self._text(ids)) is not None)
+        return prompt, ids, pattern.search(self._text(ids)) is not None
 
     def _text(self, ids: list[int]) -> str:
         stops = set(self.renderer.stop_token_ids)
