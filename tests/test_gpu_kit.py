@@ -71,16 +71,21 @@ def test_kit_quick_table_on_cpu_in_this_venv(tmp_path: Path) -> None:
 
 
 def test_a_failing_part_and_an_overrunning_part_leave_the_rest_running(tmp_path: Path) -> None:
-    r = kit(tmp_path, "--parts", "env,graphs,sglang", "--inject-failure", "env", "--budget", "graphs=4")
+    """env measures its three rows, then hangs (injected) until its budget kills it; graphs fails
+    (injected); sglang is skipped without a process. Before, graphs itself was the overrun, and a
+    quicker machine finished it inside the budget (CI: rows the test did not expect)."""
+    r = kit(tmp_path, "--parts", "env,graphs,sglang", "--inject-failure", "graphs", "--inject-hang", "env",
+            "--budget", "env=45")
     assert r.returncode == 0, r.stderr[-3000:]
     printed = tables(r.stdout)
     assert len(printed) == 4, r.stdout
     final = printed[-1]
-    assert [c[0] for c in final] == ["env", "graphs", "sglang"], r.stdout
-    assert final[0][2].startswith("failed: RuntimeError: failure injected"), r.stdout
-    assert final[1][2].startswith("cut after 4s"), r.stdout
-    assert final[2][2].startswith("skipped: the sglang package"), r.stdout
-    assert "Traceback" in (tmp_path / "out" / "logs" / "env.log").read_text()
+    assert [c[0] for c in final] == ["env"] * 4 + ["graphs", "sglang"], r.stdout
+    assert final[0][1] == "python / torch / transformers" and final[2][1] == "clawbridge installed", r.stdout
+    assert final[3][2].startswith("cut after 45s"), r.stdout  # the rows it finished are kept above the cut
+    assert final[4][2].startswith("failed: RuntimeError: failure injected"), r.stdout
+    assert final[5][2].startswith("skipped: the sglang package"), r.stdout
+    assert "Traceback" in (tmp_path / "out" / "logs" / "graphs.log").read_text()
 
 
 def test_the_wheel_folder_is_what_the_image_lacks() -> None:

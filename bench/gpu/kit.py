@@ -63,6 +63,8 @@ def part_main(args: argparse.Namespace) -> int:
             raise RuntimeError("failure injected by --inject-failure (the kit's own test)")
         for row in PARTS[args.part].rows(kit):
             emit(row)
+        if args.inject_hang == args.part:  # the kit's test: an overrun after some rows, on any machine's speed
+            threading.Event().wait()
     except Exception as exc:  # the kit goes on: this part's error becomes its row
         import traceback
 
@@ -79,6 +81,7 @@ def run_part(name: str, budget: float, args: argparse.Namespace, logs: Path) -> 
     cmd += ["--quick"] if args.quick else []
     cmd += ["--peak-tflops", str(args.peak_tflops)] if args.peak_tflops else []
     cmd += ["--inject-failure", args.inject_failure] if args.inject_failure else []
+    cmd += ["--inject-hang", args.inject_hang] if args.inject_hang else []
     rows: list[Row] = []
     log_path = logs / f"{name}.log"
     with open(log_path, "w") as log:
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS", help="a part's time budget")
     ap.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)  # one part, in this process
     ap.add_argument("--inject-failure", default=None, metavar="PART", help=argparse.SUPPRESS)  # the kit's test
+    ap.add_argument("--inject-hang", default=None, metavar="PART", help=argparse.SUPPRESS)  # the kit's test
     args = ap.parse_args(argv)
     if args.part:
         return part_main(args)
