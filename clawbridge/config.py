@@ -354,8 +354,8 @@ class Settings(BaseSettings):
     capability_probe_nats: float = Field(
         0.1, ge=0.0, le=5.0, description="Also hold every candidate within this many nats per token of the "
         "anchor's likelihood of its own correct probe answers (0: off). The greedy probe misses a model that "
-        "still answers right greedily but samples nonsense; the local torch engine measures it in one forward "
-        "pass per answer; other backends skip it, saying so in the log (docs/promotion.md).")
+        "still answers right greedily but samples nonsense; the local torch engine and Tinker measure it in one "
+        "forward pass per answer; Fireworks and SGLang skip it, saying so in the log (docs/promotion.md).")
     capability_probe_max_tokens: int = Field(
         32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
         "it names the fact).")

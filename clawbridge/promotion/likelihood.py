@@ -6,8 +6,8 @@ and a greedy fact check still said "fine" while the same facts answered 8 times 
 1 fell from 0.33 to 0.12-0.21, late versions saying gibberish where the base said the fact. What
 moved is probability mass, and a forward pass sees it where a greedy answer cannot.
 
-So, with `capability_probe_nats` > 0 and a sampler that scores given tokens (`SequenceScorer`, the
-local torch engine), every candidate also faces a reference set built once per anchor: the
+So, with `capability_probe_nats` > 0 and a sampler that scores given tokens (`SequenceScorer`: the
+local torch engine, Tinker), every candidate also faces a reference set built once per anchor: the
 anchor's own greedy answers to the probe questions it passes (token exact, cut where they name the
 fact), with the anchor's logprobs of them. Each is a held-out-style item of verdict +1, scored by
 `clawbridge.promotion.runner` as sigmoid(HELD_OUT_SCALE x margin), margin = the version's mean
@@ -21,7 +21,7 @@ Invariants:
 - The reference set depends only on the anchor version and the probe (greedy answers, untempered
   scores), so its digest, and every version's cached figures on it, survive a restart.
 - Off (None) where it cannot be measured: `capability_probe_nats` 0, a sampler that cannot score
-  given tokens (hosted backends, SGLang), an anchor without a checkpoint, or an anchor that passes
+  given tokens (Fireworks, SGLang), an anchor without a checkpoint, or an anchor that passes
   no more probe items than the slack (a random tiny model has nothing to lose, and is not asked
   40 answers for nothing). The promoter says which, once, in its log.
 - Reference answers are cut at `capability_probe_max_tokens`: an answer that names its fact later

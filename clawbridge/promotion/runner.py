@@ -12,13 +12,13 @@ Invariants:
 - `VersionEval.score` is the mean item score in [0, 1] (expect items: 1 pass, 0 fail; rubric
   items: (verdict + 1) / 2; held-out items: `held_out_score`), the figure promotion compares.
 - A held-out item is scored by likelihood where the version's sampler can score given tokens
-  (`SequenceScorer`, the local torch engine): margin = verdict x (the version's mean per-token
+  (`SequenceScorer`: the local torch engine, Tinker's `compute_logprobs`): margin = verdict x (the version's mean per-token
   logprob of the recorded answer - the mean of the logprobs it was sampled with), score =
   sigmoid(HELD_OUT_SCALE x margin), passed when margin > HELD_OUT_PASS. So a version trained toward
   the users' verdicts (more likely to say what they accepted, less what they rejected) scores above
   0.5, the policy that sampled them 0.5, one trained against them below; it moves with every step,
   where a greedy replay of a temperature-1 answer almost never matched it. A sampler that cannot
-  score (hosted backends, SGLang) replays greedily: passed when the greedy answer is the recorded
+  score (Fireworks, SGLang) replays greedily: passed when the greedy answer is the recorded
   one (verdict > 0) or is not (verdict < 0).
 """
 
@@ -135,7 +135,7 @@ class FakeEvaluator:
         self.by_set = by_set or {}
         self.references_of = references_of
         """`references(v, ...)`: the first `references_of[v]` items as reference answers (None:
-        the sampler cannot score given tokens, like a hosted backend's)."""
+        the sampler cannot score given tokens, like Fireworks')."""
         self.judge: JudgeModel | None = None
         self.calls: list[int] = []
         """The versions evaluated, in order (a cached figure is not asked for again)."""

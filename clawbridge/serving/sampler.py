@@ -245,8 +245,9 @@ class SequenceScorer(Protocol):
     version: logprob(completion[i] | prompt + completion[:i]) for every i, in order, untempered
     (temperature 1, no truncation): the numbers sampling at temperature 1 would report.
 
-    Implemented by the local torch engine (`TorchEngine`, `TorchVersionSampler`); tested by
-    tests/test_engine.py::test_score_equals_the_sampled_logprobs."""
+    Implemented by the local torch engine (`TorchEngine`, `TorchVersionSampler`; tested by
+    tests/test_engine.py::test_score_equals_the_sampled_logprobs) and by Tinker's samplers
+    (`compute_logprobs` on the version's own sampling client; tests/test_likelihood_guard_tinker.py)."""
 
     async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]: ...
 

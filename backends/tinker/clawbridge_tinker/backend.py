@@ -60,7 +60,7 @@ from .errors import TinkerRequestFailed, TinkerTransientError, is_transient, ret
 from .manifest import CheckpointEntry, Manifest, load_manifest, manifest_path, write_manifest
 from .remote import RemoteDeleter
 from .sampler import SamplerLimits, TinkerSampler
-from .scoring import BaseScorer
+from .scoring import BaseScorer, PromptLogprobs
 from .sdk import (
     TELEMETRY_ENV,
     AdamParams,
@@ -113,7 +113,10 @@ class TinkerBackend:
         self._lock = asyncio.Lock()
         """Serialises train_step / publish / checkpoint calls on the one training client."""
         self.clients = ClientLedger(self.root)
-        self._scorer = BaseScorer(self.retry, self.opts.sample_timeout_s)
+        self._logprobs = PromptLogprobs(self.retry, self.opts.sample_timeout_s)
+        """`compute_logprobs` for the teacher and every version's sampler: a server that refuses
+        `prompt_logprobs_last_n` is learned once (a lane uses its parent's, `new_sampler`)."""
+        self._scorer = BaseScorer(self._logprobs)
         """The base model as OPD teacher (`compute_logprobs`)."""
         loaded = self.opts.max_loaded_versions + (settings.max_user_adapters if settings.per_user_adapters else 0)
         self._served = ServedVersions(self, loaded)
@@ -147,7 +150,7 @@ class TinkerBackend:
             ).result_async(),
             self.opts.publish_timeout_s,
         )
-        self._sampler = TinkerSampler(client, self.policy_version, self.sampler_limits())
+        self._sampler = self.new_sampler(client, self.policy_version)
 
     async def _start_lane(self, parent: TinkerBackend) -> None:
         """A user lane: the parent's session, training clients an earlier run of this lane left
@@ -164,7 +167,7 @@ class TinkerBackend:
                                                    retry_config=self.retry_config()).result_async(),
             self.opts.publish_timeout_s,
         )
-        self._sampler = TinkerSampler(client, self.policy_version, self.sampler_limits())
+        self._sampler = self.new_sampler(client, self.policy_version)
 
     # ---- per-user adapters (clawbridge.trainer.lanes.PerUserTraining)
 
@@ -367,7 +370,7 @@ class TinkerBackend:
                     timeout,
                 )
                 if self._sampler is None:
-                    self._sampler = TinkerSampler(client, target, self.sampler_limits())
+                    self._sampler = self.new_sampler(client, target)
                 elif target == self._sampler.policy_version:
                     self._sampler.rebind(client)  # the same weights (the served version's own checkpoint)
                 else:
@@ -386,7 +389,7 @@ class TinkerBackend:
     async def _serve_live(self, client: Any, version: int) -> None:
         """A user lane: the parent serves `version` through this live sampling client."""
         if self.parent is not None:
-            await self.parent._served.serve_live(self.lane, TinkerSampler(client, version, self.sampler_limits()))
+            await self.parent._served.serve_live(self.lane, self.new_sampler(client, version))
 
     # ---- committed versions besides the published one (clawbridge.serving.versions.VersionedServing)
 
@@ -444,6 +447,11 @@ class TinkerBackend:
         s = self.settings
         await release(self.clients, self.opts.base_url or None, self.opts.api_key_value(), str(tc.model_id),
                       s.probe_timeout_s)
+
+    def new_sampler(self, client: Any, version: int) -> TinkerSampler:
+        """A sampler serving `version` from sampling `client`, scoring through the shared
+        `compute_logprobs` state (a lane's goes through its parent's)."""
+        return TinkerSampler(client, version, self.sampler_limits(), (self.parent or self)._logprobs)
 
     def sampler_limits(self) -> SamplerLimits:
         return SamplerLimits(

@@ -12,6 +12,9 @@ Invariants:
 - Errors map onto the seam: timeout -> SamplerTimeout, 429 that outlasts the retries ->
   SamplerOverloaded, anything else Tinker fails -> SamplerUnavailable; an over-long prompt is
   refused before anything is sent (PromptTooLong).
+- `score` (`SequenceScorer`) reads (version, client) once, like a stream, and asks that client's
+  `compute_logprobs` for the given tokens (`clawbridge_tinker.scoring`): the version's own
+  logprobs, untempered, which is what promotion's held-out items and likelihood guard need.
 
 `FakeSamplingClient` beside the seam scripts Tinker responses for unit tests.
 """
@@ -39,12 +42,13 @@ from clawbridge.serving.sampler import (
 
 from .convert import to_tinker_sampling_params
 from .errors import TinkerRequestFailed, TinkerTransientError, retry_transient
+from .scoring import LogprobCall, PromptLogprobs
 from .sdk import ModelInput, RateLimitError, SampleResponse
 from .sdk import SamplingParams as TinkerSamplingParams
 
 
-class SampleCall(Protocol):
-    """The one `tinker.SamplingClient` method this module uses."""
+class SampleCall(LogprobCall, Protocol):
+    """The `tinker.SamplingClient` methods this module uses: `sample`, and `compute_logprobs` to score."""
 
     def sample(
         self,
@@ -78,9 +82,17 @@ class SamplerLimits:
 class TinkerSampler:
     """Sampler over the current Tinker sampling client; `swap` publishes a new one."""
 
-    def __init__(self, client: SampleCall, version: int, limits: SamplerLimits) -> None:
+    def __init__(self, client: SampleCall, version: int, limits: SamplerLimits,
+                 logprobs: PromptLogprobs | None = None) -> None:
+        """`logprobs`: the backend's shared `compute_logprobs` state (`score`); default, one of its own."""
         self._current: tuple[int, SampleCall] = (version, client)
         self.limits = limits
+
+        async def retry(what: str, call: Any, timeout_s: float) -> Any:
+            return await retry_transient(what, call, timeout_s=timeout_s, max_retries=limits.max_retries,
+                                         backoff_s=limits.backoff_s)
+
+        self._logprobs = logprobs or PromptLogprobs(retry, limits.timeout_s)
 
     @property
     def policy_version(self) -> int:
@@ -121,19 +133,34 @@ class TinkerSampler:
                 max_retries=limits.max_retries,
                 backoff_s=limits.backoff_s,
             )
-        except TinkerTransientError as e:
-            cause = e.__cause__
-            if isinstance(cause, TimeoutError):
-                raise SamplerTimeout(str(e)) from e
-            if isinstance(cause, RateLimitError):
-                raise SamplerOverloaded(str(e), retry_after_s=limits.backoff_s) from e
-            raise SamplerUnavailable(str(e)) from e
-        except TinkerRequestFailed as e:
-            raise SamplerUnavailable(str(e)) from e
-        except Exception as e:  # the SDK raises ValueError/APIStatusError for protocol trouble
-            raise SamplerUnavailable(f"tinker sample failed: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise seam_error("sample", e, limits) from e
         tokens, reason = sampled_tokens(response, params)
         return FinishedStream(tokens, version, reason, limits.chunk_size)
+
+    async def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[float]:
+        """logprob(completion[i] | prompt + completion[:i]) under this sampler's version, in order
+        (`SequenceScorer`); errors map onto the seam as `sample`'s do."""
+        _, client = self._current
+        check_prompt_fits(len(prompt_ids) + len(completion_ids), 0, self.limits.context_window)
+        try:
+            return await self._logprobs.last(client, [*prompt_ids, *completion_ids], len(completion_ids))
+        except Exception as e:
+            raise seam_error("compute_logprobs", e, self.limits) from e
+
+
+def seam_error(what: str, e: Exception, limits: SamplerLimits) -> Exception:
+    """A failed Tinker call as the Sampler seam's error (module invariants); `e` becomes its cause."""
+    if isinstance(e, TinkerTransientError):
+        if isinstance(e.__cause__, TimeoutError):
+            return SamplerTimeout(str(e))
+        if isinstance(e.__cause__, RateLimitError):
+            return SamplerOverloaded(str(e), retry_after_s=limits.backoff_s)
+        return SamplerUnavailable(str(e))
+    if isinstance(e, TinkerRequestFailed):
+        return SamplerUnavailable(str(e))
+    # the SDK raises ValueError/APIStatusError for protocol trouble
+    return SamplerUnavailable(f"tinker {what} failed: {type(e).__name__}: {e}")
 
 
 async def _as_coroutine(awaitable: Any) -> SampleResponse:
@@ -168,12 +195,14 @@ def sampled_tokens(
 
 @dataclass
 class FakeSamplingClient:
-    """Answers every sample with `tokens` / `logprobs`; records each call in `calls`."""
+    """Answers every sample with `tokens` / `logprobs` and every prompt token's logprob with
+    `prompt_logprob` (None for the first, as Tinker answers); records each call in `calls`."""
 
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str = "stop"
-    calls: list[tuple[list[int], TinkerSamplingParams]] = field(default_factory=list)
+    prompt_logprob: float = -1.0
+    calls: list[tuple[list[int], TinkerSamplingParams | None]] = field(default_factory=list)
 
     def sample(
         self,
@@ -196,5 +225,15 @@ class FakeSamplingClient:
 
         async def done() -> SampleResponse:
             return SampleResponse(sequences=[seq])
+
+        return done()
+
+    def compute_logprobs(self, prompt: ModelInput, prompt_logprobs_last_n: int | None = None) -> Awaitable[list[float | None]]:
+        ids = prompt.to_ints()
+        self.calls.append((ids, None))
+        lps: list[float | None] = [None] + [self.prompt_logprob] * (len(ids) - 1)
+
+        async def done() -> list[float | None]:
+            return lps[-prompt_logprobs_last_n:] if prompt_logprobs_last_n else lps
 
         return done()

@@ -31,7 +31,7 @@ from clawbridge.serving.versions import LoadedVersions, VersionUnavailable
 
 from .errors import TinkerRequestFailed, TinkerTransientError
 from .manifest import CheckpointEntry
-from .sampler import SamplerLimits, TinkerSampler
+from .sampler import TinkerSampler
 from .sdk import APIStatusError, RetryConfig, ServiceClient, TrainingClient
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ class VersionHost(Protocol):
         """`checkpoint`'s manifest entry, in this backend's manifest or a user lane's."""
         ...
 
-    def sampler_limits(self) -> SamplerLimits: ...
+    def new_sampler(self, client: Any, version: int) -> TinkerSampler:
+        """A sampler serving `version` from sampling `client`."""
+        ...
 
     def retry_config(self) -> RetryConfig: ...
 
@@ -147,7 +149,7 @@ class ServedVersions:
             return None, f"the service refused its sampler weights {path} ({e})"
         except TinkerTransientError as e:
             raise SamplerUnavailable(f"Tinker could not load policy version {version}: {e}") from e
-        sampler = TinkerSampler(client, version, host.sampler_limits())
+        sampler = host.new_sampler(client, version)
         try:
             stream = await sampler.sample(PROBE_PROMPT, PROBE_PARAMS)
             [_ async for _ in stream]
@@ -187,7 +189,7 @@ class ServedVersions:
             raise
         self._clients[version] = tc
         log.info("tinker: serving policy version %d from its training state %s", version, entry.path)
-        return TinkerSampler(client, version, host.sampler_limits())
+        return host.new_sampler(client, version)
 
     async def _evicted(self, version: int) -> None:
         tc = self._clients.pop(version, None)
