@@ -77,6 +77,32 @@ def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: floa
     store.close()
 
 
+def test_an_anchor_whose_checkpoint_was_pruned_turns_the_guard_off_once_and_says_why(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The reference answers need the anchor to answer; with its checkpoint gone (retention, a
+    lost store) the guard is off against it, logged once, and the greedy probe still decides."""
+    from clawbridge.serving.versions import VersionNotFound
+
+    class Pruned(FakeEvaluator):
+        async def references(self, version: int, eval_set: object, max_tokens: int) -> None:
+            self.asked.append((version, "references"))
+            raise VersionNotFound(f"the checkpoint of policy version {version} was pruned by retention", [1])
+
+    fake = Pruned({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 27}})
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    with caplog.at_level("WARNING", logger="clawbridge.promotion.promoter"):
+        assert _decide(promoter, 1).verdict == "promoted"
+        d = _decide(promoter, 2)  # three facts down: the greedy probe rejects it, the guard is silent
+    assert d.verdict == "rejected" and PROBE_SOURCE in d.reason, d.reason
+    assert "likelihood" not in d.reason
+    assert [a for a in fake.asked if a[1] == "references"] == [(0, "references")]  # asked once, not per candidate
+    off = [r.getMessage() for r in caplog.records if "likelihood guard is off" in r.getMessage()]
+    assert off == ["promotion: the likelihood guard is off against anchor v0: v0 cannot answer (the checkpoint of "
+                   "policy version 0 was pruned by retention)"]
+    assert promoter.status()["capability_probe"]["likelihood"] is None
+    store.close()
+
+
 def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exact(tiny_model_dir: Path) -> None:
     """The real engine: only items the anchor passes become references, cut where they match,
     with the logprobs sampling at temperature 1 would report; the anchor scores 0.5 on them."""
