@@ -31,7 +31,7 @@ from clawbridge.serving.sampler import SequenceScorer
 from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
-from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings
+from tests.test_tinker_backend import MODEL, PROMPT, datum, make_settings, run
 from tests.tinker_server import TinkerProtocolServer, prompt_logprob
 
 
@@ -52,24 +52,19 @@ def test_each_version_scores_given_tokens_under_its_own_weights(tmp_path: Path, 
     store = Store.open(tmp_path / "store")
     completion = [11, 12, 13, 30]
 
-    async def main() -> dict[int, list[float]]:
-        b = TinkerBackend(make_settings(server, tmp_path))
-        await b.start()
-        try:
-            versions = VersionStore(store)
-            await _two_steps(b, versions)
-            router = VersionRouter(b, versions, ("tiny", "default"))
-            out: dict[int, list[float]] = {}
-            for v in (1, 2):  # v1 loaded beside the published v2, v2 the published sampler itself
-                sampler = await router.sampler_for(v, OPERATOR, "evaluate")
-                assert isinstance(sampler, SequenceScorer)
-                out[v] = await sampler.score(PROMPT, completion)
-            return out
-        finally:
-            await b.close()
+    async def body(b: TinkerBackend) -> dict[int, list[float]]:
+        versions = VersionStore(store)
+        await _two_steps(b, versions)
+        router = VersionRouter(b, versions, ("tiny", "default"))
+        out: dict[int, list[float]] = {}
+        for v in (1, 2):  # v1 loaded beside the published v2, v2 the published sampler itself
+            sampler = await router.sampler_for(v, OPERATOR, "evaluate")
+            assert isinstance(sampler, SequenceScorer)
+            out[v] = await sampler.score(PROMPT, completion)
+        return out
 
     try:
-        out = asyncio.run(main())
+        out = run(server, tmp_path, body)
     finally:
         server.stop()
         store.close()
@@ -113,22 +108,16 @@ def test_the_guard_rejects_a_tinker_candidate_that_lost_likelihood_while_the_gre
     settings = make_settings(server, tmp_path, tokenizer=str(tiny_model_dir))
     assert settings.capability_probe_nats == pytest.approx(0.1)  # the default
 
-    async def main() -> tuple[Any, dict[str, Any]]:
-        b = TinkerBackend(settings)
-        await b.start()
-        try:
-            versions = VersionStore(store)
-            await _two_steps(b, versions)
-            router = VersionRouter(b, versions, ("tiny", "default"))
-            promoter = Promoter(settings, store, router, Evaluator(router, renderer, max_tokens=32))
-            promoter.serving = 1
-            decision = await promoter._evaluate(2)
-            return decision, promoter.status()
-        finally:
-            await b.close()
+    async def body(b: TinkerBackend) -> tuple[Any, dict[str, Any]]:
+        versions = VersionStore(store)
+        await _two_steps(b, versions)
+        router = VersionRouter(b, versions, ("tiny", "default"))
+        promoter = Promoter(settings, store, router, Evaluator(router, renderer, max_tokens=32))
+        promoter.serving = 1
+        return await promoter._evaluate(2), promoter.status()
 
     try:
-        decision, status = asyncio.run(main())
+        decision, status = run(server, tmp_path, body, tokenizer=str(tiny_model_dir))
     finally:
         server.stop()
         store.close()
