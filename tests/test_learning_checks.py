@@ -61,6 +61,21 @@ def test_a_gate_that_rejects_every_version_and_a_rollback_hold_block() -> None:
     assert stuck and "a rollback to v3 holds training" in text and "`clawbridge resume`" in text
 
 
+def test_a_gate_held_by_the_likelihood_guard_says_how_to_move_on() -> None:
+    """Once the serving version stands at the guard's bar, every step trains on from it and goes
+    past: measured on SmolLM2, 14 rejections in a row. The advice names the way out."""
+    reason = ("likelihood of anchor v0's 27 correct probe answers -0.105 nats per token, beyond the bar of -0.1 "
+              "(capability_probe_nats)")
+    rejected = [(v, "rejected", reason) for v in (45, 43, 41)]
+    status = {**STATUS, "promotion": {"mode": "probe", "serving_version": 18}}
+    stuck, text = words(replace(HEALTHY, decisions=rejected), status)
+    assert stuck and "the gate rejected the last 3 versions (v45, v43, v41)" in text
+    assert "`clawbridge promote 18` accepts the serving version as the new baseline" in text
+    assert "a larger capability_probe_nats allows more drift" in text
+    _, other = words(replace(HEALTHY, decisions=[(v, "rejected", "lost 3 facts") for v in (9, 8, 7)]), status)
+    assert "likelihood guard" not in other and "keep kl_coef > 0" in other
+
+
 def test_stale_drops_warn_and_all_dropped_blocks() -> None:
     stuck, text = words(replace(HEALTHY, left_queue={"trained": 10, "stale": 10}))
     assert not stuck and "WARN samples are trained, not dropped: of the last 20 turn(s) that left the training " \

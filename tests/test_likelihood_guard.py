@@ -18,7 +18,7 @@ from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
 from clawbridge.promotion.likelihood import LIKELIHOOD_SOURCE, nats_of, nats_tolerance
-from clawbridge.promotion.promoter import promotion_line
+from clawbridge.promotion.promoter import Decision, promotion_line
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from tests.test_capability_probe import _decide, _promoter
@@ -74,6 +74,25 @@ def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: floa
     # an anchor with nothing to lose is not asked for 40 answers (a random tiny model's run long)
     assert ((0, "references") in fake.asked) == (nats > 0 and probe_facts > 1)
     assert promoter.status()["capability_probe"]["likelihood"] is None
+    store.close()
+
+
+def test_promoting_the_serving_version_makes_it_the_anchor_and_the_guard_measures_from_it(tmp_path: Path) -> None:
+    """The way on that `clawbridge doctor --learning` names when the guard holds every candidate:
+    the admin accepts the serving version as the new baseline, and candidates are measured against
+    its own answers from then on."""
+    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 30, 3: 30},
+                                     LIKELIHOOD_SOURCE: {0: 30, 1: 28, 2: 26, 3: 27}},
+                         references_of={0: 30, 1: 30})
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    assert _decide(promoter, 1).verdict == "promoted"
+    assert _decide(promoter, 2).verdict == "rejected"  # 26/30 against anchor v0: beyond the bar
+    # `clawbridge promote 1` records an admin decision (as test_promotion's anchor test writes it)
+    assert promoter.pstore.decide(Decision(1, "promoted", "admin", "promote by the admin (serving was v1)", 1), "probe")
+    assert promoter.pstore.anchor_version() == 1
+    d = _decide(promoter, 3)  # 27/30 against anchor v1's 28/30 on v1's own answers: within the bar
+    assert d.verdict == "promoted" and "anchor v1's 30 correct probe answers" in d.reason, d.reason
+    assert [a for a in fake.asked if a[1] == "references"] == [(0, "references"), (1, "references")]
     store.close()
 
 
