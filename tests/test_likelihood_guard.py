@@ -161,6 +161,36 @@ def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exac
         engine.shutdown()
 
 
+def test_an_empty_answer_that_matches_is_no_reference(tiny_model_dir: Path) -> None:
+    """An expect pattern that matches the empty string, and a version that answers nothing: it
+    passes, but there is no token to score, so it is no reference answer (and `score` is not asked)."""
+    from dataclasses import dataclass
+
+    from clawbridge.chat.render import Renderer
+    from clawbridge.promotion.runner import Evaluator
+
+    @dataclass
+    class Scoring(FakeSampler):
+        scored: int = 0
+
+        async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+            self.scored += 1
+            return [-0.5 for _ in completion_ids]
+
+    class Router:
+        def __init__(self, sampler: Scoring) -> None:
+            self.sampler = sampler
+
+        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> Scoring:
+            return self.sampler
+
+    silent = Scoring(script=[])
+    es = parse_eval_set('{"id": "any", "messages": [{"role": "user", "content": "Hi."}], "expect": "^"}', "one", 8)
+    ev = Evaluator(Router(silent), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+    assert asyncio.run(ev.references(0, es, 8)) == [] and silent.scored == 0
+    assert asyncio.run(ev.evaluate(0, es)).passed == 1  # the item itself passes
+
+
 def test_a_version_loaded_beside_the_published_one_can_still_score_given_tokens() -> None:
     """`LoadedVersions` keeps each loaded sampler in a wrapper; that wrapper hid `score`, so every
     version but the published one was scored by a greedy replay in held-out evaluation and gave

@@ -12,8 +12,8 @@ Invariants:
 - `VersionEval.score` is the mean item score in [0, 1] (expect items: 1 pass, 0 fail; rubric
   items: (verdict + 1) / 2; held-out items: `held_out_score`), the figure promotion compares.
 - A held-out item is scored by likelihood where the version's sampler can score given tokens
-  (`SequenceScorer`: the local torch engine, Tinker's `compute_logprobs`): margin = verdict x (the version's mean per-token
-  logprob of the recorded answer - the mean of the logprobs it was sampled with), score =
+  (`SequenceScorer`: the local torch engine, Tinker's `compute_logprobs`): margin = verdict x (the
+  version's mean per-token logprob of the recorded answer - the mean of the logprobs it was sampled with), score =
   sigmoid(HELD_OUT_SCALE x margin), passed when margin > HELD_OUT_PASS. So a version trained toward
   the users' verdicts (more likely to say what they accepted, less what they rejected) scores above
   0.5, the policy that sampled them 0.5, one trained against them below; it moves with every step,
@@ -252,7 +252,7 @@ class Evaluator:
             if item.kind != "expect":
                 return None
             prompt, ids, passed = await self._expect(sampler, item, max_tokens)
-            if not passed:
+            if not passed or not ids:  # an empty answer that a pattern matched has no token to score
                 return None
             async with self.slots:
                 lps = await scorer.score(prompt, ids)

@@ -87,12 +87,12 @@ class TinkerSampler:
         """`logprobs`: the backend's shared `compute_logprobs` state (`score`); default, one of its own."""
         self._current: tuple[int, SampleCall] = (version, client)
         self.limits = limits
+        self._logprobs = logprobs or PromptLogprobs(self._retry, limits.timeout_s)
 
-        async def retry(what: str, call: Any, timeout_s: float) -> Any:
-            return await retry_transient(what, call, timeout_s=timeout_s, max_retries=limits.max_retries,
-                                         backoff_s=limits.backoff_s)
-
-        self._logprobs = logprobs or PromptLogprobs(retry, limits.timeout_s)
+    async def _retry(self, what: str, call: Any, timeout_s: float) -> Any:
+        """`call` with transient failures retried within this sampler's limits."""
+        return await retry_transient(what, call, timeout_s=timeout_s, max_retries=self.limits.max_retries,
+                                     backoff_s=self.limits.backoff_s)
 
     @property
     def policy_version(self) -> int:
@@ -126,13 +126,7 @@ class TinkerSampler:
             )
 
         try:
-            response = await retry_transient(
-                "tinker sample",
-                call,
-                timeout_s=limits.timeout_s,
-                max_retries=limits.max_retries,
-                backoff_s=limits.backoff_s,
-            )
+            response = await self._retry("tinker sample", call, limits.timeout_s)
         except Exception as e:
             raise seam_error("sample", e, limits) from e
         tokens, reason = sampled_tokens(response, params)

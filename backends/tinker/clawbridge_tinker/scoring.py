@@ -7,7 +7,8 @@ likelihood guard). Both go through `PromptLogprobs`.
 
 Invariants:
 - Only the last n prompt logprobs are asked for (`prompt_logprobs_last_n`); a server that refuses
-  that option (a 4xx) gets full prompt logprobs from then on, sliced here (logged once: a backend's samplers and teacher share one `PromptLogprobs`).
+  that option (a 4xx) gets full prompt logprobs from then on, sliced here (logged once: a
+  backend's samplers and teacher share one `PromptLogprobs`).
 - An answer with the wrong length or a missing value is `TinkerRequestFailed`, never a guess.
 - The base scorer's client is created once on the BASE model (no trained weights), kept apart from
   the serving sampler: published weights never reach the teacher.
