@@ -193,6 +193,9 @@ class LossConfig:
     """ppo/cispo: upper clip threshold, ratio ceiling = 1 + clip_high."""
     kl_coef: float = default_of("kl_coef")
     """Optional penalty toward the base policy (0: off)."""
+    lr_scale: float = 1.0
+    """Multiplier of the configured learning rate for this step (the trainer lowers it after rejected
+    versions, `clawbridge.promotion.backoff`); every backend applies it to this step only."""
 
 
 @dataclass(frozen=True)

@@ -356,6 +356,13 @@ class Settings(BaseSettings):
         "anchor's likelihood of its own correct probe answers (0: off). The greedy probe misses a model that "
         "still answers right greedily but samples nonsense; the local torch engine and Tinker measure it in one "
         "forward pass per answer; Fireworks and SGLang skip it, saying so in the log (docs/promotion.md).")
+    step_backoff: float = Field(
+        0.5, ge=0.1, le=1.0, description="After each candidate the gate rejects, the next step's learning rate is "
+        "multiplied by this (down to step_backoff_floor), and after each promotion divided by it (up to the "
+        "configured rate): a rejected step was too far from the serving version, so the next one is shorter "
+        "(a trust region). 1: off. docs/promotion.md, 'Smaller steps after a rejection'.")
+    step_backoff_floor: float = Field(
+        0.125, gt=0.0, le=1.0, description="The smallest learning-rate scale step_backoff reaches.")
     capability_probe_max_tokens: int = Field(
         32, ge=8, description="Longest greedy answer per capability probe question (an answer stops as soon as "
         "it names the fact).")

@@ -275,6 +275,26 @@ def test_merged_session_datum_is_sent_as_one_sequence(
     assert lfi["logprobs"]["data"] == [0.0, 0.0, -0.5, -0.25, 0.0, -0.75, -1.0]
 
 
+def test_a_step_scale_lowers_that_step_s_learning_rate_only(
+    fake: tuple[FakeFireworks, ServerThread], tmp_path: Path
+) -> None:
+    """`LossConfig.lr_scale` (smaller steps after a rejected version) reaches Fireworks' Adam
+    parameters of that step; the next step at scale 1 is back at the configured rate."""
+    fw, srv = fake
+
+    async def run() -> None:
+        backend = await started(make_settings(srv.url, tmp_path))
+        try:
+            await backend.train_step([datum()], LossConfig("importance_sampling", lr_scale=0.25))
+            await backend.train_step([datum()], LossConfig("importance_sampling"))
+        finally:
+            await backend.close()
+
+    asyncio.run(run())
+    rates = [o["adam_params"]["learning_rate"] for o in fw.bodies("trainer.optim_step")]
+    assert rates == [pytest.approx(3e-5 * 0.25), pytest.approx(3e-5)]
+
+
 def test_server_reported_failure_fails_the_step(
     fake: tuple[FakeFireworks, ServerThread], tmp_path: Path
 ) -> None:

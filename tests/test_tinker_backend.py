@@ -184,6 +184,19 @@ def test_train_step_sends_loss_tensors_and_adam_in_order(
     assert result.metrics["step"] == 1
 
 
+
+def test_a_step_scale_lowers_that_step_s_learning_rate_only(server: TinkerProtocolServer, tmp_path: Path) -> None:
+    """`LossConfig.lr_scale` (smaller steps after a rejected version) reaches Tinker's AdamParams of
+    that step; the next step at scale 1 is back at the configured rate."""
+
+    async def body(b: TinkerBackend) -> Any:
+        await b.train_step([datum([40, 41])], LossConfig("cispo", lr_scale=0.5))
+        return await b.train_step([datum([40, 41])], LossConfig("cispo"))
+
+    run(server, tmp_path, body)
+    rates = [o["adam_params"]["learning_rate"] for o in server.bodies("optim_step")]
+    assert rates == [pytest.approx(1.5e-5), pytest.approx(3e-5)]
+
 def test_importance_sampling_sends_no_config(server: TinkerProtocolServer, tmp_path: Path) -> None:
     async def body(b: TinkerBackend) -> Any:
         return await b.train_step([datum([40, 41]), datum([50], advantage=-1.0)], LossConfig("importance_sampling"))

@@ -199,3 +199,24 @@ def test_activation_estimate_bounds_what_a_layer_keeps(tmp_path: Path, shape: st
     per_layer = kept[2] - kept[1]
     estimate = activation_bytes(model, tokens) // 2  # the two-layer model's estimate, per layer
     assert per_layer <= estimate <= 1.33 * per_layer, (per_layer, estimate)
+
+
+def test_a_step_scale_scales_that_step_s_update_only(tiny: Path) -> None:
+    """`LossConfig.lr_scale` (smaller steps after a rejected version, `clawbridge.promotion.backoff`):
+    from the same weights, AdamW's first update at scale 0.5 is half the update at scale 1 (its step
+    is proportional to the rate, decay included), and the step after it runs at the configured rate."""
+    data = batch(2)
+    half, full = (TrainerCore(TrainerConfig(model_path=str(tiny), learning_rate=1e-3)) for _ in range(2))
+    before = {n: p.detach().clone() for n, p in full.model.named_parameters()}
+    m_half = half.train_step(data, LossConfig("ppo", clip_low=0.2, clip_high=0.3, lr_scale=0.5))
+    m_full = full.train_step(data, LOSS)
+    assert m_half["learning_rate"] == pytest.approx(5e-4) and m_full["learning_rate"] == pytest.approx(1e-3)
+    moved = 0
+    for (n, p_half), p_full in zip(half.model.named_parameters(), full.model.parameters(), strict=True):
+        d_full, d_half = p_full.detach() - before[n], p_half.detach() - before[n]
+        if d_full.abs().max() > 0:
+            moved += 1
+            torch.testing.assert_close(d_half, d_full * 0.5, rtol=1e-3, atol=1e-7)
+    assert moved > 0
+    assert half.train_step(data, LOSS)["learning_rate"] == pytest.approx(1e-3)
+    assert all(g["lr"] == pytest.approx(1e-3) for g in half.optimizer.param_groups)

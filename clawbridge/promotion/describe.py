@@ -34,6 +34,10 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
         lines.append("  " + probe_line(probe))
     if p.get("holding") and held is None:
         lines.append(f"  training waits: {p['holding']}")
+    scale = p.get("step_scale")
+    if scale and scale["scale"] < 1:
+        lines.append(f"  next step at {scale['words']}: a rejected step was too far from the serving version, so "
+                     "the next is shorter; each promotion doubles it back (step_backoff)")
     for d in p["decisions"][:5]:
         if d["source"] == "admin":
             lines.append(f"  v{d['version']} {d['verdict']} by the admin: {d['reason']}")

@@ -48,10 +48,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.access import OPERATOR
+from clawbridge.promotion.backoff import FULL, WINDOW, StepScale, step_scale
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.evalset import (
     EvalItem,
@@ -107,6 +108,8 @@ class Settled:
     """Why no step may run now (a candidate on trial), or None."""
     resume_from: int | None = None
     """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
+    step: StepScale = FULL
+    """The next step's learning-rate scale (`clawbridge.promotion.backoff`)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,18 @@ class Promoter:
     # ------------------------------------------------------------------ the trainer's gate
     async def settle(self) -> Settled:
         """Decide what is pending (module invariants); run by the trainer loop before each step.
-        While the admin's rollback holds (`PromotionStore.release_hold`), it holds training."""
+        While the admin's rollback holds (`PromotionStore.release_hold`), it holds training. With
+        it comes the next step's learning-rate scale, from the decisions so far."""
+        settled = await self._settle()
+        return replace(settled, step=await self._read(self.step_scale))
+
+    def step_scale(self) -> StepScale:
+        """The next step's learning-rate scale from the store's decisions (`clawbridge.promotion.backoff`)."""
+        if self.mode == "off" or self.settings.step_backoff >= 1.0:
+            return FULL
+        return step_scale(self.pstore.decisions(WINDOW), self.settings.step_backoff, self.settings.step_backoff_floor)
+
+    async def _settle(self) -> Settled:
         state = await self._read(self.pstore.state)
         if state is not None and state.held_version is not None:
             self.hold = held_words(state.held_version)
@@ -576,6 +590,7 @@ class Promoter:
     def status(self) -> dict[str, Any]:
         """`/rl/status`' `promotion` object (reads the store: call it off the event loop)."""
         state = self.pstore.state()
+        scale = self.step_scale()
         if self.mode == "probe" and self.probe is not None:
             es: str | None = self.probe.source
         else:
@@ -598,6 +613,7 @@ class Promoter:
             "canary": self.canary.as_dict() if self.canary is not None else None,
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
+            "step_scale": asdict(scale) | {"words": scale.words()},
             "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
         }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from clawbridge.promotion.backoff import FULL, StepScale
+
 
 class GateDecision(Protocol):
     """What `VersionGate.settle` answers (`clawbridge.promotion.promoter.Settled`)."""
@@ -18,6 +20,9 @@ class GateDecision(Protocol):
 
     @property
     def resume_from(self) -> int | None: ...
+
+    @property
+    def step(self) -> StepScale: ...
 
 
 class VersionGate(Protocol):
@@ -38,6 +43,7 @@ class VersionGate(Protocol):
 class FakeSettled:
     hold: str | None = None
     resume_from: int | None = None
+    step: StepScale = FULL
 
 
 class FakeGate:

@@ -56,7 +56,9 @@ Invariants:
   status), and when it was rejected the trainer state is first reloaded from the serving version's
   checkpoint (`rollback`, a new version carrying those weights), so a step never builds on a
   version that does not serve. Turns of held-out sessions (`gate.held_out`) are dropped as
-  `held_out`: never trained, they score versions.
+  `held_out`: never trained, they score versions. Every step trains at the learning-rate scale the
+  gate answered last (`LossConfig.lr_scale`, smaller after rejections: `clawbridge.promotion.backoff`),
+  recorded in the step's metrics as `lr_scale`.
 - Per-user adapters (`clawbridge.trainer.lanes`): a loop bound to a lane (`lane` not None) trains
   only that lane's samples into that lane's versions (`clawbridge.store.training`), so a step
   never mixes users; the loops of all lanes share one `step_lock` (asyncio's lock wakes waiters
@@ -78,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.config import BaselineRule, NormalizationRule, Settings, StalePolicy, default_of
 from clawbridge.privacy.guard import DROP_REASON
+from clawbridge.promotion.backoff import FULL
 from clawbridge.runtime.background import Background
 from clawbridge.runtime.faults import fault_point
 from clawbridge.store import Store
@@ -215,6 +218,8 @@ class TrainerLoop:
         """Promotion (module invariants); None: every committed version serves at once."""
         self.holding: str | None = None
         """Why the loop runs no step now (the gate's hold), for status."""
+        self.step_scale = FULL
+        """The gate's learning-rate scale for the next step (1 without a gate)."""
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -307,6 +312,9 @@ class TrainerLoop:
             version = await self.keeper.rollback(settled.resume_from)
             log.info("trainer state reloaded from the serving v%d's checkpoint (now v%d); training goes on from it",
                      settled.resume_from, version)
+        if settled.step != self.step_scale:
+            log.info("next steps%s at %s", self._of_lane(), settled.step.words())
+        self.step_scale = settled.step
         if settled.hold != self.holding and settled.hold is not None:
             log.info("no training step while %s", settled.hold)
         self.holding = settled.hold
@@ -432,10 +440,11 @@ class TrainerLoop:
             await keeper.ensure_base()
             keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
-            result = await self.backend.train_step(prepared.datums, self.config.loss)
+            loss_config = replace(self.config.loss, lr_scale=self.step_scale.scale)
+            result = await self.backend.train_step(prepared.datums, loss_config)
             first_loss = result.metrics.get("loss")
             for _ in range(self.config.updates_per_step - 1):  # the same batch again, its ratio clipped by the loss
-                result = await self.backend.train_step(prepared.datums, self.config.loss)
+                result = await self.backend.train_step(prepared.datums, loss_config)
             t1 = time.monotonic()
             await fault_point("step.trained")
             version = await asyncio.to_thread(keeper.reserve_step, step)
@@ -449,6 +458,7 @@ class TrainerLoop:
                 metrics["updates"] = float(self.config.updates_per_step)
                 metrics["first_update_loss"] = first_loss if _finite(first_loss) else None
             metrics["checkpoint_seconds"] = time.monotonic() - t2
+            metrics["lr_scale"] = self.step_scale.scale
             metrics[RUNNING_MEANS_KEY] = {"sums": dict(prepared.running.sums), "counts": dict(prepared.running.counts)}
             await asyncio.to_thread(
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity

@@ -248,10 +248,10 @@ class FireworksBackend:
 
     # -- training ------------------------------------------------------------------------------
 
-    def _adam(self) -> AdamParams:
+    def _adam(self, lr_scale: float = 1.0) -> AdamParams:
         s = self.settings
         return AdamParams(
-            learning_rate=s.effective_learning_rate,
+            learning_rate=s.effective_learning_rate * lr_scale,
             weight_decay=self.opts.weight_decay,
             grad_clip_norm=self.opts.grad_clip_norm,
         )
@@ -263,7 +263,7 @@ class FireworksBackend:
         data = [to_fireworks_datum(d) for d in batch]
         async with self._lock:
             try:
-                fwd, opt = await asyncio.to_thread(self._step_blocking, data, loss_fn, loss_cfg)
+                fwd, opt = await asyncio.to_thread(self._step_blocking, data, loss_fn, loss_cfg, loss.lr_scale)
             except Exception as e:
                 raise StepFailed(f"fireworks training step failed: {type(e).__name__}: {e}") from e
             self.manifest.step += 1
@@ -273,14 +273,14 @@ class FireworksBackend:
         return StepResult(metrics=metrics)
 
     def _step_blocking(
-        self, data: list[Any], loss_fn: str, loss_cfg: dict[str, float] | None
+        self, data: list[Any], loss_fn: str, loss_cfg: dict[str, float] | None, lr_scale: float = 1.0
     ) -> tuple[dict[str, float], dict[str, float]]:
         assert self._training is not None
         timeout = self.opts.step_timeout_s
         deadline = time.monotonic() + timeout
         fb = self._training.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]
         opt = self._training.optim_step(
-            self._adam(),
+            self._adam(lr_scale),
             grad_accumulation_normalization=GradAccNormalization(
                 self.opts.grad_accumulation_normalization
             ),

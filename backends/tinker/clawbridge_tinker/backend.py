@@ -235,7 +235,7 @@ class TinkerBackend:
         tc = await self._ensure_training()
         loss_fn, loss_cfg = loss_fn_and_config(loss)
         data = [to_tinker_datum(d) for d in batch]
-        adam = AdamParams(learning_rate=self.settings.effective_learning_rate)
+        adam = AdamParams(learning_rate=self.settings.effective_learning_rate * loss.lr_scale)
         timeout = self.opts.step_timeout_s
         async with self._lock:
             fb_future = tc.forward_backward(data, loss_fn, loss_cfg)  # type: ignore[arg-type]

@@ -209,6 +209,9 @@ class TrainerCore:
             recompute = self._recompute(micros)
             totals = self._forward_backward(micros, loss)
         grad_norm = self._grad_norm_and_clip()
+        learning_rate = self.config.learning_rate * loss.lr_scale  # this step's rate (LossConfig.lr_scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -218,7 +221,7 @@ class TrainerCore:
         metrics.update(
             grad_norm=values[-1],
             step=float(self.step),
-            learning_rate=self.config.learning_rate,
+            learning_rate=learning_rate,
             datums=float(len(batch)),
             micro_batches=float(len(micros)),
             world_size=float(self.world_size),
