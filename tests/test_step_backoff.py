@@ -20,17 +20,18 @@ from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store, TurnRecord
-from clawbridge.store.promotion import Decision, PromotionStore
+from clawbridge.store.promotion import Decision, DecisionSource, PromotionStore, Verdict
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.fake import FakeTrainingBackend
 from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
 
-def history(verdicts: str) -> list[Decision]:
-    """Decisions from a string read oldest first: P promoted, R rejected, A the admin's; newest first."""
-    kinds = {"P": ("promoted", "eval"), "R": ("rejected", "eval"), "A": ("promoted", "admin")}
-    out = [Decision(i + 1, kinds[c][0], kinds[c][1], "", i) for i, c in enumerate(verdicts)]  # type: ignore[arg-type]
-    return out[::-1]
+def history(verdicts: str) -> list[tuple[Verdict, DecisionSource]]:
+    """(verdict, source) pairs from a string read oldest first: P promoted, R rejected, A the
+    admin's; newest first, as `PromotionStore.verdicts` gives them."""
+    kinds: dict[str, tuple[Verdict, DecisionSource]] = {
+        "P": ("promoted", "eval"), "R": ("rejected", "eval"), "A": ("promoted", "admin")}
+    return [kinds[c] for c in reversed(verdicts)]
 
 
 @pytest.mark.parametrize(("verdicts", "scale", "streak"), [

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clawbridge.store.promotion import Decision
+from clawbridge.store.promotion import DecisionSource, Verdict
 
 WINDOW = 64
 """Decisions read, newest first: enough that any scale reached before them has climbed back to 1."""
@@ -52,18 +52,19 @@ FULL = StepScale()
 """Scale 1: the configured learning rate."""
 
 
-def step_scale(newest_first: Sequence[Decision], factor: float, floor: float) -> StepScale:
-    """The scale after `newest_first` (decisions, newest first; module invariants)."""
+def step_scale(newest_first: Sequence[tuple[Verdict, DecisionSource]], factor: float, floor: float) -> StepScale:
+    """The scale after the decisions `newest_first` ((verdict, source) pairs, newest first:
+    `PromotionStore.verdicts`; module invariants)."""
     if factor >= 1.0:
         return FULL
-    history: list[Decision] = []
-    for d in newest_first[:WINDOW]:
-        if d.source == "admin":
+    history: list[Verdict] = []
+    for verdict, source in newest_first[:WINDOW]:
+        if source == "admin":
             break
-        history.append(d)
+        history.append(verdict)
     scale, streak = 1.0, 0
-    for d in reversed(history):
-        if d.verdict == "rejected":
+    for verdict in reversed(history):
+        if verdict == "rejected":
             scale, streak = max(floor, scale * factor), streak + 1
         else:
             scale, streak = min(1.0, scale / factor), 0

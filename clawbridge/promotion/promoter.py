@@ -232,7 +232,7 @@ class Promoter:
         """The next step's learning-rate scale from the store's decisions (`clawbridge.promotion.backoff`)."""
         if self.mode == "off" or self.settings.step_backoff >= 1.0:
             return FULL
-        return step_scale(self.pstore.decisions(WINDOW), self.settings.step_backoff, self.settings.step_backoff_floor)
+        return step_scale(self.pstore.verdicts(WINDOW), self.settings.step_backoff, self.settings.step_backoff_floor)
 
     async def _settle(self) -> Settled:
         state = await self._read(self.pstore.state)

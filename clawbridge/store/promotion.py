@@ -149,6 +149,13 @@ class PromotionStore:
         """Newest first."""
         return self._select("ORDER BY decision_id DESC LIMIT ?", (limit,))
 
+    def verdicts(self, limit: int) -> list[tuple[Verdict, DecisionSource]]:
+        """(verdict, source) of the newest `limit` decisions, newest first (no figures read)."""
+        with self.store.read() as c:
+            rows = c.execute("SELECT verdict, source FROM promotion_decisions ORDER BY decision_id DESC LIMIT ?",
+                             (limit,)).fetchall()
+        return [(r[0], r[1]) for r in rows]
+
     def anchor_version(self) -> int | None:
         """The version the eval gate's drift guard compares candidates with: the one the admin last
         put to serve, else the one serving when the first automatic decision was taken (None before
