@@ -5,11 +5,12 @@ store's figures (`LearningFacts`) and `/rl/status`, so each state is written her
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from clawbridge.cli.learning import blocked, diagnose, report_lines
 from clawbridge.config import Settings
+from clawbridge.promotion.backoff import StepScale
 from clawbridge.store.learning import LearningFacts
 
 HEALTHY = LearningFacts(
@@ -71,7 +72,12 @@ def test_a_gate_held_by_the_likelihood_guard_says_how_to_move_on() -> None:
     stuck, text = words(replace(HEALTHY, decisions=rejected), status)
     assert stuck and "the gate rejected the last 3 versions (v45, v43, v41)" in text
     assert "`clawbridge promote 18` accepts the serving version as the new baseline" in text
-    assert "a larger capability_probe_nats allows more drift" in text
+    assert "a larger capability_probe_nats allows more drift" in text and "already steps" not in text
+    shorter = StepScale(0.125, 3)
+    status["promotion"]["step_scale"] = asdict(shorter) | {"words": shorter.words()}
+    _, text = words(replace(HEALTHY, decisions=rejected), status)
+    assert ("goes past the bar (the trainer already steps at 0.125 x the learning rate (3 candidate(s) rejected in "
+            "a row); a smaller step_backoff_floor goes shorter)") in text
     _, other = words(replace(HEALTHY, decisions=[(v, "rejected", "lost 3 facts") for v in (9, 8, 7)]), status)
     assert "likelihood guard" not in other and "keep kl_coef > 0" in other
 

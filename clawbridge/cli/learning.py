@@ -218,10 +218,13 @@ def check_gate(f: LearningFacts, status: dict[str, Any] | None) -> Check:
               "or look at `clawbridge eval`; `clawbridge promote N` serves one anyway")
     if last_reason.startswith("likelihood of anchor"):  # the guard binds: every step trains on from the edge
         serving = (promotion or {}).get("serving_version")
+        scale = (promotion or {}).get("step_scale") or {}
+        shorter = (f" (the trainer already steps at {scale['words']}; a smaller step_backoff_floor goes shorter)"
+                   if scale.get("scale", 1.0) < 1 else "")
         change = ("the serving version has used all the drift the likelihood guard allows (capability_probe_nats), "
-                  "and each step trains on from it, so every new version goes past the bar: `clawbridge promote "
-                  f"{'N' if serving is None else serving}` accepts the serving version as the new baseline (the "
-                  "anchor), a larger capability_probe_nats allows more drift, a lower learning_rate drifts slower")
+                  f"and each step trains on from it, so every new version goes past the bar{shorter}: `clawbridge "
+                  f"promote {'N' if serving is None else serving}` accepts the serving version as the new baseline "
+                  "(the anchor), a larger capability_probe_nats allows more drift, a lower learning_rate drifts slower")
     versions = ", ".join(f"v{v}" for v in rejected[:5])
     if run >= 3:
         return Check(name, "blocks", f"the gate rejected the last {run} versions ({versions}); the last reason: "
