@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from clawbridge.store.promotion import DecisionSource, Verdict
 
 WINDOW = 64
-"""Decisions read, newest first: enough that any scale reached before them has climbed back to 1."""
+"""Decisions read, newest first, on every call (so a restart reads the same ones). Older ones rarely
+matter: with the defaults, three moves the same way reach a bound and forget what came before."""
 
 
 @dataclass(frozen=True)
