@@ -37,7 +37,7 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     scale = p.get("step_scale")
     if scale and scale["scale"] < 1:
         lines.append(f"  next step at {scale['words']}: a rejected step was too far from the serving version, so "
-                     "the next is shorter; each promotion doubles it back (step_backoff)")
+                     "the next is shorter; each promotion lengthens it again (step_backoff)")
     for d in p["decisions"][:5]:
         if d["source"] == "admin":
             lines.append(f"  v{d['version']} {d['verdict']} by the admin: {d['reason']}")

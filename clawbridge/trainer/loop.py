@@ -458,7 +458,7 @@ class TrainerLoop:
                 metrics["updates"] = float(self.config.updates_per_step)
                 metrics["first_update_loss"] = first_loss if _finite(first_loss) else None
             metrics["checkpoint_seconds"] = time.monotonic() - t2
-            metrics["lr_scale"] = self.step_scale.scale
+            metrics["lr_scale"] = loss_config.lr_scale
             metrics[RUNNING_MEANS_KEY] = {"sums": dict(prepared.running.sums), "counts": dict(prepared.running.counts)}
             await asyncio.to_thread(
                 self.tstore.commit_step, step, version, metrics, turn_ids, checkpoint, keeper.identity
