@@ -63,6 +63,7 @@ from clawbridge.promotion.evalset import (
     load_eval_set,
 )
 from clawbridge.promotion.likelihood import ReferenceMaker, nats_of, nats_tolerance, reference_set
+from clawbridge.promotion.rehearsal import Rehearsal, build_rehearsal
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
 from clawbridge.rewards.judge import VoteConfig
@@ -110,6 +111,8 @@ class Settled:
     """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
     step: StepScale = FULL
     """The next step's learning-rate scale (`clawbridge.promotion.backoff`)."""
+    rehearsal: Rehearsal | None = None
+    """The anchor's answers to rehearse beside the next step (`clawbridge.promotion.rehearsal`)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ class Promoter:
         self._canary_at = 0.0
         self._references: dict[int, EvalSet | None] = {}
         """The likelihood guard's reference set per anchor version (None: off for it, said once)."""
+        self._rehearsals: dict[int, Rehearsal | None] = {}
+        """The rehearsal set per anchor version (None: off for it, said once)."""
 
     @property
     def probe_tolerance(self) -> float:
@@ -226,7 +231,23 @@ class Promoter:
         While the admin's rollback holds (`PromotionStore.release_hold`), it holds training. With
         it comes the next step's learning-rate scale, from the decisions so far."""
         settled = await self._settle()
-        return replace(settled, step=await self._read(self.step_scale))
+        rehearsal = await self.rehearsal() if settled.hold is None else None
+        return replace(settled, step=await self._read(self.step_scale), rehearsal=rehearsal)
+
+    async def rehearsal(self) -> Rehearsal | None:
+        """The anchor's rehearsal set, built once per anchor (`clawbridge.promotion.rehearsal`);
+        None when off."""
+        if self.mode == "off" or self.settings.rehearsal_coef <= 0:
+            return None
+        anchor = await self._read(self._anchor_version)
+        if anchor not in self._rehearsals:
+            built, why = await build_rehearsal(self.evaluator, anchor, self.settings.capability_probe_max_tokens)
+            self._rehearsals[anchor] = built
+            if built is None:
+                log.warning("rehearsal: off against anchor v%d: %s", anchor, why)
+            else:
+                log.info("rehearsal: %s, %d beside each step", why, self.settings.rehearsal_items)
+        return self._rehearsals[anchor]
 
     def step_scale(self) -> StepScale:
         """The next step's learning-rate scale from the store's decisions (`clawbridge.promotion.backoff`)."""
@@ -614,6 +635,7 @@ class Promoter:
             "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
             "rejected_samples": self.pstore.rejected_samples(),
             "step_scale": asdict(scale) | {"words": scale.words()},
+            "rehearsal": self._rehearsal_status(),
             "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
         }
 
@@ -638,6 +660,14 @@ class Promoter:
                 "anchor": score(anchor) if anchor != self.serving else None,
                 "base": score(0),  # the shared lane's base is version 0 (`VersionStore.commit_base`)
                 "likelihood": self._likelihood_status(anchor)}
+
+    def _rehearsal_status(self) -> dict[str, Any] | None:
+        """What rehearsal trains beside each step, once its set is built; None when off."""
+        newest = self._rehearsals.get(self._anchor_version()) if self.settings.rehearsal_coef > 0 else None
+        if newest is None:
+            return None
+        return {"anchor": newest.anchor, "answers": len(newest.items), "per_step": self.settings.rehearsal_items,
+                "coef": self.settings.rehearsal_coef}
 
     def _likelihood_status(self, anchor: int) -> dict[str, Any] | None:
         """The likelihood guard's figure of the serving version (nats per token against the

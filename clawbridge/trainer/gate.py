@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clawbridge.promotion.backoff import FULL, StepScale
+from clawbridge.promotion.rehearsal import Rehearsal
 
 
 class GateDecision(Protocol):
@@ -23,6 +24,9 @@ class GateDecision(Protocol):
 
     @property
     def step(self) -> StepScale: ...
+
+    @property
+    def rehearsal(self) -> Rehearsal | None: ...
 
 
 class VersionGate(Protocol):
@@ -44,6 +48,7 @@ class FakeSettled:
     hold: str | None = None
     resume_from: int | None = None
     step: StepScale = FULL
+    rehearsal: Rehearsal | None = None
 
 
 class FakeGate:

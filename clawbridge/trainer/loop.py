@@ -81,6 +81,7 @@ from clawbridge.backend import LossConfig, TrainingBackend
 from clawbridge.config import BaselineRule, NormalizationRule, Settings, StalePolicy, default_of
 from clawbridge.privacy.guard import DROP_REASON
 from clawbridge.promotion.backoff import FULL
+from clawbridge.promotion.rehearsal import Rehearsal, mean_token_scale
 from clawbridge.runtime.background import Background
 from clawbridge.runtime.faults import fault_point
 from clawbridge.store import Store
@@ -141,6 +142,10 @@ class TrainerConfig:
     """A judge is configured: train a session only after the judge finished it."""
     merge_turns: bool = default_of("merge_session_turns")
     """Train a session's turns as one datum where each prompt extends the previous turn's."""
+    rehearsal_coef: float = default_of("rehearsal_coef")
+    """Advantage of each rehearsed token (`clawbridge.promotion.rehearsal`; 0: off)."""
+    rehearsal_items: int = default_of("rehearsal_items")
+    """Rehearsed answers per step."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> TrainerConfig:
@@ -163,6 +168,8 @@ class TrainerConfig:
             mix=RewardMix.from_settings(s),
             wait_for_judge=s.judge != "off",
             merge_turns=s.merge_session_turns,
+            rehearsal_coef=s.rehearsal_coef,
+            rehearsal_items=s.rehearsal_items,
         )
 
     @property
@@ -220,6 +227,8 @@ class TrainerLoop:
         """Why the loop runs no step now (the gate's hold), for status."""
         self.step_scale = FULL
         """The gate's learning-rate scale for the next step (1 without a gate)."""
+        self.rehearsal: Rehearsal | None = None
+        """The gate's rehearsal set for the next step (None: none)."""
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -315,6 +324,7 @@ class TrainerLoop:
         if settled.step != self.step_scale:
             log.info("next steps%s at %s", self._of_lane(), settled.step.words())
         self.step_scale = settled.step
+        self.rehearsal = settled.rehearsal
         if settled.hold != self.holding and settled.hold is not None:
             log.info("no training step while %s", settled.hold)
         self.holding = settled.hold
@@ -410,6 +420,20 @@ class TrainerLoop:
         return replace(prepared, datums=r.datums, turn_ids=[t for t in prepared.turn_ids if t not in gone],
                        metrics=metrics, masked=r.masked)
 
+    def _with_rehearsal(self, prepared: PreparedBatch, step: int) -> PreparedBatch:
+        """`prepared` with the step's rehearsed answers appended (`clawbridge.promotion.rehearsal`),
+        each token weighted like an average token of the batch times `rehearsal_coef`."""
+        cfg = self.config
+        if self.rehearsal is None or cfg.rehearsal_coef <= 0:
+            return prepared
+        loss_tokens = int(prepared.metrics.get("tokens", 0) + prepared.metrics.get("rewrite_tokens", 0))
+        advantage = cfg.rehearsal_coef * mean_token_scale(cfg.normalization, loss_tokens)
+        extra = self.rehearsal.datums(step, cfg.rehearsal_items, advantage)
+        metrics = {**prepared.metrics, "rehearsal_datums": float(len(extra)),
+                   "rehearsal_tokens": float(sum(int(sum(d.mask)) for d in extra)),
+                   "rehearsal_anchor": float(self.rehearsal.anchor)}
+        return replace(prepared, datums=[*prepared.datums, *extra], metrics=metrics)
+
     def _has_signal(self, batch: list[PendingSample], prepared: PreparedBatch) -> bool:
         """Whether a step on `prepared` would push the policy anywhere: some advantage is nonzero,
         or a KL penalty pulls toward the base. (A step on nothing but zeros is not a no-op: Adam's
@@ -437,6 +461,7 @@ class TrainerLoop:
             turn_ids = tuple(prepared.turn_ids)
             if not prepared.datums:
                 raise RuntimeError("every turn of the batch was dropped as private; nothing to train")
+            prepared = self._with_rehearsal(prepared, step)
             await keeper.ensure_base()
             keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
