@@ -324,7 +324,10 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     announce(f"dashboard: {root}/dashboard (log in with the admin key, or once within 10 min via "
              f"{root}/dashboard/link/{app.state.dashboard.issue_link()}); metrics: {root}/metrics")
     if state.trainer is not None:
-        announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}); watch with `clawbridge status`")
+        rehearsal = (f", rehearsing {settings.rehearsal_items} known answers to built-in facts per step"
+                     if settings.rehearsal_coef > 0 and settings.promotion_mode != "off" else "")
+        announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}{rehearsal}); watch with "
+                 "`clawbridge status`")
         if state.reporter is not None:
             announce(f"step metrics also go to {settings.report_to} (under "
                      f"{settings.report_dir or settings.state_path / 'runs'})")

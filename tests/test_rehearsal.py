@@ -16,6 +16,7 @@ from clawbridge.config import NormalizationRule, Settings
 from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, TALK_QUESTIONS
 from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
 from clawbridge.promotion.capability import capability_probe
+from clawbridge.promotion.describe import promotion_lines
 from clawbridge.promotion.evalset import EvalItem
 from clawbridge.promotion.promoter import Promoter
 from clawbridge.promotion.rehearsal import Rehearsal, mean_token_scale, rehearsal_pool
@@ -155,6 +156,8 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert [i.id for i in first.items] == sorted(i.id for i in first.items)
     assert sum(1 for _, what in evaluator.asked if what == "references") == 1  # once per anchor
     assert promoter.status()["rehearsal"] == {"anchor": 0, "answers": 20, "per_step": 4, "coef": 1.0}
+    assert ("  rehearsing 4 of anchor v0's 20 correct answers to built-in facts beside each step, so the preference "
+            "costs less of what it knew (rehearsal_coef 1)") in promotion_lines(promoter.status())
     # a sampler that cannot score given tokens (Fireworks): off, said once; coef 0 or promotion off: never asked
     with caplog.at_level(logging.WARNING, logger="clawbridge.promotion.promoter"):
         unscored = Promoter(on, store, router, FakeEvaluator({0: 30}))
@@ -162,6 +165,7 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: off against anchor v0: its sampler cannot score given tokens"]
     assert unscored.status()["rehearsal"] is None
+    assert not any("rehearsing" in line for line in promotion_lines(unscored.status()))
     for settings in (Settings(promotion_mode="probe"), Settings(promotion_mode="off", rehearsal_coef=1.0)):
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})
         assert asyncio.run(twice(Promoter(settings, store, router, quiet))) == (None, None)

@@ -38,6 +38,11 @@ def promotion_lines(p: dict[str, Any] | None) -> list[str]:
     if scale and scale["scale"] < 1:
         lines.append(f"  next step at {scale['words']}: a rejected step was too far from the serving version, so "
                      "the next is shorter; each promotion lengthens it again (step_backoff)")
+    rehearsal = p.get("rehearsal")
+    if rehearsal:
+        lines.append(f"  rehearsing {min(rehearsal['per_step'], rehearsal['answers'])} of anchor v{rehearsal['anchor']}'s "
+                     f"{rehearsal['answers']} correct answers to built-in facts beside each step, so the preference "
+                     f"costs less of what it knew (rehearsal_coef {rehearsal['coef']:g})")
     for d in p["decisions"][:5]:
         if d["source"] == "admin":
             lines.append(f"  v{d['version']} {d['verdict']} by the admin: {d['reason']}")
