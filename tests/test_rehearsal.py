@@ -165,6 +165,17 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: off against anchor v0: its sampler cannot score given tokens"]
     assert unscored.status()["rehearsal"] is None
+    # an anchor that passes no more probe facts than the slack (a random tiny model) has nothing to keep
+    with caplog.at_level(logging.WARNING, logger="clawbridge.promotion.promoter"):
+        caplog.clear()
+        knows_nothing = FakeEvaluator({0: 1}, references_of={0: 3})
+        fresh = Store(tmp_path / "fresh.sqlite")  # the figures above are cached per version in the store
+        fresh_router = VersionRouter(backend, VersionStore(fresh))
+        assert asyncio.run(twice(Promoter(on, fresh, fresh_router, knows_nothing))) == (None, None)
+        fresh.close()
+    assert "references" not in {what for _, what in knows_nothing.asked}
+    assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
+        "rehearsal: off against anchor v0: it answers 1 of 40 probe facts: nothing to keep"]
     assert not any("rehearsing" in line for line in promotion_lines(unscored.status()))
     for settings in (Settings(promotion_mode="probe"), Settings(promotion_mode="off", rehearsal_coef=1.0)):
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})

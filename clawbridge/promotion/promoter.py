@@ -241,7 +241,11 @@ class Promoter:
             return None
         anchor = await self._read(self._anchor_version)
         if anchor not in self._rehearsals:
-            built, why = await build_rehearsal(self.evaluator, anchor, self.settings.capability_probe_max_tokens)
+            known = await self.evaluate(anchor, self.probe) if self.probe is not None else None
+            if known is not None and known.score <= self.probe_tolerance:
+                built, why = None, f"it answers {known.passed} of {known.items} probe facts: nothing to keep"
+            else:
+                built, why = await build_rehearsal(self.evaluator, anchor, self.settings.capability_probe_max_tokens)
             self._rehearsals[anchor] = built
             if built is None:
                 log.warning("rehearsal: off against anchor v%d: %s", anchor, why)

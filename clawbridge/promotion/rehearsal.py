@@ -18,8 +18,10 @@ Invariants:
   exact, cut where they name the fact, with the anchor's logprobs: `Evaluator.references`, as the
   likelihood guard builds its set). It is built once per anchor, so it changes only when an
   admin's decision moves the anchor, and it is off (None) with `rehearsal_coef` 0, with promotion
-  off, where the sampler cannot score given tokens (Fireworks, SGLang), and when the anchor
-  answers none of the pool; the promoter says which, once, in its log.
+  off, where the sampler cannot score given tokens (Fireworks, SGLang), when the anchor answers
+  none of the pool, and, with the capability probe on, when the anchor passes no more probe items
+  than the slack (a random tiny model: its few lucky matches are not knowledge to keep, as for
+  the likelihood guard); the promoter says which, once, in its log.
 - A step trains `rehearsal_items` of them (`Rehearsal.pick`: a rotation by the step's number, so
   every answer comes back every len/k steps), each as one datum: its prompt + answer, every
   answer token with advantage `rehearsal_coef` x the batch's mean token scale (`mean_token_scale`)
