@@ -324,7 +324,7 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     announce(f"dashboard: {root}/dashboard (log in with the admin key, or once within 10 min via "
              f"{root}/dashboard/link/{app.state.dashboard.issue_link()}); metrics: {root}/metrics")
     if state.trainer is not None:
-        rehearsal = (f", rehearsing {settings.rehearsal_items} known answers to built-in facts per step"
+        rehearsal = (f", rehearsal of known facts {settings.rehearsal_coef:g}"
                      if settings.rehearsal_coef > 0 and settings.promotion_mode != "off" else "")
         announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}{rehearsal}); watch with "
                  "`clawbridge status`")
