@@ -241,9 +241,11 @@ class Promoter:
             return None
         anchor = await self._read(self._anchor_version)
         if anchor not in self._rehearsals:
-            known = await self.evaluate(anchor, self.probe) if self.probe is not None else None
-            if known is not None and known.score <= self.probe_tolerance:
-                built, why = None, f"it answers {known.passed} of {known.items} probe facts: nothing to keep"
+            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest) if self.probe else None
+            if self.probe is not None and known is None:
+                return None  # the anchor's probe figures come with the first decision (or the baseline): wait for them
+            if known is not None and float(known["score"]) <= self.probe_tolerance:
+                built, why = None, f"it answers {known['passed']} of {known['items']} probe facts: nothing to keep"
             else:
                 built, why = await build_rehearsal(self.evaluator, anchor, self.settings.capability_probe_max_tokens)
             self._rehearsals[anchor] = built

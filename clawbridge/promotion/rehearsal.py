@@ -21,7 +21,9 @@ Invariants:
   off, where the sampler cannot score given tokens (Fireworks, SGLang), when the anchor answers
   none of the pool, and, with the capability probe on, when the anchor passes no more probe items
   than the slack (a random tiny model: its few lucky matches are not knowledge to keep, as for
-  the likelihood guard); the promoter says which, once, in its log.
+  the likelihood guard); the promoter says which, once, in its log. With the probe on, nothing is
+  built or rehearsed until the anchor's probe figures are in the store (the serving version's
+  baseline evaluation, or the first decision, brings them): the gate's timing stays its own.
 - A step trains `rehearsal_items` of them (`Rehearsal.pick`: a rotation by the step's number, so
   every answer comes back every len/k steps), each as one datum: its prompt + answer, every
   answer token with advantage `rehearsal_coef` x the batch's mean token scale (`mean_token_scale`)
