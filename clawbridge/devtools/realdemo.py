@@ -443,8 +443,8 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         # default token budget) trained the whole backlog in 2 steps once sessions outran the
         # trainer, and a run learned nothing (preference 0.25 -> 0.25)
         "CLAWBRIDGE_MAX_BATCH_TOKENS": "0",
-        # its figures (docs/real-model.md) were measured before rehearsal; bench/learn_from_talk.py
-        # measures the defaults with it (docs/training.md, "Kept: rehearsal")
+        # its figures (docs/real-model.md) were measured without rehearsal (docs/training.md,
+        # "Measured: rehearsal"), whatever its default
         "CLAWBRIDGE_REHEARSAL_COEF": "0",
     }
     env["CLAWBRIDGE_PROMOTION_MODE"] = cfg.promotion
