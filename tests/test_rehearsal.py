@@ -27,7 +27,7 @@ from clawbridge.store import Store, TurnRecord
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.advantages import token_scales
 from clawbridge.trainer.fake import FakeTrainingBackend
-from clawbridge.trainer.gate import FakeGate, FakeSettled
+from clawbridge.trainer.gate import FakeGate
 from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
 
@@ -97,7 +97,7 @@ def test_every_step_sends_the_next_rehearsed_answers_after_its_turns(tmp_path: P
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     loop = TrainerLoop(store, backend, TrainerConfig(batch_size=1, baseline="none", batch_wait_s=0,
                                                      rehearsal_coef=0.5, rehearsal_items=2))
-    loop.gate = FakeGate([FakeSettled(rehearsal=Rehearsal(0, _items(3)))] * 2)
+    loop.gate = FakeGate(rehearsals=[Rehearsal(0, _items(3))] * 2)
 
     async def steps(n: int) -> None:
         for i in range(n):
@@ -125,7 +125,7 @@ def test_rehearsal_never_makes_a_step_on_a_batch_without_signal(tmp_path: Path) 
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     loop = TrainerLoop(store, backend, TrainerConfig(batch_size=2, baseline="group_mean", batch_wait_s=0,
                                                      rehearsal_coef=1.0))
-    loop.gate = FakeGate([FakeSettled(rehearsal=Rehearsal(0, _items(3)))] * 3)
+    gate = loop.gate = FakeGate(rehearsals=[Rehearsal(0, _items(3))] * 3)
     now = store.clock.now()
     for s in ("a", "b"):
         store.ensure_session(s, "header", task_id="task")
@@ -134,6 +134,7 @@ def test_rehearsal_never_makes_a_step_on_a_batch_without_signal(tmp_path: Path) 
         store.add_reward(s, 1.0, "api", tid)
     asyncio.run(loop.run_once())
     assert backend.batches == []
+    assert gate.rehearsal_calls == 0  # nor is the set asked for: an idle loop builds nothing
     store.close()
 
 
@@ -149,8 +150,16 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
 
     async def twice(p: Promoter) -> tuple[Rehearsal | None, Rehearsal | None]:
         await p.recover()
-        return (await p.settle()).rehearsal, (await p.settle()).rehearsal
+        await p.settle()
+        return await p.rehearsal(), await p.rehearsal()
 
+    async def settle_only(p: Promoter) -> None:
+        await p.recover()
+        for _ in range(3):
+            await p.settle()
+
+    asyncio.run(settle_only(promoter))
+    assert evaluator.asked == [(0, "the built-in capability probe")]  # settle never builds the set
     first, second = asyncio.run(twice(promoter))
     assert first is not None and first is second and first.anchor == 0 and len(first.items) == 20
     assert [i.id for i in first.items] == sorted(i.id for i in first.items)

@@ -111,8 +111,6 @@ class Settled:
     """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
     step: StepScale = FULL
     """The next step's learning-rate scale (`clawbridge.promotion.backoff`)."""
-    rehearsal: Rehearsal | None = None
-    """The anchor's answers to rehearse beside the next step (`clawbridge.promotion.rehearsal`)."""
 
 
 @dataclass(frozen=True)
@@ -231,12 +229,12 @@ class Promoter:
         While the admin's rollback holds (`PromotionStore.release_hold`), it holds training. With
         it comes the next step's learning-rate scale, from the decisions so far."""
         settled = await self._settle()
-        rehearsal = await self.rehearsal() if settled.hold is None else None
-        return replace(settled, step=await self._read(self.step_scale), rehearsal=rehearsal)
+        return replace(settled, step=await self._read(self.step_scale))
 
     async def rehearsal(self) -> Rehearsal | None:
         """The anchor's rehearsal set, built once per anchor (`clawbridge.promotion.rehearsal`);
-        None when off."""
+        None when off, or while the anchor's probe figures are not yet in the store. Asked by a
+        step that trains (after `settle`), never by an idle loop: building it generates."""
         if self.mode == "off" or self.settings.rehearsal_coef <= 0:
             return None
         anchor = await self._read(self._anchor_version)

@@ -24,6 +24,8 @@ Invariants:
   the likelihood guard); the promoter says which, once, in its log. With the probe on, nothing is
   built or rehearsed until the anchor's probe figures are in the store (the serving version's
   baseline evaluation, or the first decision, brings them): the gate's timing stays its own.
+  The set is asked for (`VersionGate.rehearsal`) only by a step that has turns to train, never
+  by the gate's settle, so a server that only serves never generates for it.
 - A step trains `rehearsal_items` of them (`Rehearsal.pick`: a rotation by the step's number, so
   every answer comes back every len/k steps), each as one datum: its prompt + answer, every
   answer token with advantage `rehearsal_coef` x the batch's mean token scale (`mean_token_scale`)

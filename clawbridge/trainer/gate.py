@@ -25,9 +25,6 @@ class GateDecision(Protocol):
     @property
     def step(self) -> StepScale: ...
 
-    @property
-    def rehearsal(self) -> Rehearsal | None: ...
-
 
 class VersionGate(Protocol):
     """Promotion as the trainer loop sees it (module invariants).
@@ -42,22 +39,30 @@ class VersionGate(Protocol):
         """This session's turns are kept out of training (they evaluate versions)."""
         ...
 
+    async def rehearsal(self) -> Rehearsal | None:
+        """The anchor's answers to rehearse beside a step that trains (`clawbridge.promotion.rehearsal`);
+        asked only by a step that has turns to train, so an idle server builds nothing."""
+        ...
+
 
 @dataclass(frozen=True)
 class FakeSettled:
     hold: str | None = None
     resume_from: int | None = None
     step: StepScale = FULL
-    rehearsal: Rehearsal | None = None
 
 
 class FakeGate:
-    """Answers `settle` from a list (then holds nothing); holds out the sessions in `held`."""
+    """Answers `settle` from a list (then holds nothing); holds out the sessions in `held`; answers
+    `rehearsal` from `rehearsals` (then None)."""
 
-    def __init__(self, answers: list[FakeSettled] | None = None, held: set[str] | None = None) -> None:
+    def __init__(self, answers: list[FakeSettled] | None = None, held: set[str] | None = None,
+                 rehearsals: list[Rehearsal | None] | None = None) -> None:
         self.answers = list(answers or [])
         self.held = held or set()
+        self.rehearsals = list(rehearsals or [])
         self.calls = 0
+        self.rehearsal_calls = 0
 
     async def settle(self) -> GateDecision:
         self.calls += 1
@@ -65,3 +70,7 @@ class FakeGate:
 
     def held_out(self, session_id: str) -> bool:
         return session_id in self.held
+
+    async def rehearsal(self) -> Rehearsal | None:
+        self.rehearsal_calls += 1
+        return self.rehearsals.pop(0) if self.rehearsals else None

@@ -227,8 +227,6 @@ class TrainerLoop:
         """Why the loop runs no step now (the gate's hold), for status."""
         self.step_scale = FULL
         """The gate's learning-rate scale for the next step (1 without a gate)."""
-        self.rehearsal: Rehearsal | None = None
-        """The gate's rehearsal set for the next step (None: none)."""
         self.merge_totals = MergeStats()
         """Merge counts of the steps committed since start-up."""
         self._last_step_s: float | None = None
@@ -324,7 +322,6 @@ class TrainerLoop:
         if settled.step != self.step_scale:
             log.info("next steps%s at %s", self._of_lane(), settled.step.words())
         self.step_scale = settled.step
-        self.rehearsal = settled.rehearsal
         if settled.hold != self.holding and settled.hold is not None:
             log.info("no training step while %s", settled.hold)
         self.holding = settled.hold
@@ -420,18 +417,22 @@ class TrainerLoop:
         return replace(prepared, datums=r.datums, turn_ids=[t for t in prepared.turn_ids if t not in gone],
                        metrics=metrics, masked=r.masked)
 
-    def _with_rehearsal(self, prepared: PreparedBatch, step: int) -> PreparedBatch:
+    async def _with_rehearsal(self, prepared: PreparedBatch, step: int) -> PreparedBatch:
         """`prepared` with the step's rehearsed answers appended (`clawbridge.promotion.rehearsal`),
-        each token weighted like an average token of the batch times `rehearsal_coef`."""
+        each token weighted like an average token of the batch times `rehearsal_coef`. The gate is
+        asked here, by a step that trains, so an idle server never builds the set."""
         cfg = self.config
-        if self.rehearsal is None or cfg.rehearsal_coef <= 0:
+        if self.gate is None or cfg.rehearsal_coef <= 0:
+            return prepared
+        rehearsal: Rehearsal | None = await self.gate.rehearsal()
+        if rehearsal is None:
             return prepared
         loss_tokens = int(prepared.metrics.get("tokens", 0) + prepared.metrics.get("rewrite_tokens", 0))
         advantage = cfg.rehearsal_coef * mean_token_scale(cfg.normalization, loss_tokens)
-        extra = self.rehearsal.datums(step, cfg.rehearsal_items, advantage)
+        extra = rehearsal.datums(step, cfg.rehearsal_items, advantage)
         metrics = {**prepared.metrics, "rehearsal_datums": float(len(extra)),
                    "rehearsal_tokens": float(sum(int(sum(d.mask)) for d in extra)),
-                   "rehearsal_anchor": float(self.rehearsal.anchor)}
+                   "rehearsal_anchor": float(rehearsal.anchor)}
         return replace(prepared, datums=[*prepared.datums, *extra], metrics=metrics)
 
     def _has_signal(self, batch: list[PendingSample], prepared: PreparedBatch) -> bool:
@@ -461,7 +462,7 @@ class TrainerLoop:
             turn_ids = tuple(prepared.turn_ids)
             if not prepared.datums:
                 raise RuntimeError("every turn of the batch was dropped as private; nothing to train")
-            prepared = self._with_rehearsal(prepared, step)
+            prepared = await self._with_rehearsal(prepared, step)
             await keeper.ensure_base()
             keeper.dirty = True  # from here on the trainer state may hold this step's update
             t0 = time.monotonic()
