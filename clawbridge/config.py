@@ -364,9 +364,9 @@ class Settings(BaseSettings):
     step_backoff_floor: float = Field(
         0.125, gt=0.0, le=1.0, description="The smallest learning-rate scale step_backoff reaches.")
     rehearsal_coef: float = Field(
-        0.0, ge=0.0, le=10.0, description="Train a few of the anchor's own correct answers to built-in factual "
+        1.0, ge=0.0, le=10.0, description="Train a few of the anchor's own correct answers to built-in factual "
         "questions beside every step's turns, each token with this advantage (times the batch's mean token scale), "
-        "so that a preference taught by talk does not cost what the model knew (0: off; 1 measured best, docs/training.md). Needs a gate and a sampler "
+        "so that a preference taught by talk does not cost what the model knew (0: off; 1 is the value measured, docs/training.md). Needs a gate and a sampler "
         "that scores given tokens (the local torch engine, Tinker); docs/promotion.md, 'Rehearsal'.")
     rehearsal_items: int = Field(
         8, ge=1, le=64, description="Rehearsed answers per step (rehearsal_coef > 0), in turn from the built-in set.")

@@ -186,7 +186,7 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: off against anchor v0: it answers 1 of 40 probe facts: nothing to keep"]
     assert not any("rehearsing" in line for line in promotion_lines(unscored.status()))
-    assert Settings().rehearsal_coef == 0.0  # off by default for now (docs/training.md, "Rehearsal")
+    assert Settings().rehearsal_coef == 1.0  # on by default: the value measured (docs/training.md, "Rehearsal")
     for settings in (Settings(promotion_mode="probe", rehearsal_coef=0.0), Settings(promotion_mode="off")):
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})
         assert asyncio.run(twice(Promoter(settings, store, router, quiet))) == (None, None)
