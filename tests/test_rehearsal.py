@@ -17,7 +17,7 @@ from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, TALK_QUESTIONS
 from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
 from clawbridge.promotion.capability import capability_probe
 from clawbridge.promotion.describe import promotion_lines
-from clawbridge.promotion.evalset import EvalItem
+from clawbridge.promotion.evalset import EvalItem, EvalSet
 from clawbridge.promotion.promoter import Promoter
 from clawbridge.promotion.rehearsal import Rehearsal, mean_token_scale, rehearsal_pool
 from clawbridge.promotion.runner import FakeEvaluator
@@ -191,4 +191,39 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})
         assert asyncio.run(twice(Promoter(settings, store, router, quiet))) == (None, None)
         assert ("references" not in {what for _, what in quiet.asked})
+    store.close()
+
+
+class _FailsOnce(FakeEvaluator):
+    """Its first `references` call fails, as a busy or restarting engine's might."""
+
+    async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
+        if not any(what == "references" for _, what in self.asked):
+            self.asked.append((version, "references"))
+            raise RuntimeError("engine restarting")
+        return await super().references(version, eval_set, max_tokens)
+
+
+def test_a_failed_build_never_fails_the_step_and_the_next_step_builds_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rehearsal is an extra: a build that raises gives this step none (logged), not a failed step,
+    and is not remembered as off: the next step's ask builds it."""
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    router = VersionRouter(backend, VersionStore(store))
+    evaluator = _FailsOnce({0: 30}, references_of={0: 5})
+    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router, evaluator)
+
+    async def ask_twice() -> tuple[Rehearsal | None, Rehearsal | None]:
+        await promoter.recover()
+        await promoter.settle()
+        return await promoter.rehearsal(), await promoter.rehearsal()
+
+    with caplog.at_level(logging.WARNING, logger="clawbridge.promotion.promoter"):
+        first, second = asyncio.run(ask_twice())
+    assert first is None and second is not None and len(second.items) == 5
+    assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
+        "rehearsal: not built against anchor v0 (RuntimeError: engine restarting); this step trains without it, "
+        "the next one tries again"]
     store.close()

@@ -245,7 +245,13 @@ class Promoter:
             if known is not None and float(known["score"]) <= self.probe_tolerance:
                 built, why = None, f"it answers {known['passed']} of {known['items']} probe facts: nothing to keep"
             else:
-                built, why = await build_rehearsal(self.evaluator, anchor, self.settings.capability_probe_max_tokens)
+                try:
+                    built, why = await build_rehearsal(self.evaluator, anchor,
+                                                       self.settings.capability_probe_max_tokens)
+                except Exception as exc:  # rehearsal is an extra: the step trains without it, the next asks again
+                    log.warning("rehearsal: not built against anchor v%d (%s: %s); this step trains without it, "
+                                "the next one tries again", anchor, type(exc).__name__, exc)
+                    return None
             self._rehearsals[anchor] = built
             if built is None:
                 log.warning("rehearsal: off against anchor v%d: %s", anchor, why)
