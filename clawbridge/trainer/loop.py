@@ -58,7 +58,10 @@ Invariants:
   version that does not serve. Turns of held-out sessions (`gate.held_out`) are dropped as
   `held_out`: never trained, they score versions. Every step trains at the learning-rate scale the
   gate answered last (`LossConfig.lr_scale`, smaller after rejections: `clawbridge.promotion.backoff`),
-  recorded in the step's metrics as `lr_scale`.
+  recorded in the step's metrics as `lr_scale`. A step that has turns to train (after the
+  no-signal check and the privacy filter) asks the gate for its rehearsal set
+  (`VersionGate.rehearsal`, `clawbridge.promotion.rehearsal`) and appends it; an idle loop never
+  asks, so a server that only serves never generates for it.
 - Per-user adapters (`clawbridge.trainer.lanes`): a loop bound to a lane (`lane` not None) trains
   only that lane's samples into that lane's versions (`clawbridge.store.training`), so a step
   never mixes users; the loops of all lanes share one `step_lock` (asyncio's lock wakes waiters
