@@ -40,8 +40,9 @@ from clawbridge.config import Settings
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
+from clawbridge.promotion.announce import promotion_line, rehearsal_words
 from clawbridge.promotion.describe import probe_line
-from clawbridge.promotion.promoter import build_promoter, promoted_version, promotion_line
+from clawbridge.promotion.promoter import build_promoter, promoted_version
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -53,6 +54,7 @@ from clawbridge.runtime.address import base_url_for, clear_address, root_url_for
 from clawbridge.runtime.clock import SYSTEM_CLOCK, Clock
 from clawbridge.runtime.instance import StateDirLock, bind_listener
 from clawbridge.runtime.keys import ADMIN_KEY_FILE, CLIENT_KEY_FILE, ResolvedKey, ensure_key
+from clawbridge.serving.sampler import SequenceScorer
 from clawbridge.store import DB_FILENAME, Store
 from clawbridge.store.health import check_store_file, prepare_state_dir
 from clawbridge.telemetry.reporting import build_reporter
@@ -323,17 +325,17 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     root = root_url_for(settings.host, settings.port)
     announce(f"dashboard: {root}/dashboard (log in with the admin key, or once within 10 min via "
              f"{root}/dashboard/link/{app.state.dashboard.issue_link()}); metrics: {root}/metrics")
+    scores = isinstance(state.sampler, SequenceScorer)
     if state.trainer is not None:
-        rehearsal = (f", rehearsal of known facts {settings.rehearsal_coef:g}"
-                     if settings.rehearsal_coef > 0 and settings.promotion_mode != "off" else "")
-        announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}{rehearsal}); watch with "
+        announce(f"training: on (batch {settings.batch_size}, loss {settings.loss}"
+                 f"{rehearsal_words(settings, scores)}); watch with "
                  "`clawbridge status`")
         if state.reporter is not None:
             announce(f"step metrics also go to {settings.report_to} (under "
                      f"{settings.report_dir or settings.state_path / 'runs'})")
     else:
         announce("training: off (the backend serves only, or train = false)")
-    announce(promotion_line(settings))
+    announce(promotion_line(settings, scores))
     probe = state.promotion.status().get("capability_probe") if state.promotion is not None else None
     if probe:
         announce("  " + probe_line(probe))

@@ -20,9 +20,10 @@ import pytest
 from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings, load_settings
 from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
+from clawbridge.promotion.announce import promotion_line, rehearsal_words
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import promotion_lines, still_good_line
-from clawbridge.promotion.promoter import Promoter, promotion_line
+from clawbridge.promotion.promoter import Promoter
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
@@ -54,11 +55,28 @@ def test_auto_means_the_probe_without_an_eval_set(tmp_path: Path, monkeypatch: p
     cfg.write_text("")
     s = load_settings(cfg)
     assert s.promotion_mode == "probe" and s.capability_probe
-    assert "capability probe within 1 item(s)" in promotion_line(s)
+    assert "capability probe within 1 item(s)" in promotion_line(s, scores=True)
     monkeypatch.setenv("CLAWBRIDGE_EVAL_SET", "mine.jsonl")
     assert load_settings(cfg).promotion_mode == "eval"
     monkeypatch.setenv("CLAWBRIDGE_PROMOTION_MODE", "off")
-    assert "even one that lost capability" in promotion_line(load_settings(cfg))
+    assert "even one that lost capability" in promotion_line(load_settings(cfg), scores=True)
+
+
+def test_start_up_promises_the_guard_and_rehearsal_only_where_the_sampler_scores(tmp_path: Path) -> None:
+    """A Fireworks deployment or SGLang cannot score given tokens, so the likelihood guard and
+    rehearsal are off there (the promoter logs why): `up`'s lines say so instead of naming them."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    s = load_settings(cfg)
+    assert s.capability_probe_nats > 0 and s.rehearsal_coef > 0
+    scoring, blind = promotion_line(s, scores=True), promotion_line(s, scores=False)
+    assert "nats/token" in scoring and "no likelihood guard" not in scoring
+    assert "nats/token" not in blind and "no likelihood guard: this backend's sampler cannot score" in blind
+    assert rehearsal_words(s, scores=True) == ", rehearsal of known facts 1"
+    assert rehearsal_words(s, scores=False) == ", no rehearsal (this backend's sampler cannot score given tokens)"
+    off = s.model_copy(update={"promotion_mode": "off"})
+    assert rehearsal_words(off, scores=True) == "" and "nats/token" not in promotion_line(off, scores=True)
+    assert rehearsal_words(s.model_copy(update={"rehearsal_coef": 0.0}), scores=True) == ""
 
 
 def _promoter(tmp_path: Path, settings: Settings, fake: FakeEvaluator) -> tuple[Promoter, Store]:

@@ -32,6 +32,7 @@ from clawbridge.config import Settings
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.state import ProxyState
 from clawbridge.server import build_state
+from clawbridge.serving.sampler import SequenceScorer
 from clawbridge.store.training import TrainingStore
 from clawbridge.trainer import TrainerLoop
 from tests.support import free_port
@@ -259,6 +260,8 @@ def test_fireworks_proxy_trainer_loop_publish_and_serve(tiny_model_dir: Path, tm
         out = asyncio.run(run_scenario(settings, trained, max_tokens=16))
 
     assert isinstance(out["backend"], FireworksBackend)
+    # a deployment cannot score given tokens: `up` says no likelihood guard and no rehearsal here
+    assert not isinstance(out["backend"].sampler(), SequenceScorer)
     turns, nxt = check_common(out)
     # token exact at v0: the ids the deployment returned (cut at <|im_end|>), its sampling logprobs
     n = len(fw.completion_ids)

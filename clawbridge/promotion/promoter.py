@@ -749,25 +749,3 @@ def build_promoter(settings: Settings, store: Store, router: VersionRouter, rend
                        max_tokens=settings.judge_max_tokens)
     evaluator = Evaluator(router, renderer, judge, settings.eval_max_tokens, votes=votes)
     return Promoter(settings, store, router, evaluator)
-
-
-def promotion_line(settings: Settings) -> str:
-    """What `clawbridge up` says about promotion."""
-    mode = settings.promotion_mode
-    likely = (f"its likelihood of the base's correct answers within {settings.capability_probe_nats:g} nats/token"
-              if settings.capability_probe_nats > 0 else "")
-    floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"
-             f"{' and ' + likely if likely else ''}" if settings.capability_probe else "")
-    if mode == "off":
-        return ("promotion: off (every trained version serves at once, even one that lost capability; the default "
-                "gate is promotion_mode = auto: docs/promotion.md)")
-    if mode == "probe":
-        return ("promotion: probe (a new version serves only if it still answers the built-in capability probe within "
-                f"{settings.capability_probe_slack} item(s) of the serving version and the base{', and ' + likely if likely else ''}; "
-                "name your own eval set, CLAWBRIDGE_EVAL_SET, to gate on it too; `clawbridge status` shows decisions)")
-    if mode == "eval":
-        where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"
-        return (f"promotion: eval (a new version serves only if not worse on {where}{floor}; `clawbridge status` "
-                "shows decisions)")
-    return (f"promotion: canary (a new version answers {settings.canary_share:.0%} of new sessions until a sequential "
-            f"test of their rewards promotes or rolls it back{floor})")
