@@ -40,7 +40,7 @@ from clawbridge.config import Settings
 from clawbridge.openclaw.installer import DEFAULT_PROVIDER_ID, InstallOptions, provider_entry
 from clawbridge.plugins import load_backend
 from clawbridge.privacy.guard import build_guard
-from clawbridge.promotion.announce import promotion_line, rehearsal_words
+from clawbridge.promotion.announce import lanes_line, promotion_line, rehearsal_words
 from clawbridge.promotion.describe import probe_line
 from clawbridge.promotion.promoter import build_promoter, promoted_version
 from clawbridge.proxy.app import build_app
@@ -190,6 +190,8 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         raise
     if state.trainer is not None:
         state.trainer.gate = state.promotion
+        if state.lanes is not None:
+            state.lanes.rehearsals = state.promotion
         state.reporter = build_reporter(settings, store)
     return state
 
@@ -336,6 +338,9 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     else:
         announce("training: off (the backend serves only, or train = false)")
     announce(promotion_line(settings, scores))
+    lanes = lanes_line(settings, scores)
+    if lanes is not None:
+        announce(lanes)
     probe = state.promotion.status().get("capability_probe") if state.promotion is not None else None
     if probe:
         announce("  " + probe_line(probe))

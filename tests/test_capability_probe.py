@@ -20,7 +20,7 @@ import pytest
 from clawbridge.backend import ModelInfo
 from clawbridge.config import Settings, load_settings
 from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
-from clawbridge.promotion.announce import promotion_line, rehearsal_words
+from clawbridge.promotion.announce import lanes_line, promotion_line, rehearsal_words
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import promotion_lines, still_good_line
 from clawbridge.promotion.promoter import Promoter
@@ -77,6 +77,13 @@ def test_start_up_promises_the_guard_and_rehearsal_only_where_the_sampler_scores
     off = s.model_copy(update={"promotion_mode": "off"})
     assert rehearsal_words(off, scores=True) == "" and "nats/token" not in promotion_line(off, scores=True)
     assert rehearsal_words(s.model_copy(update={"rehearsal_coef": 0.0}), scores=True) == ""
+    # users' adapters are not gated: the line says so, and what protects them where anything does
+    assert lanes_line(s, scores=True) is None
+    lanes = s.model_copy(update={"per_user_adapters": True})
+    assert lanes_line(lanes, scores=True) == (
+        "users' adapters: each serves its user once trained, not gated (promotion gates the shared policy); "
+        "their steps add the shared policy's rehearsal of known facts 1; docs/users.md")
+    assert "rehearsal" not in (lanes_line(lanes, scores=False) or "no line")
 
 
 def _promoter(tmp_path: Path, settings: Settings, fake: FakeEvaluator) -> tuple[Promoter, Store]:

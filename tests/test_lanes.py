@@ -350,3 +350,46 @@ def test_version_and_step_numbers_are_given_once_across_forget_and_restart(tmp_p
     again = VersionStore(store).reserve("step")
     assert again > nxt and TrainingStore(store).begin_step() > step
     store.close()
+
+
+def test_a_lane_is_not_gated_but_its_steps_rehearse_the_shared_gates_set(tmp_path: Path) -> None:
+    """A user's adapter serves its user once committed (no gate of its own), so its steps add the
+    shared gate's rehearsal set as the shared policy's do: the lane's batch is its user's two turns,
+    then two rehearsed answers; a lane never settles the shared gate nor holds anything out."""
+    from clawbridge.promotion.evalset import EvalItem
+    from clawbridge.promotion.rehearsal import Rehearsal
+    from clawbridge.trainer.gate import FakeGate
+
+    items = tuple(EvalItem("held_out", f"q{i}", prompt_ids=(1, 2), completion_ids=(20 + i, 99),
+                           completion_logprobs=(-0.5, -0.25), verdict=1) for i in range(3))
+
+    async def main() -> None:
+        s = settings(tmp_path, rehearsal_items=2)
+        store = Store.open(s.state_path)
+        for i in range(2):
+            rewarded(store, f"a{i}", "alice")
+        backend = FakePerUserBackend(FakeSampler([7, 8]), INFO)
+        lock = asyncio.Lock()
+        shared = TrainerLoop.from_settings(s, store, backend, CheckpointKeeper(store, backend), lane="", step_lock=lock)
+        lanes = UserLanes(s, store, backend, lock)
+        source = lanes.rehearsals = FakeGate(rehearsals=[Rehearsal(0, items)])
+        await shared.start()  # it turns ended sessions into samples, the lanes' too
+        await lanes.start()
+        try:
+            for _ in range(400):
+                if any(lane.batches for lane in backend.lanes):
+                    break
+                await asyncio.sleep(0.05)
+            (alice,) = backend.lanes
+            (batch,) = alice.batches
+            assert [d.turn_id != "" for d in batch] == [True, True, False, False]
+            assert {d.tokens[2] for d in batch[2:]} <= {20, 21, 22} and len({d.tokens[2] for d in batch[2:]}) == 2
+            assert source.rehearsal_calls == 1 and source.calls == 0  # never the shared gate's settle
+            (step,) = [st for st in TrainingStore(store, "alice").lane_steps(10) if st.status == "ok"]
+            assert step.metrics["rehearsal_datums"] == 2.0 and step.metrics["turns"] == 2.0
+        finally:
+            await lanes.stop()
+            await shared.stop()
+            store.close()
+
+    asyncio.run(main())

@@ -220,7 +220,7 @@ def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path)
     from clawbridge.backend import ModelInfo
     from clawbridge.serving.sampler import FakeSampler
     from clawbridge.trainer.fake import FakeTrainingBackend
-    from clawbridge.trainer.gate import FakeGate, FakeSettled
+    from clawbridge.trainer.gate import Decided, FakeGate
     from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
     store = Store(tmp_path / "db.sqlite")
@@ -229,7 +229,7 @@ def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path)
     for s in ("a", "b", "c"):
         _turn(store, s, 0)
         store.add_reward(s, 1.0, "api", store.last_turn_id(s))
-    loop.gate = FakeGate([FakeSettled(hold="candidate v1 on trial")], held={"c"})
+    loop.gate = FakeGate([Decided(hold="candidate v1 on trial")], held={"c"})
     assert asyncio.run(loop.run_once()) is None  # held: no step
     assert loop.holding == "candidate v1 on trial"
     report = asyncio.run(loop.run_once())

@@ -40,6 +40,8 @@ def test_each_user_trains_their_own_tinker_adapter(tiny_model_dir: Path, tmp_pat
 
     async def main() -> dict[str, Any]:
         state = await build_state(settings)
+        # users' adapters are not gated, but their steps rehearse the shared gate's set
+        assert state.lanes is not None and state.lanes.rehearsals is state.promotion is not None
         app = build_app(state)
         out: dict[str, Any] = {"turns": {}, "second": {}}
         async with app.router.lifespan_context(app):

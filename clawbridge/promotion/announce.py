@@ -47,3 +47,15 @@ def promotion_line(settings: Settings, scores: bool) -> str:
                 "`clawbridge status` shows decisions)")
     return (f"promotion: canary (a new version answers {settings.canary_share:.0%} of new sessions until a sequential "
             f"test of their rewards promotes or rolls it back{floor}{unguarded})")
+
+
+def lanes_line(settings: Settings, scores: bool) -> str | None:
+    """What `clawbridge up` says about users' adapters and the gate (None without them)."""
+    if not settings.per_user_adapters or not settings.train:
+        return None
+    rehearse = rehearsal_words(settings, scores).lstrip(", ")
+    kept = f"; their steps add the shared policy's {rehearse}" if rehearse.startswith("rehearsal") else ""
+    if settings.promotion_mode == "off":
+        return f"users' adapters: each serves its user once trained (promotion is off){kept}"
+    return (f"users' adapters: each serves its user once trained, not gated (promotion gates the shared policy)"
+            f"{kept}; docs/users.md")

@@ -8,6 +8,10 @@ Invariants:
   user's adapter (`PerUserTraining.user_lane`), with its own `CheckpointKeeper`: its optimizer
   state, checkpoints and policy versions (the store's `lane` column) are that user's alone, and a
   step trains the turns of one user only (`clawbridge.store.training`). The shared loop is the lane ''.
+- A lane's versions are not gated (promotion gates the shared policy; `per_user_problem` refuses
+  `eval` and `canary`), but its steps rehearse: with the shared gate as `rehearsals`, each lane's
+  loop gets `RehearsalOnly` (`clawbridge.trainer.gate`), so its steps add the same rehearsal set of
+  the shared anchor's correct answers as the shared policy's steps (`clawbridge.promotion.rehearsal`).
 - A lane starts when its user has a pending sample, or (at start-up) a committed version: a
   restart resumes every user's adapter from its newest committed checkpoint, exactly as the shared
   policy resumes.
@@ -41,6 +45,7 @@ from clawbridge.store import Store
 from clawbridge.store.versions import VersionStore
 from clawbridge.trainer.checkpoints import CheckpointKeeper
 from clawbridge.trainer.deletions import OwedDeletions
+from clawbridge.trainer.gate import RehearsalOnly, RehearsalSource
 from clawbridge.trainer.loop import TrainerLoop
 
 if TYPE_CHECKING:
@@ -112,6 +117,9 @@ class UserLanes:
         self.privacy = privacy
         self.lanes: dict[str, TrainerLoop] = {}
         """Running lanes by user."""
+        self.rehearsals: RehearsalSource | None = None
+        """The shared gate, whose rehearsal set every lane's steps add (module invariants); set
+        before `start`."""
         self._lock = asyncio.Lock()
         """Starting and forgetting lanes never interleave."""
         self._forgetting: set[str] = set()
@@ -184,6 +192,8 @@ class UserLanes:
             raise
         loop = TrainerLoop.from_settings(self.settings, self.store, backend, keeper, self.privacy, lane=user,
                                          step_lock=self.step_lock)
+        if self.rehearsals is not None:
+            loop.gate = RehearsalOnly(self.rehearsals)
         self.lanes[user] = loop
         await loop.start()
         trained = keeper.trained_version
