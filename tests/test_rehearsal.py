@@ -164,7 +164,8 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert first is not None and first is second and first.anchor == 0 and len(first.items) == 20
     assert [i.id for i in first.items] == sorted(i.id for i in first.items)
     assert sum(1 for _, what in evaluator.asked if what == "references") == 1  # once per anchor
-    assert promoter.status()["rehearsal"] == {"anchor": 0, "answers": 20, "per_step": 4, "coef": 1.0}
+    status = promoter.status()["rehearsal"]
+    assert status.pop("build_seconds") >= 0 and status == {"anchor": 0, "answers": 20, "per_step": 4, "coef": 1.0}
     assert ("  rehearsing 4 of anchor v0's 20 correct answers to built-in facts beside each step, so the preference "
             "costs less of what it knew (rehearsal_coef 1)") in promotion_lines(promoter.status())
     # a sampler that cannot score given tokens (Fireworks): off, said once; coef 0 or promotion off: never asked
@@ -194,11 +195,15 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     store.close()
 
 
-class _FailsOnce(FakeEvaluator):
-    """Its first `references` call fails, as a busy or restarting engine's might."""
+class _Fails(FakeEvaluator):
+    """Its first `fails` `references` calls raise, as a busy or restarting engine's might."""
+
+    def __init__(self, *args: object, fails: int = 1, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.fails = fails
 
     async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
-        if not any(what == "references" for _, what in self.asked):
+        if sum(what == "references" for _, what in self.asked) < self.fails:
             self.asked.append((version, "references"))
             raise RuntimeError("engine restarting")
         return await super().references(version, eval_set, max_tokens)
@@ -212,7 +217,7 @@ def test_a_failed_build_never_fails_the_step_and_the_next_step_builds_again(
     store = Store(tmp_path / "db.sqlite")
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     router = VersionRouter(backend, VersionStore(store))
-    evaluator = _FailsOnce({0: 30}, references_of={0: 5})
+    evaluator = _Fails({0: 30}, references_of={0: 5})
     promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router, evaluator)
 
     async def ask_twice() -> tuple[Rehearsal | None, Rehearsal | None]:
@@ -226,4 +231,39 @@ def test_a_failed_build_never_fails_the_step_and_the_next_step_builds_again(
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: not built against anchor v0 (RuntimeError: engine restarting); this step trains without it, "
         "the next one tries again"]
+    store.close()
+
+
+def test_an_engine_that_fails_every_build_turns_rehearsal_off_for_that_anchor_after_three(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retries are bounded: three failed builds against one anchor, then off for it (said once),
+    and no fourth build is tried; a set that is built says how long its build took."""
+    store = Store(tmp_path / "db.sqlite")
+    backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
+    router = VersionRouter(backend, VersionStore(store))
+    evaluator = _Fails({0: 30}, references_of={0: 5}, fails=10)
+    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router, evaluator)
+
+    async def ask(n: int) -> list[Rehearsal | None]:
+        await promoter.recover()
+        await promoter.settle()
+        return [await promoter.rehearsal() for _ in range(n)]
+
+    with caplog.at_level(logging.WARNING, logger="clawbridge.promotion"):
+        assert asyncio.run(ask(5)) == [None] * 5
+    assert sum(what == "references" for _, what in evaluator.asked) == 3
+    said = [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()]
+    assert said[2:] == ["rehearsal: off against anchor v0: 3 builds failed, the last with RuntimeError: engine "
+                        "restarting (a restart or a new anchor tries again)"] and len(said) == 3
+    assert promoter.status()["rehearsal"] is None
+    built = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router,
+                     FakeEvaluator({0: 30}, references_of={0: 5}))
+    with caplog.at_level(logging.INFO, logger="clawbridge.promotion"):
+        caplog.clear()
+        assert asyncio.run(built.rehearsal()) is not None
+    status = built.status()["rehearsal"]
+    assert status["answers"] == 5 and status["build_seconds"] >= 0
+    assert any(re.search(r"5 of v0's correct answers, built in \d+\.\d s, 8 beside each step", r.getMessage())
+               for r in caplog.records)
     store.close()

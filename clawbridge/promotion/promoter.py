@@ -82,6 +82,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clawbridge.promotion")
 
+REHEARSAL_TRIES = 3
+"""Builds of one anchor's rehearsal set that may raise before rehearsal is off against it."""
+
 NOISY_TOLERANCE = 0.05
 """Default tolerance for rubric sets, held-out sessions and canary rewards."""
 
@@ -162,6 +165,10 @@ class Promoter:
         """The likelihood guard's reference set per anchor version (None: off for it, said once)."""
         self._rehearsals: dict[int, Rehearsal | None] = {}
         """The rehearsal set per anchor version (None: off for it, said once)."""
+        self._rehearsal_failures: dict[int, int] = {}
+        """Builds that raised, per anchor (`REHEARSAL_TRIES` of them turn it off for that anchor)."""
+        self._rehearsal_seconds: dict[int, float] = {}
+        """How long building each anchor's set took (it runs inside the first step that asks)."""
 
     @property
     def probe_tolerance(self) -> float:
@@ -245,13 +252,22 @@ class Promoter:
             if known is not None and float(known["score"]) <= self.probe_tolerance:
                 built, why = None, f"it answers {known['passed']} of {known['items']} probe facts: nothing to keep"
             else:
+                started = time.monotonic()
                 try:
                     built, why = await build_rehearsal(self.evaluator, anchor,
                                                        self.settings.capability_probe_max_tokens)
                 except Exception as exc:  # rehearsal is an extra: the step trains without it, the next asks again
-                    log.warning("rehearsal: not built against anchor v%d (%s: %s); this step trains without it, "
-                                "the next one tries again", anchor, type(exc).__name__, exc)
-                    return None
+                    failed = self._rehearsal_failures[anchor] = self._rehearsal_failures.get(anchor, 0) + 1
+                    if failed < REHEARSAL_TRIES:
+                        log.warning("rehearsal: not built against anchor v%d (%s: %s); this step trains without it, "
+                                    "the next one tries again", anchor, type(exc).__name__, exc)
+                        return None
+                    built, why = None, (f"{failed} builds failed, the last with {type(exc).__name__}: {exc} "
+                                        "(a restart or a new anchor tries again)")
+                else:
+                    if built is not None:
+                        self._rehearsal_seconds[anchor] = time.monotonic() - started
+                        why += f", built in {self._rehearsal_seconds[anchor]:.1f} s"
             self._rehearsals[anchor] = built
             if built is None:
                 log.warning("rehearsal: off against anchor v%d: %s", anchor, why)
@@ -677,7 +693,7 @@ class Promoter:
         if newest is None:
             return None
         return {"anchor": newest.anchor, "answers": len(newest.items), "per_step": self.settings.rehearsal_items,
-                "coef": self.settings.rehearsal_coef}
+                "coef": self.settings.rehearsal_coef, "build_seconds": self._rehearsal_seconds.get(newest.anchor)}
 
     def _likelihood_status(self, anchor: int) -> dict[str, Any] | None:
         """The likelihood guard's figure of the serving version (nats per token against the

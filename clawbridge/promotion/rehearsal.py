@@ -25,7 +25,9 @@ Invariants:
   built or rehearsed until the anchor's probe figures are in the store (the serving version's
   baseline evaluation, or the first decision, brings them): the gate's timing stays its own.
   The set is asked for (`VersionGate.rehearsal`) only by a step that has turns to train, never
-  by the gate's settle, so a server that only serves never generates for it.
+  by the gate's settle, so a server that only serves never generates for it. A build that raises
+  (a busy or restarting engine) gives that step none and the next step tries again; after
+  `REHEARSAL_TRIES` (3) such failures against one anchor it is off for that anchor, said once.
 - A step trains `rehearsal_items` of them (`Rehearsal.pick`: a rotation by the step's number, so
   every answer comes back every len/k steps), each as one datum: its prompt + answer, every
   answer token with advantage `rehearsal_coef` x the batch's mean token scale (`mean_token_scale`)
