@@ -287,7 +287,9 @@ def test_status_line_of_a_users_adapter() -> None:
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█" and sparkline([0.3, 0.3]) == "▁▁" and sparkline([]) == ""
     lane = {"serving_version": 12, "in_step": True, "steps": {"ok": 3, "failed": 0}, "pending_turns": 2,
             "reward_trend": [0.25, 0.5, 1.0], "last_error": None}
-    assert lane_text(lane) == "; own adapter v12, 3 step(s), training now, step reward 0.25 -> 1.00 ▁▃█"
+    assert lane_text(lane) == "; own adapter v12 (not gated), 3 step(s), training now, step reward 0.25 -> 1.00 ▁▃█"
+    assert lane_text({**lane, "in_step": False, "rehearsed": 8}) == (
+        "; own adapter v12 (not gated), 3 step(s), 8 known facts rehearsed per step, step reward 0.25 -> 1.00 ▁▃█")
     assert "not trained yet" in lane_text({**lane, "serving_version": None, "reward_trend": []})
     assert "nothing to train yet" in lane_text(None)
 
@@ -387,6 +389,7 @@ def test_a_lane_is_not_gated_but_its_steps_rehearse_the_shared_gates_set(tmp_pat
             assert source.rehearsal_calls == 1 and source.calls == 0  # never the shared gate's settle
             (step,) = [st for st in TrainingStore(store, "alice").lane_steps(10) if st.status == "ok"]
             assert step.metrics["rehearsal_datums"] == 2.0 and step.metrics["turns"] == 2.0
+            assert lanes.status()["alice"]["rehearsed"] == 2
         finally:
             await lanes.stop()
             await shared.stop()

@@ -174,12 +174,16 @@ def sparkline(values: list[float]) -> str:
 
 
 def lane_text(lane: dict[str, Any] | None) -> str:
-    """A user's adapter: the version their calls get, its steps and the reward trend of its last steps."""
+    """A user's adapter: the version their calls get (promotion does not gate it: docs/users.md), its
+    steps, what its last step rehearsed and the reward trend of its last steps."""
     if lane is None:
         return "; own adapter: nothing to train yet (the shared policy answers)"
     served = lane["serving_version"]
-    text = f"; own adapter v{served}" if served is not None else "; own adapter: not trained yet (the shared policy answers)"
+    text = (f"; own adapter v{served} (not gated)" if served is not None
+            else "; own adapter: not trained yet (the shared policy answers)")
     text += f", {lane['steps']['ok']} step(s)" + (", training now" if lane["in_step"] else "")
+    if lane.get("rehearsed"):
+        text += f", {lane['rehearsed']} known facts rehearsed per step"
     trend = lane["reward_trend"]
     if trend:
         text += f", step reward {trend[0]:.2f} -> {trend[-1]:.2f} {sparkline(trend)}"

@@ -259,7 +259,8 @@ class UserLanes:
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
-        """Per user: the version their calls get, steps, pending turns and reward trend (reads the store)."""
+        """Per user: the version their calls get, steps, pending turns, reward trend and the answers
+        their last step rehearsed (reads the store)."""
         out: dict[str, Any] = {}
         lanes = sorted(self.lanes.items())
         if not lanes:
@@ -275,6 +276,7 @@ class UserLanes:
             trend = [float(s.metrics["reward_mean"]) for s in reversed(ok[:TREND_STEPS])
                      if isinstance(s.metrics.get("reward_mean"), int | float)]
             last = recent[0] if recent else None
+            rehearsed = ok[0].metrics.get("rehearsal_datums") if ok else None
             out[user] = {
                 "serving_version": loop.keeper.trained_version,
                 "in_step": loop.in_step,
@@ -282,6 +284,7 @@ class UserLanes:
                 "pending_turns": ready.get(user, 0),
                 "reward_trend": trend,
                 "last_error": last.error if last is not None and last.status == "failed" else None,
+                "rehearsed": int(rehearsed) if isinstance(rehearsed, int | float) else 0,
             }
         return out
 

@@ -209,9 +209,10 @@ function sparkline(values) {
 }
 function adapterCells(lane) {
   if (!lane) return ["shared policy", "–"];
-  const served = lane.serving_version === null ? "not trained yet" : `v${lane.serving_version}`;
+  const served = lane.serving_version === null ? "not trained yet" : `v${lane.serving_version} (not gated)`;
+  const rehearsed = lane.rehearsed ? `, ${lane.rehearsed} facts rehearsed per step` : "";
   const t = lane.reward_trend;
-  return [`${served}, ${lane.steps.ok} step(s)${lane.in_step ? ", training" : ""}`,
+  return [`${served}, ${lane.steps.ok} step(s)${rehearsed}${lane.in_step ? ", training" : ""}`,
           t.length ? `${num(t[0])} → ${num(t[t.length - 1])} ${sparkline(t)}` : "–"];
 }
 function renderUsers(users, lanes) {
