@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from clawbridge.config import Settings
+from clawbridge.promotion.announce import promotion_line
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
 from clawbridge.promotion.likelihood import LIKELIHOOD_SOURCE, nats_of, nats_tolerance
-from clawbridge.promotion.promoter import Decision, promotion_line
+from clawbridge.promotion.promoter import Decision
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from tests.test_capability_probe import _decide, _promoter
@@ -55,8 +56,8 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     assert likely["serving_nats"] == pytest.approx(nats_of(29 / 30))
     line = still_good_line(promoter.status())
     assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
-    assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings())
-    assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0))
+    assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings(), scores=True)
+    assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0), scores=True)
     store.close()
 
 
