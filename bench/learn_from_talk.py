@@ -88,7 +88,8 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
             "promoted": r["promoted"], "rejected": r["rejected"],
             "notes": sum(1 for n in r["notes"] if (n.get("user") or persona) in (persona, None)),
             "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
-            "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0)}
+            "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0),
+            "noted": r.get("noted_answers", 0), "echoed": r.get("echoed_answers", 0)}
 
 
 def sampled_row(r: dict[str, Any]) -> dict[str, float | None]:
@@ -130,6 +131,20 @@ def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
               f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {fmt(median([r['wall'] for r in rs]), '.0f')} s |")
 
 
+def print_echoes(runs: list[Path]) -> None:
+    """Per run folder (`--out` of an earlier run, or one run's folder): the answers served with
+    notes that echoed the note, in the first and the second half of them (`talk.note_echoes`)."""
+    from clawbridge.devtools.talk import note_echoes
+
+    for state in sorted({st for d in runs for st in (d.glob("**/state") if d.name != "state" else [d])}):
+        echoes = note_echoes(state)
+        half = len(echoes) // 2
+        first, second = echoes[:half], echoes[half:]
+        share = lambda part: f"{sum(e for _, e in part)}/{len(part)}"  # noqa: E731
+        print(f"{state.parent}: {sum(e for _, e in echoes)} of {len(echoes)} noted answers echoed the note "
+              f"(first half {share(first)}, second half {share(second)})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="smollm2 (the real model) or a model folder")
@@ -147,7 +162,12 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="CLAWBRIDGE_X=V", help="extra settings for up")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--echoes", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="only print, for runs already made, how many noted answers echoed the note")
     args = ap.parse_args()
+    if args.echoes:
+        print_echoes(args.echoes)
+        return 0
     from clawbridge.models import cached_model
 
     model = str(cached_model("smollm2-135m-instruct")) if args.model == "smollm2" else args.model
@@ -177,7 +197,8 @@ def main() -> int:
                           f"[{rw['weights']:.2f}], capability {rw['cap0']:.2f} -> {rw['cap']:.2f} (min {rw['capmin']:.2f}), "
                           f"sampled {', '.join(f'v{v} {c:.2f}' for v, c in rw['sampled'].items())}, "
                           f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
-                          f"gap {fmt(rw['gap'], '.3f')}, {time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
+                          f"gap {fmt(rw['gap'], '.3f')}, {rw['echoed']} of {rw['noted']} noted answers echoed "
+                          f"the note, {time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
                           f"trainer), load {os.getloadavg()[0]:.1f}",
                           flush=True)
     print_table(rows)

@@ -248,3 +248,63 @@ def test_check_sessions_are_a_stable_share(share: float) -> None:
     got = sum(is_check_session(i, share) for i in ids) / len(ids)
     assert abs(got - share) < 0.04
     assert [is_check_session(i, share) for i in ids[:30]] == [is_check_session(i, share) for i in ids[:30]]
+
+
+@pytest.mark.parametrize(("answer", "hint", "echoes"), [
+    ("[Hint: Please be brief, just a sentence or two.]", "Please be brief, just a sentence or two.", True),
+    ("Introduced It was (Hint: Thanks.", COMPLAINT, True),  # the marker, whatever follows it
+    ("You didn't use my name. please call me [Sam], please call me.", COMPLAINT, True),  # four words in a row
+    ("Sure, Sam! Boil the water, then steep the tea for three minutes.", COMPLAINT, False),
+    ("I will be brief: Paris.", "Be brief.", False),  # a hint under four words: only the marker counts
+    ("Paris. Then the details: it is the largest city.",
+     "Don't bury the answer. Give me a one-line answer first, then the details.", False),
+])
+def test_an_answer_that_repeats_its_note_echoes_it(answer: str, hint: str, echoes: bool) -> None:
+    from clawbridge.rewards.notes import echoes_note
+
+    assert echoes_note(answer, hint) is echoes
+
+
+def test_an_answer_that_echoes_its_note_is_recorded_and_never_trained(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """SmolLM2 taught at a high rate answered 34% of noted calls with the note itself ("[Hint: You
+    didn't use my name. Please call me Sam.]"), and the person's check (his name is in it) rewarded
+    that: trained onto the plain prompt, it teaches the weights to say the hint unasked. Such a turn
+    is recorded as it was (token exact) with `meta.notes_echoed`, and becomes a sample already
+    dropped as `echoed_note`; the same answer in a call without notes is trained as any other."""
+    from clawbridge.store.training import TrainingStore
+
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    sampler = FakeSampler(script=script_for(renderer, f"[Hint: {COMPLAINT}]"))
+    proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler)
+    try:
+        auth = {"Authorization": f"Bearer {proxy.state.keys.client}"}
+        admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+        client = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=proxy.state.keys.client)
+        question = [{"role": "user", "content": "How do I make tea?"}]
+
+        def session(sid: str) -> None:
+            client.chat.completions.create(model="tiny", messages=question,  # type: ignore[arg-type]
+                                           extra_headers={"X-Session-Id": sid, "X-Session-Done": "true"})
+            assert httpx.post(f"{proxy.base}/rl/set_session_reward", json={"session_id": sid, "reward": 1.0},
+                              headers=admin).status_code == 200
+
+        session("plain")
+        assert httpx.post(f"{proxy.base}/rl/notes", json={"text": COMPLAINT}, headers=auth).status_code == 200
+        session("noted")
+    finally:
+        proxy.stop()
+    rows = {r["session_id"]: r for r in _turns(tmp_path / "state")}
+    plain, noted = json.loads(rows["plain"]["meta_json"]), json.loads(rows["noted"]["meta_json"])
+    assert "notes_echoed" not in plain and noted["notes_echoed"] is True and noted["notes"]
+    assert rows["noted"]["completion_token_ids"] == rows["plain"]["completion_token_ids"]  # recorded as sampled
+    store = Store.open(tmp_path / "state")
+    try:
+        tstore = TrainingStore(store)
+        tstore.ingest_ended()
+        assert [s.session_id for s in tstore.ready_samples()] == ["plain"]
+        with store.read() as c:
+            dropped = dict(c.execute("SELECT session_id, dropped_reason FROM samples").fetchall())
+        assert dropped == {"plain": None, "noted": "echoed_note"}
+        assert tstore.training_stats()["samples"]["dropped"] == {"echoed_note": 1}  # `clawbridge status` counts it
+    finally:
+        store.close()

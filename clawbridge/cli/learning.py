@@ -35,6 +35,8 @@ DROP_FIXES = {
                "(privacy = off, or privacy_patterns, if those are no secrets)",
     "held_out": "held-out sessions score new versions instead of training them (held_out_share); by design",
     "empty": "answers without a sampled token have nothing to train",
+    "echoed_note": "the model repeated the user's note instead of following it; such answers are never trained, so "
+                   "the weights do not learn to say the note unasked (by design; docs/training.md, notes)",
 }
 """What to change for each reason a sample is dropped (no_reward and no_signal have checks of their own)."""
 

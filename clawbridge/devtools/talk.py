@@ -128,6 +128,9 @@ class TalkResult:
     """Mean OPD gap over the completion tokens of hinted turns: teacher minus sampler, or minus the
     plain-prompt reference for a turn served with notes (`clawbridge.rewards.opd`)."""
     hinted_turns: int = 0
+    noted_answers: int = 0
+    """Answers served with notes (`note_echoes`), and of them those that echoed the note (never trained)."""
+    echoed_answers: int = 0
     seconds: float = 0.0
 
     @property
@@ -317,6 +320,27 @@ def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
     return (statistics.fmean(gaps) if gaps else None), len(rows)
 
 
+def note_echoes(state_dir: Path) -> list[tuple[int, bool]]:
+    """(policy version, whether it echoed its note) of every answer served with notes, in order
+    (`clawbridge.rewards.notes.echoes_note`, judged again from the stored answer and note texts, so
+    a store written before answers were flagged counts the same way)."""
+    from clawbridge.rewards.notes import echoes_note
+
+    texts = dict(_query(state_dir, "SELECT note_id, text FROM notes") or [])
+    rows = _query(state_dir, "SELECT policy_version, response_json, json_extract(meta_json, '$.notes') FROM turns "
+                             "WHERE turn_type = 'main' AND status = 'ok' AND train_prompt_token_ids IS NOT NULL "
+                             "ORDER BY created_at") or []
+    out = []
+    for version, response, ids in rows:
+        try:
+            answer = json.loads(response)["choices"][0]["message"]["content"] or ""
+            hint = " ".join(texts.get(i, "") for i in json.loads(ids))
+        except (TypeError, ValueError, KeyError, IndexError):
+            continue
+        out.append((int(version), echoes_note(answer, hint)))
+    return out
+
+
 def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -> TalkResult:
     """Measure before, let the personas talk, settle, measure after (module docstring)."""
     t0 = time.monotonic()
@@ -369,6 +393,8 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
     r = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {proxy.admin}"}, timeout=60)
     result.notes = r.json().get("notes", []) if r.status_code == 200 else []
     result.teacher_gap, result.hinted_turns = teacher_gap(state_dir)
+    echoes = note_echoes(state_dir)
+    result.noted_answers, result.echoed_answers = len(echoes), sum(e for _, e in echoes)
     result.seconds = time.monotonic() - t0
     return result
 

@@ -53,7 +53,13 @@ from clawbridge.proxy.request import ChatRequest
 from clawbridge.proxy.sessions import CallSession
 from clawbridge.proxy.state import ProxyState
 from clawbridge.proxy.stops import StopMatcher
-from clawbridge.rewards.notes import CHECK_META, NOTES_HEADER, note_hint, noted_messages
+from clawbridge.rewards.notes import (
+    CHECK_META,
+    NOTES_HEADER,
+    echoes_note,
+    note_hint,
+    noted_messages,
+)
 from clawbridge.serving.sampler import (
     PromptTooLong,
     SampledToken,
@@ -67,7 +73,7 @@ from clawbridge.serving.sampler import (
 )
 from clawbridge.serving.versions import VersionNotFound, parse_versioned
 from clawbridge.store import TurnRecord
-from clawbridge.store.notes import Note
+from clawbridge.store.notes import ECHO_META, Note
 from clawbridge.store.tombstones import UserForgotten
 
 log = logging.getLogger("clawbridge.proxy")
@@ -207,6 +213,8 @@ class SampledCall:
         """The prompt without the user's notes when the call carried some (`clawbridge.rewards.notes`)."""
         self.notes_meta: list[int] | str | None = None
         """The ids of the notes the call carried, 'check' for a check session, or None."""
+        self.hint: str | None = None
+        """The notes' text the call carried (None without notes)."""
         self.notes_off = False
         """`X-Clawbridge-Notes: off`: serve this call without notes."""
         self._stream_parser: StreamParser | None = None
@@ -245,8 +253,9 @@ class SampledCall:
         # Rendering and tokenizing grow with the prompt: off the loop when it is large.
         req = self.req
         notes, check = self.notes()
-        messages = (noted_messages(req.messages, note_hint(notes), self.state.notes.config.place)
-                    if notes and self.state.notes is not None else req.messages)
+        self.hint = note_hint(notes) if notes and self.state.notes is not None else None
+        messages = (noted_messages(req.messages, self.hint, self.state.notes.config.place)
+                    if self.hint is not None and self.state.notes is not None else req.messages)
         self.prompt = await self.state.compute(len(self.stored), render_request, self.state, messages,
                                                req.tools, req.tool_choice, reads_store=self.with_history)
         self.prompt_ids = self.prompt.ids
@@ -349,6 +358,8 @@ class SampledCall:
         meta["stream"] = self.req.stream
         if self.notes_meta is not None:
             meta["notes"] = self.notes_meta
+        if self.hint is not None and echoes_note(self.gen.text, self.hint):
+            meta[ECHO_META] = True  # never trained (`clawbridge.rewards.notes`)
         return TurnRecord(
             session_id=self.call.session_id, turn_type=self.call.turn_type, status=status,
             model=self.state.model_info.name, prompt_token_ids=self.prompt_ids,

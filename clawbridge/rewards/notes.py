@@ -22,6 +22,10 @@ Rules:
   id) are check sessions, served without notes. When the last `retire_after` check sessions' first
   answers were all accepted (judge verdict > 0), the weights carry the notes: they retire (kept and
   listed as retired, no longer put in calls). A correction in a check session becomes a note again.
+- An answer that ECHOES its note (`echoes_note`: it writes "Hint:", or repeats four or more words of
+  the hint in a row) is recorded as such (`meta.notes_echoed`) and never trained
+  (`samples.dropped_reason = 'echoed_note'`): trained onto the plain prompt it would teach the
+  weights to say the hint unasked, and a user's check ("did it use my name?") may even reward it.
 - The user sees and deletes every note (`clawbridge notes`, `/rl/notes`, the dashboard); a deleted
   note is gone from the store and from the next call.
 - The proxy reads notes from memory (`NoteBook.for_call`), never from the store on a model call's
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +54,10 @@ NOTES_HEADER = "x-clawbridge-notes"
 """`X-Clawbridge-Notes: off` serves a call without its user's notes (an evaluation, a check)."""
 CHECK_META = "check"
 """A turn's `meta.notes`: 'check' (a check session, served without notes) or the note ids it carried."""
+ECHO_MARKER = re.compile(r"\bhint\s*:", re.IGNORECASE)
+"""How the notes' templates introduce a hint; an answer that writes it is repeating the note."""
+ECHO_WORDS = 4
+"""Words of the hint in a row that an answer repeating them echoes (shorter hints: the marker only)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,19 @@ def noted_messages(messages: Sequence[ChatMessage], hint: str, place: NotesPlace
             return out
     out.append(ChatMessage(role="user", content=suffix.lstrip()))
     return out
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def echoes_note(answer: str, hint: str) -> bool:
+    """Whether `answer` repeats the note it was served with (module rules): it writes the hint
+    marker ("[Hint: ...", "Hint:"), or `ECHO_WORDS` or more of the hint's words in a row."""
+    if ECHO_MARKER.search(answer):
+        return True
+    said, asked = f" {' '.join(_words(answer))} ", _words(hint)
+    return any(f" {' '.join(asked[i:i + ECHO_WORDS])} " in said for i in range(len(asked) - ECHO_WORDS + 1))
 
 
 def is_check_session(session_id: str, share: float) -> bool:

@@ -22,6 +22,12 @@ from typing import Any, Literal
 
 from clawbridge.store.store import Store
 
+ECHO_META = "notes_echoed"
+"""A noted turn's `meta` flag: its answer echoed the note (`clawbridge.rewards.notes.echoes_note`),
+so `TrainingStore.ingest_ended` drops it as `ECHO_DROP`: it is never trained."""
+ECHO_DROP = "echoed_note"
+"""`samples.dropped_reason` of a turn whose answer echoed its note."""
+
 NoteStatus = Literal["active", "retired"]
 MAX_NOTE_CHARS = 300
 """A note longer than this is cut (it rides along with every call of its user)."""

@@ -8,6 +8,8 @@ Invariants:
   inserts one `samples` row per ok main turn, with the turn's policy_version. Side turns and
   cancelled/errored turns never get a sample. Ingestion is idempotent (`INSERT OR IGNORE` on the
   turn id), so rescanning is always safe.
+- A noted turn whose answer echoed its note (`meta.notes_echoed`) becomes a sample already dropped
+  as `echoed_note` (`clawbridge.rewards.notes`): it is counted, never trained.
 - A sample is READY when it is unconsumed, not dropped, its session is (still) ended and has at
   least one reward (turn-level or session-level). Samples of sessions that stay unrewarded for
   `reward_wait_s` after ending are dropped with reason `no_reward`.
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawbridge.store.counters import take
+from clawbridge.store.notes import ECHO_DROP, ECHO_META
 from clawbridge.store.store import Store, StoreError
 from clawbridge.store.turns import StoredTurn, decode_turn
 from clawbridge.store.versions import commit_in
@@ -132,11 +135,12 @@ class TrainingStore:
             row = c.execute("SELECT MAX(ended_at) FROM sessions WHERE status='ended'").fetchone()
             watermark = max(since, float(row[0])) if row[0] is not None else since
             cur = c.execute(
-                "INSERT OR IGNORE INTO samples(turn_id, session_id, policy_version, created_at) "
-                "SELECT t.turn_id, t.session_id, t.policy_version, ? FROM sessions s "
+                "INSERT OR IGNORE INTO samples(turn_id, session_id, policy_version, created_at, dropped_reason) "
+                "SELECT t.turn_id, t.session_id, t.policy_version, ?, "
+                f"CASE WHEN json_extract(t.meta_json, '$.{ECHO_META}') THEN ? END FROM sessions s "
                 "JOIN turns t ON t.session_id = s.session_id "
                 "WHERE s.status='ended' AND s.ended_at >= ? AND t.turn_type='main' AND t.status='ok'",
-                (now, since - INGEST_MARGIN_S if since > 0 else float("-inf")),
+                (now, ECHO_DROP, since - INGEST_MARGIN_S if since > 0 else float("-inf")),
             )
             return cur.rowcount, watermark
 
