@@ -256,6 +256,10 @@ def test_check_sessions_are_a_stable_share(share: float) -> None:
     ("You didn't use my name. please call me [Sam], please call me.", COMPLAINT, True),  # four words in a row
     ("Sure, Sam! Boil the water, then steep the tea for three minutes.", COMPLAINT, False),
     ("I will be brief: Paris.", "Be brief.", False),  # a hint under four words: only the marker counts
+    ("Paris. Cheers from your assistant", "Sign off with 'Cheers from your assistant' please.", False),  # asked for
+    ("Paris. Cheers from your assistant", 'Sign off with "Cheers from your assistant".', False),
+    ("Sign off with cheers, from me.", "Don't forget: sign off with 'Cheers from your assistant'.", False),
+    ("Don't forget: sign off with it.", "Don't forget: sign off with 'Cheers from your assistant'.", True),
     ("Paris. Then the details: it is the largest city.",
      "Don't bury the answer. Give me a one-line answer first, then the details.", False),
 ])

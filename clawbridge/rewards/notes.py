@@ -113,13 +113,23 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9']+", text.lower())
 
 
+QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|(?<!\w)'[^']+'(?!\w)")
+"""Words a note quotes ("sign off with 'Cheers from your assistant'"): what the user asks to be
+said, so an answer that says them follows the note rather than echoing it."""
+
+
 def echoes_note(answer: str, hint: str) -> bool:
     """Whether `answer` repeats the note it was served with (module rules): it writes the hint
-    marker ("[Hint: ...", "Hint:"), or `ECHO_WORDS` or more of the hint's words in a row."""
+    marker ("[Hint: ...", "Hint:"), or `ECHO_WORDS` or more of the hint's words in a row outside
+    what the hint quotes."""
     if ECHO_MARKER.search(answer):
         return True
-    said, asked = f" {' '.join(_words(answer))} ", _words(hint)
-    return any(f" {' '.join(asked[i:i + ECHO_WORDS])} " in said for i in range(len(asked) - ECHO_WORDS + 1))
+    said = f" {' '.join(_words(answer))} "
+    for part in QUOTED.split(hint):
+        asked = _words(part)
+        if any(f" {' '.join(asked[i:i + ECHO_WORDS])} " in said for i in range(len(asked) - ECHO_WORDS + 1)):
+            return True
+    return False
 
 
 def is_check_session(session_id: str, share: float) -> bool:
