@@ -133,8 +133,10 @@ def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
 
 def print_echoes(runs: list[Path]) -> None:
     """Per run folder (`--out` of an earlier run, or one run's folder): the answers served with
-    notes that echoed the note, in the first and the second half of them (`talk.note_echoes`)."""
-    from clawbridge.devtools.talk import note_echoes
+    notes that echoed the note, in the first and the second half of them (`talk.note_echoes`), and
+    how likely the base finds the answers the judge corrected, by quarter of the run
+    (`talk.base_logprob_by_quarter`: it falls as the answers fall apart)."""
+    from clawbridge.devtools.talk import base_logprob_by_quarter, note_echoes
 
     for state in sorted({st for d in runs for st in (d.glob("**/state") if d.name != "state" else [d])}):
         echoes = note_echoes(state)
@@ -142,7 +144,8 @@ def print_echoes(runs: list[Path]) -> None:
         first, second = echoes[:half], echoes[half:]
         share = lambda part: f"{sum(e for _, e in part)}/{len(part)}"  # noqa: E731
         print(f"{state.parent}: {sum(e for _, e in echoes)} of {len(echoes)} noted answers echoed the note "
-              f"(first half {share(first)}, second half {share(second)})")
+              f"(first half {share(first)}, second half {share(second)}); the base's mean logprob per token of "
+              f"the corrected answers, by quarter: {' '.join(fmt(x) for x in base_logprob_by_quarter(state))}")
 
 
 def main() -> int:
@@ -163,7 +166,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--echoes", type=Path, nargs="+", metavar="RUN_DIR",
-                    help="only print, for runs already made, how many noted answers echoed the note")
+                    help="only print, for runs already made, how many noted answers echoed the note and how "
+                         "likely the base finds the corrected answers, by quarter of the run")
     args = ap.parse_args()
     if args.echoes:
         print_echoes(args.echoes)

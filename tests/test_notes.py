@@ -301,6 +301,9 @@ def test_an_answer_that_echoes_its_note_is_recorded_and_never_trained(tiny_model
     plain, noted = json.loads(rows["plain"]["meta_json"]), json.loads(rows["noted"]["meta_json"])
     assert "notes_echoed" not in plain and noted["notes_echoed"] is True and noted["notes"]
     assert rows["noted"]["completion_token_ids"] == rows["plain"]["completion_token_ids"]  # recorded as sampled
+    from clawbridge.devtools.talk import note_echoes
+
+    assert note_echoes(tmp_path / "state") == [(0, True)]  # the bench's count (`--echoes`) reads the same
     store = Store.open(tmp_path / "state")
     try:
         tstore = TrainingStore(store)

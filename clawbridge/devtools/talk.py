@@ -320,6 +320,24 @@ def teacher_gap(state_dir: Path) -> tuple[float | None, int]:
     return (statistics.fmean(gaps) if gaps else None), len(rows)
 
 
+def base_logprob_by_quarter(state_dir: Path) -> list[float | None]:
+    """The base model's mean logprob per token of the answers the judge corrected, over each
+    quarter of them in order: the OPD teacher's scores (the base on the plain prompt where the
+    turn carried notes, else the base with the hint). Answers a model wrote while it fell apart
+    score far lower under the base than the base's own kind of answer (docs/training.md)."""
+    from clawbridge.store.codec import decode_floats
+
+    rows = _query(state_dir, "SELECT COALESCE(tl.reference_logprobs, tl.logprobs) FROM teacher_logprobs tl "
+                             "JOIN turns t ON t.turn_id = tl.turn_id ORDER BY t.created_at") or []
+    size = len(rows) // 4
+    out: list[float | None] = []
+    for q in range(4):
+        part = rows[q * size:(q + 1) * size] if q < 3 else rows[3 * size:]
+        values = [x for (blob,) in part for x in decode_floats(blob)]
+        out.append(statistics.fmean(values) if values else None)
+    return out
+
+
 def note_echoes(state_dir: Path) -> list[tuple[int, bool]]:
     """(policy version, whether it echoed its note) of every answer served with notes, in order
     (`clawbridge.rewards.notes.echoes_note`, judged again from the stored answer and note texts, so
