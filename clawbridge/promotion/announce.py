@@ -53,8 +53,9 @@ def lanes_line(settings: Settings, scores: bool) -> str | None:
     """What `clawbridge up` says about users' adapters and the gate (None without them)."""
     if not settings.per_user_adapters or not settings.train:
         return None
-    rehearse = rehearsal_words(settings, scores).lstrip(", ")
-    kept = f"; their steps add the shared policy's {rehearse}" if rehearse.startswith("rehearsal") else ""
+    rehearses = scores and settings.rehearsal_coef > 0 and settings.promotion_mode != "off"
+    kept = f"; their steps add the shared policy's rehearsal of known facts {settings.rehearsal_coef:g}" \
+        if rehearses else ""
     if settings.promotion_mode == "off":
         return f"users' adapters: each serves its user once trained (promotion is off){kept}"
     return (f"users' adapters: each serves its user once trained, not gated (promotion gates the shared policy)"
