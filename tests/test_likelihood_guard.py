@@ -18,7 +18,7 @@ from clawbridge.promotion.announce import promotion_line
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
-from clawbridge.promotion.likelihood import LIKELIHOOD_SOURCE, nats_of, nats_tolerance
+from clawbridge.promotion.likelihood import FACTS, LIKELIHOOD_SOURCE, nats_of, nats_tolerance
 from clawbridge.promotion.promoter import Decision
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
@@ -40,7 +40,7 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 30, 3: 30},
                                      LIKELIHOOD_SOURCE: {0: 30, 1: 28, 2: 26, 3: 29}},
                          references_of={0: 30})
-    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1, everyday_guard_nats=0), fake)
     first = _decide(promoter, 1)
     assert first.verdict == "promoted" and promoter.serving == 1
     assert "within the bar of -0.1 (capability_probe_nats)" in first.reason
@@ -57,7 +57,7 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     line = still_good_line(promoter.status())
     assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
     assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings(), scores=True)
-    assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0), scores=True)
+    assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0, everyday_guard_nats=0), scores=True)
     store.close()
 
 
@@ -68,7 +68,7 @@ def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: floa
                                                       probe_facts: int) -> None:
     fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: probe_facts, 1: probe_facts},
                                      LIKELIHOOD_SOURCE: {0: 30, 1: 0}}, references_of=references_of)
-    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=nats), fake)
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=nats, everyday_guard_nats=0), fake)
     d = _decide(promoter, 1)  # the candidate would score 0 on the reference set: only the probe decides
     assert d.verdict == "promoted" and "likelihood" not in d.reason
     assert all(source != LIKELIHOOD_SOURCE for _, source in fake.asked)
@@ -85,7 +85,7 @@ def test_promoting_the_serving_version_makes_it_the_anchor_and_the_guard_measure
     fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 30, 3: 30},
                                      LIKELIHOOD_SOURCE: {0: 30, 1: 28, 2: 26, 3: 27}},
                          references_of={0: 30, 1: 30})
-    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1, everyday_guard_nats=0), fake)
     assert _decide(promoter, 1).verdict == "promoted"
     assert _decide(promoter, 2).verdict == "rejected"  # 26/30 against anchor v0: beyond the bar
     # `clawbridge promote 1` records an admin decision (as test_promotion's anchor test writes it)
@@ -109,15 +109,15 @@ def test_an_anchor_whose_checkpoint_was_pruned_turns_the_guard_off_once_and_says
             raise VersionNotFound(f"the checkpoint of policy version {version} was pruned by retention", [1])
 
     fake = Pruned({}, by_set={PROBE_SOURCE: {0: 30, 1: 30, 2: 27}})
-    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1), fake)
+    promoter, store = _promoter(tmp_path, Settings(capability_probe_nats=0.1, everyday_guard_nats=0), fake)
     with caplog.at_level("WARNING", logger="clawbridge.promotion.promoter"):
         assert _decide(promoter, 1).verdict == "promoted"
         d = _decide(promoter, 2)  # three facts down: the greedy probe rejects it, the guard is silent
     assert d.verdict == "rejected" and PROBE_SOURCE in d.reason, d.reason
     assert "likelihood" not in d.reason
     assert [a for a in fake.asked if a[1] == "references"] == [(0, "references")]  # asked once, not per candidate
-    off = [r.getMessage() for r in caplog.records if "likelihood guard is off" in r.getMessage()]
-    assert off == ["promotion: the likelihood guard is off against anchor v0: v0 cannot answer (the checkpoint of "
+    off = [r.getMessage() for r in caplog.records if "likelihood guard" in r.getMessage()]
+    assert off == ["promotion: the likelihood guard on correct probe answers is off against anchor v0: v0 cannot answer (the checkpoint of "
                    "policy version 0 was pruned by retention)"]
     assert promoter.status()["capability_probe"]["likelihood"] is None
     store.close()
@@ -153,9 +153,9 @@ def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exac
         assert ref.kind == "held_out" and ref.verdict == 1 and 1 <= len(ref.completion_ids) <= 8
         assert len(ref.completion_logprobs) == len(ref.completion_ids)
         assert all(lp <= 0.0 for lp in ref.completion_logprobs)
-        refs = reference_set(0, capability_probe(32), items)
+        refs = reference_set(FACTS, 0, capability_probe(32), items)
         again = asyncio.run(ev.references(0, es, 8))
-        assert again is not None and reference_set(0, capability_probe(32), again).digest == refs.digest  # greedy
+        assert again is not None and reference_set(FACTS, 0, capability_probe(32), again).digest == refs.digest  # greedy
         anchor = asyncio.run(ev.evaluate(0, refs))
         assert anchor.source == LIKELIHOOD_SOURCE and anchor.score == pytest.approx(0.5, abs=1e-4)
     finally:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from clawbridge.cli.target import Target
 from clawbridge.config import Settings
+from clawbridge.promotion.likelihood import FACTS, GUARD_REASON, GUARDS
 from clawbridge.store.learning import RECENT, LearningFacts
 
 Verdict = Literal["ok", "warn", "blocks", "n/a"]
@@ -218,15 +219,16 @@ def check_gate(f: LearningFacts, status: dict[str, Any] | None) -> Check:
     last_reason = f.decisions[0][2]
     change = ("each new version lost what the gate checks: lower learning_rate (smaller steps), keep kl_coef > 0, "
               "or look at `clawbridge eval`; `clawbridge promote N` serves one anyway")
-    if last_reason.startswith("likelihood of anchor"):  # the guard binds: every step trains on from the edge
+    if last_reason.startswith(GUARD_REASON):  # a guard binds: every step trains on from the edge
+        setting = next((g.setting for g in GUARDS if f"({g.setting})" in last_reason), FACTS.setting)
         serving = (promotion or {}).get("serving_version")
         scale = (promotion or {}).get("step_scale") or {}
         shorter = (f" (the trainer already steps at {scale['words']}; a smaller step_backoff_floor goes shorter)"
                    if scale.get("scale", 1.0) < 1 else "")
-        change = ("the serving version has used all the drift the likelihood guard allows (capability_probe_nats), "
+        change = (f"the serving version has used all the drift the likelihood guard allows ({setting}), "
                   f"and each step trains on from it, so every new version goes past the bar{shorter}: `clawbridge "
                   f"promote {'N' if serving is None else serving}` accepts the serving version as the new baseline "
-                  "(the anchor), a larger capability_probe_nats allows more drift, a lower learning_rate drifts slower")
+                  f"(the anchor), a larger {setting} allows more drift, a lower learning_rate drifts slower")
     versions = ", ".join(f"v{v}" for v in rejected[:5])
     if run >= 3:
         return Check(name, "blocks", f"the gate rejected the last {run} versions ({versions}); the last reason: "

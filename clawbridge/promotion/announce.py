@@ -27,12 +27,13 @@ def promotion_line(settings: Settings, scores: bool) -> str:
     """What `clawbridge up` says about promotion; `scores`: whether the backend's sampler scores
     given tokens (module invariant)."""
     mode = settings.promotion_mode
-    likely = (f"its likelihood of the base's correct answers within {settings.capability_probe_nats:g} nats/token"
-              if settings.capability_probe_nats > 0 and scores else "")
+    bars = [f"of the base's {what} within {nats:g} nats/token" for what, nats in
+            (("correct answers", settings.capability_probe_nats), ("everyday answers", settings.everyday_guard_nats))
+            if nats > 0]
+    likely = f"its likelihood {' and '.join(bars)}" if bars and scores else ""
     floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"
              f"{' and ' + likely if likely else ''}" if settings.capability_probe else "")
-    unguarded = (f"; no likelihood guard: {NO_SCORER}"
-                 if settings.capability_probe and settings.capability_probe_nats > 0 and not scores else "")
+    unguarded = f"; no likelihood guard: {NO_SCORER}" if settings.capability_probe and bars and not scores else ""
     if mode == "off":
         return ("promotion: off (every trained version serves at once, even one that lost capability; the default "
                 "gate is promotion_mode = auto: docs/promotion.md)")

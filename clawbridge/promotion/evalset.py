@@ -47,10 +47,12 @@ class EvalSetError(ValueError):
 class EvalItem:
     """One thing a version is scored on."""
 
-    kind: Literal["expect", "rubric", "held_out"]
+    kind: Literal["expect", "rubric", "held_out", "open"]
+    """open: a question with no right answer; only a reference answer to it is scored
+    (`clawbridge.promotion.everyday`), never the item itself."""
     id: str
     messages: tuple[dict[str, Any], ...] = ()
-    """expect / rubric: the chat the version answers, as the line wrote it (the digest's input)."""
+    """expect / rubric / open: the chat the version answers, as written (the digest's input)."""
     chat: tuple[ChatMessage, ...] = ()
     """`messages` parsed once by the proxy's rules (`clawbridge.chat.messages`): what is rendered."""
     expect: str = ""

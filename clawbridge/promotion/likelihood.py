@@ -26,11 +26,15 @@ Invariants:
   40 answers for nothing). The promoter says which, once, in its log.
 - Reference answers are cut at `capability_probe_max_tokens`: an answer that names its fact later
   is left out, so building the set costs at most one probe's worth of short greedy answers.
+- One mechanism, two guards (`GUARDS`): `FACTS` on the probe's correct answers, `EVERYDAY` on the
+  anchor's answers to everyday questions (`clawbridge.promotion.everyday`). Each has its own bar
+  setting, reference set and figure in status; both are off where this one is.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from clawbridge.promotion.evalset import EvalItem, EvalSet, digest_of
@@ -38,6 +42,29 @@ from clawbridge.promotion.runner import HELD_OUT_SCALE
 
 LIKELIHOOD_SOURCE = "the capability probe's likelihood"
 """How decisions and status name the reference set (`EvalSet.source`)."""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """One likelihood guard: whose answers it holds candidates to, and the setting of its bar."""
+
+    key: str
+    """Its figures' key in status (`capability_probe.<key>`) and its reference sets' digest tag."""
+    setting: str
+    """The `Settings` field with its bar in nats per token (0: off)."""
+    source: str
+    """Its reference set's `EvalSet.source`."""
+    answers: str
+    """What its reference answers are, for decisions and status ("correct probe answers")."""
+
+
+FACTS = Guard("likelihood", "capability_probe_nats", LIKELIHOOD_SOURCE, "correct probe answers")
+EVERYDAY = Guard("everyday", "everyday_guard_nats", "the everyday answers' likelihood", "everyday answers")
+GUARDS = (FACTS, EVERYDAY)
+"""In the order a decision checks them."""
+
+GUARD_REASON = "likelihood of anchor"
+"""How a decision's reason starts when a guard failed it (`clawbridge doctor` reads it)."""
 
 
 @runtime_checkable
@@ -66,8 +93,9 @@ def nats_of(score: float) -> float:
     return math.log(s / (1.0 - s)) / HELD_OUT_SCALE
 
 
-def reference_set(anchor: int, probe: EvalSet, items: list[EvalItem]) -> EvalSet:
-    """The reference set of `anchor`'s answers (`items`) to `probe`, with a digest of everything
-    that decides a score."""
+def reference_set(guard: Guard, anchor: int, asked: EvalSet, items: list[EvalItem]) -> EvalSet:
+    """`guard`'s reference set of `anchor`'s answers (`items`) to `asked` (the probe, or the
+    everyday questions), with a digest of everything that decides a score."""
     parts = [[i.id, list(i.completion_ids)] for i in items]
-    return EvalSet(tuple(items), LIKELIHOOD_SOURCE, digest_of(["probe_likelihood", anchor, probe.digest, *parts]))
+    tag = "probe_likelihood" if guard == FACTS else guard.key  # FACTS' digests predate the second guard
+    return EvalSet(tuple(items), guard.source, digest_of([tag, anchor, asked.digest, *parts]))

@@ -62,7 +62,17 @@ from clawbridge.promotion.evalset import (
     held_out_set,
     load_eval_set,
 )
-from clawbridge.promotion.likelihood import ReferenceMaker, nats_of, nats_tolerance, reference_set
+from clawbridge.promotion.everyday import EVERYDAY_MAX_TOKENS, everyday_set
+from clawbridge.promotion.likelihood import (
+    FACTS,
+    GUARD_REASON,
+    GUARDS,
+    Guard,
+    ReferenceMaker,
+    nats_of,
+    nats_tolerance,
+    reference_set,
+)
 from clawbridge.promotion.rehearsal import Rehearsal, build_rehearsal
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
@@ -147,6 +157,8 @@ class Promoter:
             capability_probe(settings.capability_probe_max_tokens)
             if self.mode != "off" and (settings.capability_probe or self.mode == "probe") else None)
         """The built-in capability probe: the whole check in probe mode, a floor in eval and canary."""
+        self.everyday: EvalSet | None = everyday_set() if self.probe is not None else None
+        """The everyday guard's questions (`clawbridge.promotion.everyday`): with the probe only."""
         self.pinned = isinstance(router.backend, VersionedServing)
         """The router pins plain traffic to the serving version (module invariants)."""
         self.serving: int = router.published_version
@@ -161,8 +173,9 @@ class Promoter:
         self._baseline_task: asyncio.Task[None] | None = None
         self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
-        self._references: dict[int, EvalSet | None] = {}
-        """The likelihood guard's reference set per anchor version (None: off for it, said once)."""
+        self._references: dict[tuple[str, int], EvalSet | None] = {}
+        """Each likelihood guard's reference set per (guard key, anchor version) (None: off for it,
+        said once)."""
         self._rehearsals: dict[int, Rehearsal | None] = {}
         """The rehearsal set per anchor version (None: off for it, said once)."""
         self._rehearsal_failures: dict[int, int] = {}
@@ -417,35 +430,45 @@ class Promoter:
         checks = [main]
         if self.probe is not None and es is not self.probe:
             checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
-        likely = await self._likelihood(candidate)
-        if likely is not None:
-            checks.append(likely)
+        checks += await self._guards(candidate)
         return self._decision(candidate, checks)
 
-    async def _likelihood(self, candidate: int) -> Check | None:
-        """The likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within
-        `capability_probe_nats` per token of the anchor's correct probe answers; None when off."""
-        nats = self.settings.capability_probe_nats
-        if self.probe is None or nats <= 0 or not isinstance(self.evaluator, ReferenceMaker):
+    def _bar(self, guard: Guard) -> float:
+        """`guard`'s bar in nats per token (0: off)."""
+        return float(getattr(self.settings, guard.setting))
+
+    async def _guards(self, candidate: int) -> list[Check]:
+        """The likelihood guards that are on, in order (`GUARDS`)."""
+        checks = [await self._guarded(candidate, guard) for guard in GUARDS]
+        return [c for c in checks if c is not None]
+
+    async def _guarded(self, candidate: int, guard: Guard) -> Check | None:
+        """A likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within its bar per
+        token of the anchor's reference answers; None when off."""
+        nats = self._bar(guard)
+        asked = self.probe if guard == FACTS else self.everyday
+        if self.probe is None or asked is None or nats <= 0 or not isinstance(self.evaluator, ReferenceMaker):
             return None
         anchor = await self._read(self._anchor_version)
-        if anchor not in self._references:
+        if (guard.key, anchor) not in self._references:
             known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
             items: list[EvalItem] | None = None
             if known is not None and float(known["score"]) <= self.probe_tolerance:
                 why = f"it answers {known['passed']} of {known['items']} probe items: nothing to lose"
             else:
+                cut = self.settings.capability_probe_max_tokens if guard == FACTS else EVERYDAY_MAX_TOKENS
                 try:
-                    items = await self.evaluator.references(anchor, self.probe,
-                                                            self.settings.capability_probe_max_tokens)
+                    items = await self.evaluator.references(anchor, asked, cut)
                 except VersionNotFound as exc:
                     why = f"v{anchor} cannot answer ({exc})"
                 else:
-                    why = "its sampler cannot score given tokens" if items is None else "it passes no probe item"
-            self._references[anchor] = reference_set(anchor, self.probe, items) if items else None
+                    why = ("its sampler cannot score given tokens" if items is None
+                           else f"it has no {guard.answers} to hold candidates to")
+            self._references[guard.key, anchor] = reference_set(guard, anchor, asked, items) if items else None
             if not items:
-                log.warning("promotion: the likelihood guard is off against anchor v%d: %s", anchor, why)
-        refs = self._references[anchor]
+                log.warning("promotion: the likelihood guard on %s is off against anchor v%d: %s", guard.answers,
+                            anchor, why)
+        refs = self._references[guard.key, anchor]
         if refs is None:
             return None
         check = await self._check(candidate, refs, nats_tolerance(nats))
@@ -453,8 +476,8 @@ class Promoter:
             return check
         verb = "within" if check.passed else "beyond"
         return replace(check, reason=(
-            f"likelihood of anchor v{anchor}'s {len(refs.items)} correct probe answers {nats_of(check.score):+.3f} "
-            f"nats per token, {verb} the bar of -{nats:g} (capability_probe_nats)"))
+            f"{GUARD_REASON} v{anchor}'s {len(refs.items)} {guard.answers} {nats_of(check.score):+.3f} "
+            f"nats per token, {verb} the bar of -{nats:g} ({guard.setting})"))
 
     async def _check(self, candidate: int, es: EvalSet, tol: float) -> Check:
         """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
@@ -533,8 +556,7 @@ class Promoter:
         share = self.settings.canary_share
         if self.router.candidate_version != candidate and self.probe is not None:
             probe = await self._check(candidate, self.probe, self.probe_tolerance)
-            likely = await self._likelihood(candidate)
-            checks = [probe] + ([likely] if likely is not None else [])
+            checks = [probe, *await self._guards(candidate)]
             if not all(c.passed for c in checks):  # a floor: a candidate that lost capability never answers anyone
                 return self._decision(candidate, checks)
         if self.router.candidate_version != candidate:
@@ -685,7 +707,7 @@ class Promoter:
                 "measuring": self._baseline_task is not None and not self._baseline_task.done(),
                 "anchor": score(anchor) if anchor != self.serving else None,
                 "base": score(0),  # the shared lane's base is version 0 (`VersionStore.commit_base`)
-                "likelihood": self._likelihood_status(anchor)}
+                **{guard.key: self._guard_status(guard, anchor) for guard in GUARDS}}
 
     def _rehearsal_status(self) -> dict[str, Any] | None:
         """What rehearsal trains beside each step, once its set is built; None when off."""
@@ -695,14 +717,14 @@ class Promoter:
         return {"anchor": newest.anchor, "answers": len(newest.items), "per_step": self.settings.rehearsal_items,
                 "coef": self.settings.rehearsal_coef, "build_seconds": self._rehearsal_seconds.get(newest.anchor)}
 
-    def _likelihood_status(self, anchor: int) -> dict[str, Any] | None:
-        """The likelihood guard's figure of the serving version (nats per token against the
-        anchor's correct probe answers), once its reference set is built; None when off."""
-        refs = self._references.get(anchor)
-        if refs is None or self.settings.capability_probe_nats <= 0:
+    def _guard_status(self, guard: Guard, anchor: int) -> dict[str, Any] | None:
+        """A likelihood guard's figure of the serving version (nats per token against the anchor's
+        reference answers), once its reference set is built; None when off."""
+        refs = self._references.get((guard.key, anchor))
+        if refs is None or self._bar(guard) <= 0:
             return None
         cached = self.pstore.cached_eval(self.serving, refs.digest)
-        return {"anchor": anchor, "answers": len(refs.items), "bar_nats": self.settings.capability_probe_nats,
+        return {"anchor": anchor, "answers": len(refs.items), "bar_nats": self._bar(guard),
                 "serving_nats": nats_of(float(cached["score"])) if cached is not None else None}
 
     def _anchor_version(self) -> int:

@@ -229,6 +229,8 @@ class Evaluator:
             same = tuple(ids) == item.completion_ids
             passed = same if item.verdict > 0 else not same
             return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
+        if item.kind == "open":
+            raise EvalSetError(f"{item.id}: an open question is scored only through a reference answer to it")
         if item.kind == "expect":
             _, ids, passed = await self._expect(sampler, item, max_tokens)
             return ItemResult(item.id, item.kind, passed, float(passed), self._text(ids), len(ids))
@@ -240,19 +242,23 @@ class Evaluator:
 
     async def references(self, version: int, eval_set: EvalSet, max_tokens: int) -> list[EvalItem] | None:
         """`version`'s greedy answers to the expect items of `eval_set` it passes within
-        `max_tokens` (cut where they match, token exact), each with its own logprobs of them, as
-        verdict +1 held-out items (`clawbridge.promotion.likelihood`); None when its sampler cannot
-        score given tokens."""
+        `max_tokens` (cut where they match, token exact) and to its open items (whole, non-empty),
+        each with its own logprobs of them, as verdict +1 held-out items
+        (`clawbridge.promotion.likelihood`); None when its sampler cannot score given tokens."""
         sampler = await self.router.sampler_for(version, OPERATOR, "evaluate")
         if not isinstance(sampler, SequenceScorer):
             return None
         scorer: SequenceScorer = sampler
 
         async def one(item: EvalItem) -> EvalItem | None:
-            if item.kind != "expect":
+            if item.kind == "open":
+                prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
+                ids, passed = await self.answer(sampler, prompt, max_tokens), True
+            elif item.kind == "expect":
+                prompt, ids, passed = await self._expect(sampler, item, max_tokens)
+            else:
                 return None
-            prompt, ids, passed = await self._expect(sampler, item, max_tokens)
-            if not passed or not ids:  # an empty answer that a pattern matched has no token to score
+            if not passed or not ids:  # an empty answer (even one a pattern matched) has no token to score
                 return None
             async with self.slots:
                 lps = await scorer.score(prompt, ids)

@@ -1,0 +1,64 @@
+"""The everyday guard: is a candidate still likely to say what the anchor says to everyday questions?
+
+Why: every other check of the gate is short facts (the capability probe, its likelihood guard,
+rehearsal), and facts are what rehearsal trains, so a candidate can keep them all while its
+everyday answers fall apart. Measured on SmolLM2 taught by talk at a 13x learning rate
+(docs/training.md, "Tried: Tinker's rate again"): the gate promoted 23 and 24 of 32 versions, the
+facts rose, and the answers became word salad and self-made notes. How likely such a version still
+finds the anchor's own greedy answers to everyday questions separates it from one that learned its
+users' preferences (bench/everyday_guard.py: SmolLM2 runs of docs/training.md, 0.1 nats per token
+of drift after 35 steps at the default rate against 1.1 with word salad).
+
+So, with `everyday_guard_nats` > 0, the probe on, and a sampler that scores given tokens, every
+candidate also faces a second reference set (`clawbridge.promotion.likelihood`, guard `EVERYDAY`):
+the anchor's greedy answers to `EVERYDAY_QUESTIONS` (token exact, `EVERYDAY_MAX_TOKENS` at most),
+with the anchor's logprobs of them. A candidate must stay within `everyday_guard_nats` per token of
+them, on average over all answers.
+
+Invariants:
+- The questions are disjoint from the personas' (`clawbridge.devtools.personas`), from the demos'
+  and from the capability probe's (`tests/test_everyday_guard.py`): the gate is never tuned on what
+  a benchmark measures.
+- The bar is looser than the probe's (0.5 against 0.1 nats per token): what a person teaches by
+  talking is how everyday answers read, so they move where facts should not; a preference moves a
+  few tokens of an answer (a name, where it stops, a list marker), word salad moves all of them.
+- Off exactly where the likelihood guard is off (no probe, no scorer, an anchor that knows no
+  probe fact, or its bar 0); its reference set is built once per anchor, like the guard's.
+"""
+
+from __future__ import annotations
+
+from clawbridge.chat.messages import parse_messages
+from clawbridge.promotion.evalset import EvalItem, EvalSet, digest_of
+
+EVERYDAY_QUESTIONS: tuple[str, ...] = (
+    "How do I fold a fitted sheet?",
+    "What is a good way to spend a Sunday morning?",
+    "How do I tie a tie?",
+    "Why do onions make people cry?",
+    "How should I get ready for a long flight?",
+    "What is a simple salad I can make?",
+    "How do I wash a wool sweater?",
+    "Why do dogs wag their tails?",
+    "How can I make my mornings less rushed?",
+    "What is a good board game for a family?",
+    "How do I keep bread fresh?",
+    "Why do we get hiccups?",
+)
+"""What the anchor answers once per anchor; candidates are scored on those answers."""
+
+EVERYDAY_MAX_TOKENS = 48
+"""The longest reference answer: enough for the answer's opening and its first details."""
+
+EVERYDAY_SOURCE = "everyday answers"
+"""How decisions and status name the questions (`EvalSet.source`)."""
+
+
+def everyday_set() -> EvalSet:
+    """The questions as `open` items (no right answer: only the anchor's answers are scored)."""
+    items = []
+    for n, question in enumerate(EVERYDAY_QUESTIONS, start=1):
+        messages = ({"role": "user", "content": question},)
+        items.append(EvalItem("open", f"everyday-{n}", messages, tuple(parse_messages(list(messages)))))
+    return EvalSet(tuple(items), EVERYDAY_SOURCE,
+                   digest_of(["everyday", EVERYDAY_MAX_TOKENS, *EVERYDAY_QUESTIONS]), EVERYDAY_MAX_TOKENS)
