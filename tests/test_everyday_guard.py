@@ -153,3 +153,18 @@ def test_reference_answers_to_everyday_questions_are_the_anchors_whole_greedy_an
             asyncio.run(Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir))).evaluate(0, es))  # type: ignore[arg-type]
     finally:
         engine.shutdown()
+
+
+def test_the_bar_is_set_by_env_or_toml_and_a_negative_one_is_refused(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from clawbridge.config import load_settings
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[promotion]\neveryday_guard_nats = 0.4\n")
+    assert load_settings(cfg).everyday_guard_nats == 0.4
+    monkeypatch.setenv("CLAWBRIDGE_EVERYDAY_GUARD_NATS", "0")
+    assert load_settings(cfg).everyday_guard_nats == 0.0  # env wins over the file: off
+    with pytest.raises(ValidationError, match="everyday_guard_nats"):
+        Settings(everyday_guard_nats=-0.1)

@@ -5,8 +5,10 @@ Modes (`promotion_mode`):
   the store's serving version follows it, so turning promotion on later starts from it.
 - probe (what `auto` means without an eval set): a version a step committed is a CANDIDATE; before
   the next step it must pass the built-in capability probe (`clawbridge.promotion.capability`)
-  within `capability_probe_slack` items of the serving version and the anchor, else it is
-  rejected as below. Never worse by default, with nothing written by the user.
+  within `capability_probe_slack` items of the serving version and the anchor, and (where the
+  sampler scores given tokens) the likelihood guards (`clawbridge.promotion.likelihood`: the
+  anchor's correct probe answers, its everyday answers), else it is rejected as below. Never worse
+  by default, with nothing written by the user.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
   sessions) and PROMOTED when `score >= serving score - tolerance` (and, with a tolerance, within it

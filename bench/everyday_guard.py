@@ -1,0 +1,155 @@
+"""What the gate's likelihood guards see in every saved version of `bench/learn_from_talk.py` runs.
+
+    python bench/learn_from_talk.py --together --pace 2 --seeds 0 --out runs/default
+    python bench/learn_from_talk.py --together --pace 2 --seeds 0 --set CLAWBRIDGE_LEARNING_RATE=1.3e-3 --out runs/fast
+    python bench/everyday_guard.py runs/default runs/fast          # every version each run kept
+    python bench/everyday_guard.py runs/fast --versions 0,10,20,30 --threads 2
+
+For each version whose checkpoint a run kept, through the product's own code (the local torch
+engine loads the checkpoint's LoRA adapter as `clawbridge up` does; `clawbridge.promotion.runner`
+writes the base's reference answers and scores versions on them, exactly as the gate does), it
+prints:
+- `facts` the likelihood guard's figure (`capability_probe_nats`): nats per token against the
+  base's correct answers to the capability probe;
+- `everyday` the everyday guard's (`everyday_guard_nats`): against the base's answers to the 12
+  everyday questions (`clawbridge.promotion.everyday`), and whether the default bar admits it;
+- `gate` what the run's own gate decided for it then (that run's code and settings);
+- one answer the version samples at temperature 1 to the first everyday question (fixed seed),
+  so a reader sees what a figure stands for.
+The base (v0) is the baseline of every run: 0 nats on both by construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import set_threads_from_argv
+
+set_threads_from_argv(2)
+
+CHECKPOINT = re.compile(r"^v(\d+)-(base|step)$")
+
+
+def checkpoints(run: Path) -> dict[int, Path]:
+    """Every version whose checkpoint `run` (a --out folder, or one run in it) kept."""
+    found: dict[int, Path] = {}
+    for folder in sorted(run.glob("**/state/checkpoints/local/v*")):
+        m = CHECKPOINT.match(folder.name)
+        if m:
+            found[int(m.group(1))] = folder
+    return found
+
+
+def gate_verdicts(run: Path) -> dict[int, str]:
+    """What the run's gate decided per version (read-only)."""
+    out: dict[int, str] = {}
+    for db in run.glob("**/state/clawbridge.db"):
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            for version, verdict in c.execute("SELECT version, verdict FROM promotion_decisions "
+                                              "WHERE source != 'admin'"):
+                out[int(version)] = str(verdict)
+        finally:
+            c.close()
+    return out
+
+
+class Router:
+    """`VersionRouter.sampler_for` for a run's checkpoints: v0 is the engine, others its LoRA copies."""
+
+    def __init__(self, engine: Any, found: dict[int, Path], scale: float) -> None:
+        self.engine, self.found, self.scale = engine, found, scale
+        self.loaded: tuple[int, Any] | None = None
+
+    async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> Any:
+        from clawbridge_local.lora_serving import LoraAdapter
+
+        if version == 0:
+            return self.engine
+        if self.loaded is None or self.loaded[0] != version:
+            path = self.found[version] / "model.safetensors"
+            adapter = await asyncio.to_thread(LoraAdapter.from_safetensors, path, self.scale, str(path))
+            self.loaded = (version, await self.engine.load_version(adapter, version))
+        return self.loaded[1]
+
+
+async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -> list[dict[str, Any]]:
+    from clawbridge_local.engine import TorchEngine
+
+    from clawbridge.chat.render import Renderer
+    from clawbridge.promotion.capability import capability_probe
+    from clawbridge.promotion.everyday import EVERYDAY_MAX_TOKENS, everyday_set
+    from clawbridge.promotion.likelihood import EVERYDAY, FACTS, nats_of, reference_set
+    from clawbridge.promotion.runner import Evaluator
+    from clawbridge.serving.sampler import SamplingParams
+
+    found = checkpoints(run)
+    verdicts = gate_verdicts(run)
+    engine = TorchEngine.load(model, device="cpu", max_running=8, max_queued=64, progress=False)
+    renderer = Renderer.from_pretrained(model)
+    router = Router(engine, found, float(settings.lora_alpha) / settings.lora_rank)
+    ev = Evaluator(router, renderer)  # type: ignore[arg-type]
+    probe, everyday = capability_probe(settings.capability_probe_max_tokens), everyday_set()
+    facts_items = await ev.references(0, probe, settings.capability_probe_max_tokens)
+    everyday_items = await ev.references(0, everyday, EVERYDAY_MAX_TOKENS)
+    assert facts_items and everyday_items, "the base must answer: it is SmolLM2 the runs used"
+    facts_refs = reference_set(FACTS, 0, probe, facts_items)
+    everyday_refs = reference_set(EVERYDAY, 0, everyday, everyday_items)
+    question = renderer.render(list(everyday.items[0].chat))
+    rows = []
+    try:
+        for version in sorted(v for v in found if keep is None or v in keep):
+            facts = nats_of((await ev.evaluate(version, facts_refs)).score)
+            daily = nats_of((await ev.evaluate(version, everyday_refs)).score)
+            sampler = await router.sampler_for(version)
+            params = SamplingParams(max_tokens=40, temperature=1.0, seed=7, stop_token_ids=tuple(renderer.stop_token_ids))
+            ids = [t.token_id async for t in await sampler.sample(question, params)]
+            said = renderer.decode([i for i in ids if i not in renderer.stop_token_ids])
+            row = {"run": str(run), "version": version, "facts_nats": facts, "everyday_nats": daily,
+                   "admitted": daily >= -settings.everyday_guard_nats, "gate": verdicts.get(version, "-"),
+                   "sample": " ".join(str(said).split())[:90]}
+            print(f"{'/'.join(run.parts[-2:]):>12} v{version:<3} facts {facts:+.3f}  everyday {daily:+.3f} "
+                  f"({'within' if row['admitted'] else 'beyond'} -{settings.everyday_guard_nats:g})  "
+                  f"gate then: {row['gate']:<8}  {row['sample']!r}", flush=True)
+            rows.append(row)
+    finally:
+        engine.shutdown()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="--out folders of bench/learn_from_talk.py")
+    ap.add_argument("--versions", default="", help="comma-separated versions (default: every kept checkpoint)")
+    ap.add_argument("--model", default="smollm2", help="smollm2 (what the runs used) or a model folder")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (read before torch loads)")
+    args = ap.parse_args()
+    from clawbridge.config import Settings
+    from clawbridge.models import cached_model
+
+    model = str(cached_model("smollm2-135m-instruct")) if args.model == "smollm2" else args.model
+    keep = {int(v) for v in args.versions.split(",") if v.strip()} or None
+    settings = Settings()
+    table: list[dict[str, Any]] = []
+    for run in args.runs:
+        table += asyncio.run(one_run(run, keep, model, settings))
+    print("\nrun | versions | everyday figure: worst (version) | beyond the bar | facts figure: worst")
+    for run in args.runs:
+        rows = [r for r in table if r["run"] == str(run)]
+        if not rows:
+            continue
+        worst = min(rows, key=lambda r: r["everyday_nats"])
+        beyond = [f"v{r['version']}" for r in rows if not r["admitted"]]
+        print(f"{run} | {len(rows)} | {worst['everyday_nats']:+.3f} (v{worst['version']}) | "
+              f"{len(beyond)}: {', '.join(beyond[:8]) or '-'} | {min(r['facts_nats'] for r in rows):+.3f}")
+
+
+if __name__ == "__main__":
+    main()
