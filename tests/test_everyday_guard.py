@@ -27,6 +27,7 @@ from clawbridge.promotion.likelihood import EVERYDAY, LIKELIHOOD_SOURCE, nats_of
 from clawbridge.promotion.runner import FakeEvaluator
 from tests.test_capability_probe import _decide, _promoter
 from tests.test_learning_checks import HEALTHY
+from tests.test_likelihood_guard import OneSampler
 
 EVERYDAY_REFS = EVERYDAY.source
 
@@ -123,17 +124,10 @@ def test_reference_answers_to_everyday_questions_are_the_anchors_whole_greedy_an
     from clawbridge.promotion.likelihood import reference_set
     from clawbridge.promotion.runner import Evaluator
 
-    class Router:
-        def __init__(self, engine: TorchEngine) -> None:
-            self.engine = engine
-
-        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> TorchEngine:
-            return self.engine
-
     es = everyday_set()
     engine = TorchEngine.load(str(tiny_model_dir), device="cpu", max_running=4, max_queued=4, progress=False)
     try:
-        ev = Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+        ev = Evaluator(OneSampler(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
         async def run() -> tuple[list[EvalItem] | None, list[EvalItem] | None]:  # one loop: the evaluator's slots bind to it
             return await ev.references(0, es, 6), await ev.references(0, es, 6)
 
@@ -146,11 +140,11 @@ def test_reference_answers_to_everyday_questions_are_the_anchors_whole_greedy_an
             assert len(ref.completion_ids) == 6 or ref.completion_ids[-1] in stops
         refs = reference_set(EVERYDAY, 0, es, items)
         assert again is not None and reference_set(EVERYDAY, 0, es, again).digest == refs.digest
-        fresh = Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+        fresh = Evaluator(OneSampler(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
         anchor = asyncio.run(fresh.evaluate(0, refs))
         assert anchor.source == EVERYDAY_REFS and anchor.score == pytest.approx(0.5, abs=1e-4)
         with pytest.raises(EvalSetError, match="only through a reference answer"):
-            asyncio.run(Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir))).evaluate(0, es))  # type: ignore[arg-type]
+            asyncio.run(Evaluator(OneSampler(engine), Renderer.from_pretrained(str(tiny_model_dir))).evaluate(0, es))  # type: ignore[arg-type]
     finally:
         engine.shutdown()
 

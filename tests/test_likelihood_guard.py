@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,17 @@ from clawbridge.promotion.promoter import Decision
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from tests.test_capability_probe import _decide, _promoter
+
+
+class OneSampler:
+    """A `VersionRouter` stand-in whose every version answers with one sampler (the real engine, or
+    a fake)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> Any:
+        return self.sampler
 
 
 def test_the_tolerance_admits_exactly_the_bar_in_nats() -> None:
@@ -134,19 +146,12 @@ def test_reference_answers_are_the_anchors_own_correct_greedy_answers_token_exac
     from clawbridge.promotion.likelihood import reference_set
     from clawbridge.promotion.runner import Evaluator
 
-    class Router:
-        def __init__(self, engine: TorchEngine) -> None:
-            self.engine = engine
-
-        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> TorchEngine:
-            return self.engine
-
     lines = ['{"id": "any", "messages": [{"role": "user", "content": "Say something."}], "expect": "\\\\S"}',
              '{"id": "never", "messages": [{"role": "user", "content": "Name it."}], "expect": "zq#never#qz"}']
     es = parse_eval_set("\n".join(lines), "two items", 8)
     engine = TorchEngine.load(str(tiny_model_dir), device="cpu", max_running=4, max_queued=4, progress=False)
     try:
-        ev = Evaluator(Router(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+        ev = Evaluator(OneSampler(engine), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
         items = asyncio.run(ev.references(0, es, 8))
         assert items is not None and [i.id for i in items] == ["any"]
         ref = items[0]
@@ -178,16 +183,9 @@ def test_an_empty_answer_that_matches_is_no_reference(tiny_model_dir: Path) -> N
             self.scored += 1
             return [-0.5 for _ in completion_ids]
 
-    class Router:
-        def __init__(self, sampler: Scoring) -> None:
-            self.sampler = sampler
-
-        async def sampler_for(self, version: int, by: object = None, use: str = "evaluate") -> Scoring:
-            return self.sampler
-
     silent = Scoring(script=[])
     es = parse_eval_set('{"id": "any", "messages": [{"role": "user", "content": "Hi."}], "expect": "^"}', "one", 8)
-    ev = Evaluator(Router(silent), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
+    ev = Evaluator(OneSampler(silent), Renderer.from_pretrained(str(tiny_model_dir)), max_tokens=8)  # type: ignore[arg-type]
     assert asyncio.run(ev.references(0, es, 8)) == [] and silent.scored == 0
     assert asyncio.run(ev.evaluate(0, es)).passed == 1  # the item itself passes
 

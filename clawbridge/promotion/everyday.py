@@ -6,8 +6,9 @@ everyday answers fall apart. Measured on SmolLM2 taught by talk at a 13x learnin
 (docs/training.md, "Tried: Tinker's rate again"): the gate promoted 23 and 24 of 32 versions, the
 facts rose, and the answers became word salad and self-made notes. How likely such a version still
 finds the anchor's own greedy answers to everyday questions separates it from one that learned its
-users' preferences (bench/everyday_guard.py: SmolLM2 runs of docs/training.md, 0.1 nats per token
-of drift after 35 steps at the default rate against 1.1 with word salad).
+users' preferences (bench/everyday_guard.py on the SmolLM2 runs of docs/training.md: 0.12 and 0.17
+nats per token of drift after 30-35 steps at the default rate, 0.28-0.38 within 4-19 steps and
+0.6-0.8 with word salad at the 13x rate).
 
 So, with `everyday_guard_nats` > 0, the probe on, and a sampler that scores given tokens, every
 candidate also faces a second reference set (`clawbridge.promotion.likelihood`, guard `EVERYDAY`):
