@@ -14,8 +14,10 @@ prints:
 - `everyday` the everyday guard's (`everyday_guard_nats`): against the base's answers to the 12
   everyday questions (`clawbridge.promotion.everyday`), and whether the default bar admits it;
 - `gate` what the run's own gate decided for it then (that run's code and settings);
-- one answer the version samples at temperature 1 to the first everyday question (fixed seed),
-  so a reader sees what a figure stands for.
+- `sampled` the base's mean logprob per token of the version's answers to the 12 questions sampled
+  at temperature 1 (fixed seeds): what neither guard reads (a version can keep the base's greedy
+  answers likely while what it samples turns to salad); the base's own row is the baseline;
+- the first of those answers, so a reader sees what a figure stands for.
 The base (v0) is the baseline of every run: 0 nats on both by construction.
 """
 
@@ -102,22 +104,27 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
     assert facts_items and everyday_items, "the base must answer: it is SmolLM2 the runs used"
     facts_refs = reference_set(FACTS, 0, probe, facts_items)
     everyday_refs = reference_set(EVERYDAY, 0, everyday, everyday_items)
-    question = renderer.render(list(everyday.items[0].chat))
+    questions = [renderer.render(list(item.chat)) for item in everyday.items]
+    stops = tuple(renderer.stop_token_ids)
     rows = []
     try:
         for version in sorted(v for v in found if keep is None or v in keep):
             facts = nats_of((await ev.evaluate(version, facts_refs)).score)
             daily = nats_of((await ev.evaluate(version, everyday_refs)).score)
             sampler = await router.sampler_for(version)
-            params = SamplingParams(max_tokens=40, temperature=1.0, seed=7, stop_token_ids=tuple(renderer.stop_token_ids))
-            ids = [t.token_id async for t in await sampler.sample(question, params)]
-            said = renderer.decode([i for i in ids if i not in renderer.stop_token_ids])
+            answers = []
+            for i, question in enumerate(questions):  # temperature 1, as a person's agent samples; fixed seeds
+                params = SamplingParams(max_tokens=EVERYDAY_MAX_TOKENS, temperature=1.0, seed=7 + i, stop_token_ids=stops)
+                answers.append([t.token_id async for t in await sampler.sample(question, params)])
+            base_lps = [lp for q, a in zip(questions, answers, strict=True) for lp in await engine.score(q, a)]
+            sampled = sum(base_lps) / max(1, len(base_lps))
+            said = renderer.decode([i for i in answers[0] if i not in stops])
             row = {"run": str(run), "version": version, "facts_nats": facts, "everyday_nats": daily,
                    "admitted": daily >= -settings.everyday_guard_nats, "gate": verdicts.get(version, "-"),
-                   "sample": " ".join(str(said).split())[:90]}
+                   "sampled_base_logprob": sampled, "sample": " ".join(str(said).split())[:90]}
             print(f"{'/'.join(run.parts[-2:]):>12} v{version:<3} facts {facts:+.3f}  everyday {daily:+.3f} "
                   f"({'within' if row['admitted'] else 'beyond'} -{settings.everyday_guard_nats:g})  "
-                  f"gate then: {row['gate']:<8}  {row['sample']!r}", flush=True)
+                  f"sampled {sampled:+.2f}  gate then: {row['gate']:<8}  {row['sample']!r}", flush=True)
             rows.append(row)
     finally:
         engine.shutdown()
@@ -140,15 +147,18 @@ def main() -> None:
     table: list[dict[str, Any]] = []
     for run in args.runs:
         table += asyncio.run(one_run(run, keep, model, settings))
-    print("\nrun | versions | everyday figure: worst (version) | beyond the bar | facts figure: worst")
+    print("\nrun | versions | everyday figure: worst (version) | beyond the bar | facts figure: worst | "
+          "sampled: worst (version)")
     for run in args.runs:
         rows = [r for r in table if r["run"] == str(run)]
         if not rows:
             continue
         worst = min(rows, key=lambda r: r["everyday_nats"])
+        low = min(rows, key=lambda r: r["sampled_base_logprob"])
         beyond = [f"v{r['version']}" for r in rows if not r["admitted"]]
         print(f"{run} | {len(rows)} | {worst['everyday_nats']:+.3f} (v{worst['version']}) | "
-              f"{len(beyond)}: {', '.join(beyond[:8]) or '-'} | {min(r['facts_nats'] for r in rows):+.3f}")
+              f"{len(beyond)}: {', '.join(beyond[:8]) or '-'} | {min(r['facts_nats'] for r in rows):+.3f} | "
+              f"{low['sampled_base_logprob']:+.2f} (v{low['version']})")
 
 
 if __name__ == "__main__":
