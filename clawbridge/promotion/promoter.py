@@ -64,7 +64,7 @@ from clawbridge.promotion.evalset import (
     held_out_set,
     load_eval_set,
 )
-from clawbridge.promotion.everyday import EVERYDAY_MAX_TOKENS, everyday_set
+from clawbridge.promotion.everyday import everyday_set
 from clawbridge.promotion.likelihood import (
     FACTS,
     GUARD_REASON,
@@ -458,9 +458,8 @@ class Promoter:
             if known is not None and float(known["score"]) <= self.probe_tolerance:
                 why = f"it answers {known['passed']} of {known['items']} probe items: nothing to lose"
             else:
-                cut = self.settings.capability_probe_max_tokens if guard == FACTS else EVERYDAY_MAX_TOKENS
-                try:
-                    items = await self.evaluator.references(anchor, asked, cut)
+                try:  # each question set carries its own cut (capability_probe_max_tokens, EVERYDAY_MAX_TOKENS)
+                    items = await self.evaluator.references(anchor, asked, asked.max_tokens or self.settings.eval_max_tokens)
                 except VersionNotFound as exc:
                     why = f"v{anchor} cannot answer ({exc})"
                 else:
