@@ -43,6 +43,7 @@ from clawbridge.privacy.guard import build_guard
 from clawbridge.promotion.announce import lanes_line, promotion_line, rehearsal_words
 from clawbridge.promotion.describe import probe_line
 from clawbridge.promotion.promoter import build_promoter, promoted_version
+from clawbridge.promotion.report import promotion_status
 from clawbridge.proxy.app import build_app
 from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
@@ -341,7 +342,7 @@ async def _serve_locked(settings: Settings, announce: Any, lock: StateDirLock, s
     lanes = lanes_line(settings, scores)
     if lanes is not None:
         announce(lanes)
-    probe = state.promotion.status().get("capability_probe") if state.promotion is not None else None
+    probe = promotion_status(state.promotion).get("capability_probe") if state.promotion is not None else None
     if probe:
         announce("  " + probe_line(probe))
     if state.notes is not None:

@@ -24,6 +24,7 @@ from clawbridge.promotion.announce import lanes_line, promotion_line, rehearsal_
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import promotion_lines, still_good_line
 from clawbridge.promotion.promoter import Promoter
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
@@ -113,7 +114,7 @@ def test_probe_mode_rejects_a_candidate_that_lost_facts_and_keeps_one_within_the
     assert second.verdict == "rejected" and promoter.serving == 1
     assert "anchor v0's 0.750" in second.reason and PROBE_SOURCE in second.reason
     assert _decide(promoter, 3).verdict == "promoted"
-    status = promoter.status()
+    status = promotion_status(promoter)
     assert status["mode"] == "probe" and status["eval_set"] == PROBE_SOURCE and status["anchor_version"] == 0
     probe = status["capability_probe"]
     assert probe["serving"]["passed"] == 30 and probe["anchor"]["passed"] == 30 and probe["items"] == PROBE_ITEMS
@@ -126,21 +127,21 @@ def test_probe_mode_rejects_a_candidate_that_lost_facts_and_keeps_one_within_the
 def test_still_good_says_in_words_how_the_serving_version_does_against_the_base(tmp_path: Path) -> None:
     fake = FakeEvaluator({0: 30, 1: 29, 2: 28, 3: 31})
     promoter, store = _promoter(tmp_path, Settings(), fake)
-    assert still_good_line(promoter.status()) == ("still good? not measured yet: the capability probe (40 facts) has "
+    assert still_good_line(promotion_status(promoter)) == ("still good? not measured yet: the capability probe (40 facts) has "
                                                   "not run on the serving v0; it runs when a trained version is gated")
     assert _decide(promoter, 1).verdict == "promoted"
-    assert still_good_line(promoter.status()) == ("still good? yes, within the slack: serving v1 answers 29 of 40 probe "
+    assert still_good_line(promotion_status(promoter)) == ("still good? yes, within the slack: serving v1 answers 29 of 40 probe "
                                                   "facts, the base v0 30 (-1; a version may lose 1 fact(s))")
     assert _decide(promoter, 2).verdict == "rejected"  # two fewer than the base: it never serves
     assert _decide(promoter, 3).verdict == "promoted"
-    status = promoter.status()
+    status = promotion_status(promoter)
     assert still_good_line(status) == ("still good? yes: serving v3 answers 31 of 40 probe facts, the base v0 30 (+1; "
                                        "a version may lose 1 fact(s))")
     # a version past the slack serves only when someone chose it (promotion off, or `clawbridge promote`)
     status["capability_probe"]["serving"] = {**status["capability_probe"]["serving"], "version": 2, "passed": 28}
     assert still_good_line(status) == ("still good? no: serving v2 answers 28 of 40 probe facts, the base v0 30 (-2, "
                                        "past the 1-fact slack: `clawbridge rollback N` serves an earlier version again)")
-    assert still_good_line(promoter.status() | {"capability_probe": None}) is None  # probe off: nothing to say
+    assert still_good_line(promotion_status(promoter) | {"capability_probe": None}) is None  # probe off: nothing to say
     store.close()
 
 
@@ -192,7 +193,7 @@ def test_the_serving_version_is_evaluated_once_before_any_candidate(tmp_path: Pa
 
     asyncio.run(settle_twice())
     assert fake.asked == [(0, PROBE_SOURCE)]  # once: cached after
-    probe: Any = promoter.status()["capability_probe"]
+    probe: Any = promotion_status(promoter)["capability_probe"]
     assert probe["serving"] == {"version": 0, "passed": 31, "items": PROBE_ITEMS, "score": 31 / PROBE_ITEMS,
                                 "failed": [i.id for i in capability_probe(48).items[31:]][:10]}
     assert PromotionStore(store).decisions() == []  # a baseline is not a decision

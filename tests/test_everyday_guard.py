@@ -24,6 +24,7 @@ from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.everyday import EVERYDAY_QUESTIONS, everyday_set
 from clawbridge.promotion.likelihood import EVERYDAY, LIKELIHOOD_SOURCE, nats_of
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
 from tests.test_capability_probe import _decide, _promoter
 from tests.test_learning_checks import HEALTHY
@@ -67,13 +68,13 @@ def test_a_candidate_whose_everyday_answers_fell_apart_is_rejected_though_every_
     assert _decide(promoter, 3).verdict == "promoted"  # 10/12 = 0.833: within
     # the anchor answered the everyday questions once, for all three decisions (and the probe's once)
     assert [a for a in fake.asked if a[1] == "references"] == [(0, "references"), (0, "references")]
-    everyday = promoter.status()["capability_probe"]["everyday"]
+    everyday = promotion_status(promoter)["capability_probe"]["everyday"]
     assert everyday["anchor"] == 0 and everyday["answers"] == 12 and everyday["bar_nats"] == 0.25
     assert everyday["serving_nats"] == pytest.approx(nats_of(10 / 12))
-    line = still_good_line(promoter.status())
+    line = still_good_line(promotion_status(promoter))
     assert line is not None and "everyday answers: " in line and "against anchor v0's 12 (bar -0.25)" in line
     # doctor names the guard that binds, and its setting
-    gate = check_gate(replace(HEALTHY, decisions=[(2, "rejected", second.reason)]), {"promotion": promoter.status()})
+    gate = check_gate(replace(HEALTHY, decisions=[(2, "rejected", second.reason)]), {"promotion": promotion_status(promoter)})
     assert gate.verdict == "warn" and gate.change is not None
     assert "a larger everyday_guard_nats allows more drift" in gate.change and "capability_probe_nats" not in gate.change
     store.close()
@@ -102,11 +103,11 @@ def test_the_everyday_guard_is_off_where_the_likelihood_guard_is(tmp_path: Path,
                          references_of=references_of)
     promoter, store = _promoter(tmp_path, settings, fake)
     if promoter.mode == "off":
-        assert promoter.everyday is None and promoter.status()["capability_probe"] is None
+        assert promoter.everyday is None and promotion_status(promoter)["capability_probe"] is None
     else:
         d = _decide(promoter, 1)  # the candidate would score 0 on the everyday answers: they do not decide
         assert d.verdict == "promoted" and "everyday" not in d.reason
-        assert promoter.status()["capability_probe"]["everyday"] is None
+        assert promotion_status(promoter)["capability_probe"]["everyday"] is None
     assert all(source != EVERYDAY_REFS for _, source in fake.asked)
     store.close()
 

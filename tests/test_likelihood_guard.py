@@ -21,6 +21,7 @@ from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
 from clawbridge.promotion.likelihood import FACTS, LIKELIHOOD_SOURCE, nats_of, nats_tolerance
 from clawbridge.promotion.promoter import Decision
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from tests.test_capability_probe import _decide, _promoter
@@ -63,10 +64,10 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     assert _decide(promoter, 3).verdict == "promoted"
     # the reference answers were written once, by the anchor, for all three decisions
     assert [a for a in fake.asked if a[1] == "references"] == [(0, "references")]
-    likely = promoter.status()["capability_probe"]["likelihood"]
+    likely = promotion_status(promoter)["capability_probe"]["likelihood"]
     assert likely["anchor"] == 0 and likely["answers"] == 30 and likely["bar_nats"] == 0.1
     assert likely["serving_nats"] == pytest.approx(nats_of(29 / 30))
-    line = still_good_line(promoter.status())
+    line = still_good_line(promotion_status(promoter))
     assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
     assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings(), scores=True)
     assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0, everyday_guard_nats=0), scores=True)
@@ -86,7 +87,7 @@ def test_the_guard_is_off_where_it_cannot_be_measured(tmp_path: Path, nats: floa
     assert all(source != LIKELIHOOD_SOURCE for _, source in fake.asked)
     # an anchor with nothing to lose is not asked for 40 answers (a random tiny model's run long)
     assert ((0, "references") in fake.asked) == (nats > 0 and probe_facts > 1)
-    assert promoter.status()["capability_probe"]["likelihood"] is None
+    assert promotion_status(promoter)["capability_probe"]["likelihood"] is None
     store.close()
 
 
@@ -131,7 +132,7 @@ def test_an_anchor_whose_checkpoint_was_pruned_turns_the_guard_off_once_and_says
     off = [r.getMessage() for r in caplog.records if "likelihood guard" in r.getMessage()]
     assert off == ["promotion: the likelihood guard on correct probe answers is off against anchor v0: v0 cannot answer (the checkpoint of "
                    "policy version 0 was pruned by retention)"]
-    assert promoter.status()["capability_probe"]["likelihood"] is None
+    assert promotion_status(promoter)["capability_probe"]["likelihood"] is None
     store.close()
 
 

@@ -26,6 +26,7 @@ from clawbridge.backend import LossConfig
 from clawbridge.chat.render import Renderer
 from clawbridge.promotion.capability import PROBE_SOURCE
 from clawbridge.promotion.promoter import Promoter
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import Evaluator
 from clawbridge.serving.sampler import SequenceScorer
 from clawbridge.serving.versions import VersionRouter
@@ -114,7 +115,7 @@ def test_the_guard_rejects_a_tinker_candidate_that_lost_likelihood_while_the_gre
         router = VersionRouter(b, versions, ("tiny", "default"))
         promoter = Promoter(settings, store, router, Evaluator(router, renderer, max_tokens=32))
         promoter.serving = 1
-        return await promoter._evaluate(2), promoter.status()
+        return await promoter._evaluate(2), promotion_status(promoter)
 
     try:
         decision, status = run(server, tmp_path, body, tokenizer=str(tiny_model_dir))

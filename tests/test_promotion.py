@@ -12,6 +12,7 @@ import pytest
 
 from clawbridge.config import load_settings
 from clawbridge.promotion.evalset import EvalSetError, held_out, parse_eval_set
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.stats import CanaryEvidence, canary_test, pair_sizes, wilson
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.promotion import Decision, PromotionStore
@@ -275,7 +276,7 @@ def test_a_tolerance_cannot_drift_below_the_anchor(tmp_path: Path) -> None:
     assert second.verdict == "rejected" and promoter.serving == 1
     assert "anchor v0's 0.750" in second.reason and second.figures is not None and "anchor" in second.figures
     assert asyncio.run(decide(3)).verdict == "promoted"  # v3 = v1's score: within one item of v0
-    status = promoter.status()
+    status = promotion_status(promoter)
     assert status["anchor_version"] == 0 and status["serving_version"] == 3
     assert "(tolerance 0.0833333 against the serving version and anchor v0): serving v3" in promotion_lines(status)[0]
     assert fake.calls == [0, 1, 2, 3]  # v0's and v1's figures came from the cache once known

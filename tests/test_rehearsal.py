@@ -20,6 +20,7 @@ from clawbridge.promotion.describe import promotion_lines
 from clawbridge.promotion.evalset import EvalItem, EvalSet
 from clawbridge.promotion.promoter import Promoter
 from clawbridge.promotion.rehearsal import Rehearsal, mean_token_scale, rehearsal_pool
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
@@ -164,17 +165,17 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert first is not None and first is second and first.anchor == 0 and len(first.items) == 20
     assert [i.id for i in first.items] == sorted(i.id for i in first.items)
     assert sum(1 for _, what in evaluator.asked if what == "references") == 1  # once per anchor
-    status = promoter.status()["rehearsal"]
+    status = promotion_status(promoter)["rehearsal"]
     assert status.pop("build_seconds") >= 0 and status == {"anchor": 0, "answers": 20, "per_step": 4, "coef": 1.0}
     assert ("  rehearsing 4 of anchor v0's 20 correct answers to built-in facts beside each step, so the preference "
-            "costs less of what it knew (rehearsal_coef 1)") in promotion_lines(promoter.status())
+            "costs less of what it knew (rehearsal_coef 1)") in promotion_lines(promotion_status(promoter))
     # a sampler that cannot score given tokens (Fireworks): off, said once; coef 0 or promotion off: never asked
     with caplog.at_level(logging.WARNING, logger="clawbridge.promotion.promoter"):
         unscored = Promoter(on, store, router, FakeEvaluator({0: 30}))
         assert asyncio.run(twice(unscored)) == (None, None)
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: off against anchor v0: its sampler cannot score given tokens"]
-    assert unscored.status()["rehearsal"] is None
+    assert promotion_status(unscored)["rehearsal"] is None
     # an anchor that passes no more probe facts than the slack (a random tiny model) has nothing to keep
     with caplog.at_level(logging.WARNING, logger="clawbridge.promotion.promoter"):
         caplog.clear()
@@ -186,7 +187,7 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     assert "references" not in {what for _, what in knows_nothing.asked}
     assert [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()] == [
         "rehearsal: off against anchor v0: it answers 1 of 40 probe facts: nothing to keep"]
-    assert not any("rehearsing" in line for line in promotion_lines(unscored.status()))
+    assert not any("rehearsing" in line for line in promotion_lines(promotion_status(unscored)))
     assert Settings().rehearsal_coef == 1.0  # on by default: the value measured (docs/training.md, "Rehearsal")
     for settings in (Settings(promotion_mode="probe", rehearsal_coef=0.0), Settings(promotion_mode="off")):
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})
@@ -256,13 +257,13 @@ def test_an_engine_that_fails_every_build_turns_rehearsal_off_for_that_anchor_af
     said = [r.getMessage() for r in caplog.records if "rehearsal" in r.getMessage()]
     assert said[2:] == ["rehearsal: off against anchor v0: 3 builds failed, the last with RuntimeError: engine "
                         "restarting (a restart or a new anchor tries again)"] and len(said) == 3
-    assert promoter.status()["rehearsal"] is None
+    assert promotion_status(promoter)["rehearsal"] is None
     built = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router,
                      FakeEvaluator({0: 30}, references_of={0: 5}))
     with caplog.at_level(logging.INFO, logger="clawbridge.promotion"):
         caplog.clear()
         assert asyncio.run(built.rehearsal()) is not None
-    status = built.status()["rehearsal"]
+    status = promotion_status(built)["rehearsal"]
     assert status["answers"] == 5 and status["build_seconds"] >= 0
     assert any(re.search(r"5 of v0's correct answers, built in \d+\.\d s, 8 beside each step", r.getMessage())
                for r in caplog.records)

@@ -16,6 +16,7 @@ from clawbridge.config import Settings
 from clawbridge.promotion.backoff import WINDOW, StepScale, step_scale
 from clawbridge.promotion.describe import promotion_lines
 from clawbridge.promotion.promoter import Promoter
+from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
@@ -109,12 +110,12 @@ def test_the_trainer_steps_shorter_after_each_rejection_and_longer_after_each_pr
     assert sent == recorded == expected
     if backoff < 1:  # mid-run, after the two rejections, status says why the steps are shorter
         PromotionStore(store).decide(Decision(8, "rejected", "eval", "worse", 7), "eval")
-        lines = "\n".join(promotion_lines(promoter.status()))
+        lines = "\n".join(promotion_lines(promotion_status(promoter)))
         assert "next step at 0.5 x the learning rate (1 candidate(s) rejected in a row)" in lines
         with store.write() as c:
             c.execute("DELETE FROM promotion_decisions WHERE version = 8")
     else:
-        assert "next step at" not in "\n".join(promotion_lines(promoter.status()))
+        assert "next step at" not in "\n".join(promotion_lines(promotion_status(promoter)))
     restarted = Promoter(settings, store, router, FakeEvaluator(passed))
     assert asyncio.run(restarted.settle()).step == StepScale()  # the full rate again after two promotions
     PromotionStore(store).decide(Decision(8, "rejected", "eval", "worse", 7), "eval")

@@ -114,7 +114,7 @@ def rollback(
 
 def hold_offline_rollback(store: Any, version: int) -> None:
     """Record an offline rollback to `version` as the admin's decision, holding training (as a
-    rollback through the running server does: `Promoter.set_serving`)."""
+    rollback through the running server does: `clawbridge.promotion.admin.set_serving`)."""
     from clawbridge.store.promotion import Decision, PromotionStore
 
     ps = PromotionStore(store)

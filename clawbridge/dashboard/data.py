@@ -141,11 +141,12 @@ def promotion(state: ProxyState) -> dict[str, Any] | None:
     "still good?" line), and each evaluated version's figures (newest evaluations first), as
     `clawbridge eval` prints them."""
     from clawbridge.promotion.describe import promotion_lines, still_good_line
+    from clawbridge.promotion.report import promotion_status
     from clawbridge.store.promotion import PromotionStore
 
     if state.promotion is None:
         return None
-    status = state.promotion.status()
+    status = promotion_status(state.promotion)
     evals = [{"version": v, "digest": d, **{k: f.get(k) for k in (
         "source", "items", "passed", "pass_rate", "ci_low", "ci_high", "score", "mean_judge_score",
         "mean_answer_tokens", "seconds")}} for v, d, f in PromotionStore(state.store).evals(40)]

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from clawbridge.access import OPERATOR
 from clawbridge.dashboard import data
 from clawbridge.dashboard.auth import COOKIE, LOGIN_TTL_S, DashboardAuth
+from clawbridge.promotion import admin
 from clawbridge.proxy.auth import presented_key
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.promotion_routes import promoter_of, set_serving, version_body
@@ -218,7 +219,7 @@ def build_dashboard_router(state: ProxyState, auth: DashboardAuth, metrics: Metr
             raise ApiError(404, f"no promotion action {action!r} (promote, rollback or resume)")
         body = parse_json_object(await read_body(request, MAX_FORM_BYTES))
         if action == "resume":
-            resumed = await promoter_of(state).resume()
+            resumed = await admin.resume(promoter_of(state))
             log.info("training resumed from the dashboard")
             return _json(resumed)
         req = version_body(body)

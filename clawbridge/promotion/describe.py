@@ -1,5 +1,5 @@
 """Promotion in words: what `clawbridge status` prints and the dashboard shows, from the
-`/rl/status` promotion object (`Promoter.status`, or the store's when no server runs)."""
+`/rl/status` promotion object (`report.promotion_status`, or the store's when no server runs)."""
 
 from __future__ import annotations
 

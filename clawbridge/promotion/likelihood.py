@@ -33,12 +33,18 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from clawbridge.promotion.evalset import EvalItem, EvalSet, digest_of
 from clawbridge.promotion.runner import HELD_OUT_SCALE
+
+if TYPE_CHECKING:
+    from clawbridge.config import Settings
+
+log = logging.getLogger("clawbridge.promotion")
 
 LIKELIHOOD_SOURCE = "the capability probe's likelihood"
 """How decisions and status name the reference set (`EvalSet.source`)."""
@@ -56,6 +62,10 @@ class Guard:
     """Its reference set's `EvalSet.source`."""
     answers: str
     """What its reference answers are, for decisions and status ("correct probe answers")."""
+
+    def bar(self, settings: Settings) -> float:
+        """Its bar in nats per token (0: off)."""
+        return float(getattr(settings, self.setting))
 
 
 FACTS = Guard("likelihood", "capability_probe_nats", LIKELIHOOD_SOURCE, "correct probe answers")
@@ -99,3 +109,56 @@ def reference_set(guard: Guard, anchor: int, asked: EvalSet, items: list[EvalIte
     parts = [[i.id, list(i.completion_ids)] for i in items]
     tag = "probe_likelihood" if guard == FACTS else guard.key  # FACTS' digests predate the second guard
     return EvalSet(tuple(items), guard.source, digest_of([tag, anchor, asked.digest, *parts]))
+
+
+class GuardReferences:
+    """Each guard's reference set per anchor, built once from the anchor's answers (module
+    invariants); None where a guard is off against that anchor, said once in the log."""
+
+    def __init__(self, maker: object, sets: dict[Guard, EvalSet], default_max_tokens: int) -> None:
+        self.maker = maker
+        """The evaluator that answers (a `ReferenceMaker`, else every guard is off)."""
+        self.sets = sets
+        """The questions each guard asks (the probe, the everyday set); a guard without one is off."""
+        self.default_max_tokens = default_max_tokens
+        """The cut of a question set that names none (`eval_max_tokens`)."""
+        self._built: dict[tuple[str, int], EvalSet | None] = {}
+
+    def on(self, guard: Guard) -> bool:
+        """Whether `guard` can be measured at all (its questions, an evaluator that can answer)."""
+        return guard in self.sets and isinstance(self.maker, ReferenceMaker)
+
+    def decided(self, guard: Guard, anchor: int) -> bool:
+        """Whether `guard`'s set against `anchor` was built, or found off."""
+        return (guard.key, anchor) in self._built
+
+    def built(self, guard: Guard, anchor: int) -> EvalSet | None:
+        """`guard`'s reference set against `anchor` if built (None: not yet, or off)."""
+        return self._built.get((guard.key, anchor))
+
+    async def get(self, guard: Guard, anchor: int, nothing_to_lose: str | None) -> EvalSet | None:
+        """`guard`'s reference set against `anchor`, built at the first call. `nothing_to_lose`:
+        why the anchor knows too little to guard (its probe figures), which turns it off."""
+        from clawbridge.serving.versions import VersionNotFound
+
+        if (guard.key, anchor) in self._built:
+            return self._built[guard.key, anchor]
+        asked = self.sets[guard]
+        items: list[EvalItem] | None = None
+        if nothing_to_lose is not None:
+            why = nothing_to_lose
+        elif not isinstance(self.maker, ReferenceMaker):
+            why = "the evaluator cannot write reference answers"
+        else:
+            try:  # each question set carries its own cut (capability_probe_max_tokens, EVERYDAY_MAX_TOKENS)
+                items = await self.maker.references(anchor, asked, asked.max_tokens or self.default_max_tokens)
+            except VersionNotFound as exc:
+                why = f"v{anchor} cannot answer ({exc})"
+            else:
+                why = ("its sampler cannot score given tokens" if items is None
+                       else f"it has no {guard.answers} to hold candidates to")
+        built = self._built[guard.key, anchor] = reference_set(guard, anchor, asked, items) if items else None
+        if built is None:
+            log.warning("promotion: the likelihood guard on %s is off against anchor v%d: %s", guard.answers,
+                        anchor, why)
+        return built

@@ -39,6 +39,11 @@ Invariants:
   newer candidate (`promoted_version`): nothing would ever decide that candidate.
 - The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
   (`VersionStore.prunable`).
+- Written in parts: a candidate's checks make one decision (`clawbridge.promotion.checks`), the
+  guards' reference sets and the rehearsal sets are built once per anchor
+  (`likelihood.GuardReferences`, `rehearsal.RehearsalSets`), the admin's promote / rollback /
+  resume act on this promoter (`clawbridge.promotion.admin`) and status reads it
+  (`clawbridge.promotion.report`); the state (serving, hold, canary) lives here only.
 - Promotion serves the shared policy: it reads only the shared lane's versions (a `VersionStore`
   is bound to its lane), so a user's adapter never serves everyone; the admin rolls a user's lane
   back through `clawbridge.trainer.lanes.UserLanes.rollback` (`clawbridge.proxy.promotion_routes`).
@@ -50,14 +55,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from clawbridge.access import OPERATOR
 from clawbridge.promotion.backoff import FULL, WINDOW, StepScale, step_scale
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
+from clawbridge.promotion.checks import Check, decision_of
 from clawbridge.promotion.evalset import (
-    EvalItem,
     EvalSet,
     EvalSetError,
     held_out,
@@ -66,16 +71,16 @@ from clawbridge.promotion.evalset import (
 )
 from clawbridge.promotion.everyday import everyday_set
 from clawbridge.promotion.likelihood import (
+    EVERYDAY,
     FACTS,
     GUARD_REASON,
     GUARDS,
     Guard,
-    ReferenceMaker,
+    GuardReferences,
     nats_of,
     nats_tolerance,
-    reference_set,
 )
-from clawbridge.promotion.rehearsal import Rehearsal, build_rehearsal
+from clawbridge.promotion.rehearsal import Rehearsal, RehearsalSets
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
 from clawbridge.promotion.stats import CanaryTest, canary_test
 from clawbridge.rewards.judge import VoteConfig
@@ -89,16 +94,14 @@ if TYPE_CHECKING:
     from clawbridge.chat.chatformat import ChatFormat
     from clawbridge.config import Settings
     from clawbridge.rewards.judge import JudgeModel
-    from clawbridge.trainer.checkpoints import CheckpointKeeper
-    from clawbridge.trainer.loop import TrainerLoop
 
 log = logging.getLogger("clawbridge.promotion")
 
-REHEARSAL_TRIES = 3
-"""Builds of one anchor's rehearsal set that may raise before rehearsal is off against it."""
-
 NOISY_TOLERANCE = 0.05
 """Default tolerance for rubric sets, held-out sessions and canary rewards."""
+
+
+HELD_PREFIX = "rolled back to v"
 
 
 class PromotionError(ValueError):
@@ -116,6 +119,12 @@ class CheckpointUnavailable(PromotionError):
     code = "checkpoint_unavailable"
 
 
+def held_words(version: int) -> str:
+    """Why training waits while the admin's rollback holds (`clawbridge.promotion.admin`)."""
+    return (f"{HELD_PREFIX}{version} by the admin: v{version} keeps serving and no training step runs until "
+            "`clawbridge resume`")
+
+
 @dataclass(frozen=True)
 class Settled:
     """What the trainer loop must do before its next step."""
@@ -126,19 +135,6 @@ class Settled:
     """Reload the trainer from this committed version first (a rejected candidate's trainer state)."""
     step: StepScale = FULL
     """The next step's learning-rate scale (`clawbridge.promotion.backoff`)."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """A candidate against the serving version (and the anchor) on one evaluation set."""
-
-    source: str
-    passed: bool
-    reason: str
-    score: float | None
-    """The candidate's score (None: not evaluated, the check could not fail)."""
-    incumbent_score: float
-    figures: dict[str, Any]
 
 
 class Promoter:
@@ -175,15 +171,12 @@ class Promoter:
         self._baseline_task: asyncio.Task[None] | None = None
         self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
-        self._references: dict[tuple[str, int], EvalSet | None] = {}
-        """Each likelihood guard's reference set per (guard key, anchor version) (None: off for it,
-        said once)."""
-        self._rehearsals: dict[int, Rehearsal | None] = {}
-        """The rehearsal set per anchor version (None: off for it, said once)."""
-        self._rehearsal_failures: dict[int, int] = {}
-        """Builds that raised, per anchor (`REHEARSAL_TRIES` of them turn it off for that anchor)."""
-        self._rehearsal_seconds: dict[int, float] = {}
-        """How long building each anchor's set took (it runs inside the first step that asks)."""
+        self.references = GuardReferences(
+            evaluator, {g: q for g, q in ((FACTS, self.probe), (EVERYDAY, self.everyday)) if q is not None},
+            settings.eval_max_tokens)
+        """Each likelihood guard's reference set per anchor (`_guarded`)."""
+        self.rehearsals = RehearsalSets(evaluator, settings.capability_probe_max_tokens, settings.rehearsal_items)
+        """The rehearsal set per anchor (`rehearsal`)."""
 
     @property
     def probe_tolerance(self) -> float:
@@ -217,7 +210,7 @@ class Promoter:
                                  f"{self.router.backend.name} backend serves only the version it published "
                                  "(use promotion_mode eval)")
         serving = state.serving_version if state is not None and state.mode != "off" else None
-        if serving is None or not await self._servable(serving):
+        if serving is None or not await self.servable(serving):
             if serving is not None:
                 log.error("promotion: the serving version v%d cannot be served any more; serving v%d", serving, published)
             serving = published
@@ -259,36 +252,13 @@ class Promoter:
         step that trains (after `settle`), never by an idle loop: building it generates."""
         if self.mode == "off" or self.settings.rehearsal_coef <= 0:
             return None
-        anchor = await self._read(self._anchor_version)
-        if anchor not in self._rehearsals:
-            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest) if self.probe else None
-            if self.probe is not None and known is None:
+        anchor = await self._read(self.anchor_version)
+        if not self.rehearsals.decided(anchor) and self.probe is not None:
+            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
+            if known is None:
                 return None  # the anchor's probe figures come with the first decision (or the baseline): wait for them
-            if known is not None and float(known["score"]) <= self.probe_tolerance:
-                built, why = None, f"it answers {known['passed']} of {known['items']} probe facts: nothing to keep"
-            else:
-                started = time.monotonic()
-                try:
-                    built, why = await build_rehearsal(self.evaluator, anchor,
-                                                       self.settings.capability_probe_max_tokens)
-                except Exception as exc:  # rehearsal is an extra: the step trains without it, the next asks again
-                    failed = self._rehearsal_failures[anchor] = self._rehearsal_failures.get(anchor, 0) + 1
-                    if failed < REHEARSAL_TRIES:
-                        log.warning("rehearsal: not built against anchor v%d (%s: %s); this step trains without it, "
-                                    "the next one tries again", anchor, type(exc).__name__, exc)
-                        return None
-                    built, why = None, (f"{failed} builds failed, the last with {type(exc).__name__}: {exc} "
-                                        "(a restart or a new anchor tries again)")
-                else:
-                    if built is not None:
-                        self._rehearsal_seconds[anchor] = time.monotonic() - started
-                        why += f", built in {self._rehearsal_seconds[anchor]:.1f} s"
-            self._rehearsals[anchor] = built
-            if built is None:
-                log.warning("rehearsal: off against anchor v%d: %s", anchor, why)
-            else:
-                log.info("rehearsal: %s, %d beside each step", why, self.settings.rehearsal_items)
-        return self._rehearsals[anchor]
+            return await self.rehearsals.get(anchor, self._nothing_to_lose(known, "probe facts", "keep"))
+        return await self.rehearsals.get(anchor, None)
 
     def step_scale(self) -> StepScale:
         """The next step's learning-rate scale from the store's decisions (`clawbridge.promotion.backoff`)."""
@@ -309,8 +279,8 @@ class Promoter:
                 self.serving = published
                 await self._read(self.pstore.set_state, "off", published)
             return Settled()
-        held = await self._read(self._weights_of, published)
-        if held == await self._read(self._weights_of, self.serving):
+        held = await self._read(self.weights_of, published)
+        if held == await self._read(self.weights_of, self.serving):
             self.hold = None
             if not self.pinned and not self.baseline_done:
                 # a backend that serves only its newest publish could never evaluate the serving
@@ -433,11 +403,7 @@ class Promoter:
         if self.probe is not None and es is not self.probe:
             checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
         checks += await self._guards(candidate)
-        return self._decision(candidate, checks)
-
-    def _bar(self, guard: Guard) -> float:
-        """`guard`'s bar in nats per token (0: off)."""
-        return float(getattr(self.settings, guard.setting))
+        return decision_of(candidate, self.serving, checks)
 
     async def _guards(self, candidate: int) -> list[Check]:
         """The likelihood guards that are on, in order (`GUARDS`)."""
@@ -447,29 +413,15 @@ class Promoter:
     async def _guarded(self, candidate: int, guard: Guard) -> Check | None:
         """A likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within its bar per
         token of the anchor's reference answers; None when off."""
-        nats = self._bar(guard)
-        asked = self.probe if guard == FACTS else self.everyday
-        if self.probe is None or asked is None or nats <= 0 or not isinstance(self.evaluator, ReferenceMaker):
+        nats = guard.bar(self.settings)
+        if self.probe is None or nats <= 0 or not self.references.on(guard):
             return None
-        anchor = await self._read(self._anchor_version)
-        if (guard.key, anchor) not in self._references:
+        anchor = await self._read(self.anchor_version)
+        nothing_to_lose = None
+        if not self.references.decided(guard, anchor):
             known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
-            items: list[EvalItem] | None = None
-            if known is not None and float(known["score"]) <= self.probe_tolerance:
-                why = f"it answers {known['passed']} of {known['items']} probe items: nothing to lose"
-            else:
-                try:  # each question set carries its own cut (capability_probe_max_tokens, EVERYDAY_MAX_TOKENS)
-                    items = await self.evaluator.references(anchor, asked, asked.max_tokens or self.settings.eval_max_tokens)
-                except VersionNotFound as exc:
-                    why = f"v{anchor} cannot answer ({exc})"
-                else:
-                    why = ("its sampler cannot score given tokens" if items is None
-                           else f"it has no {guard.answers} to hold candidates to")
-            self._references[guard.key, anchor] = reference_set(guard, anchor, asked, items) if items else None
-            if not items:
-                log.warning("promotion: the likelihood guard on %s is off against anchor v%d: %s", guard.answers,
-                            anchor, why)
-        refs = self._references[guard.key, anchor]
+            nothing_to_lose = self._nothing_to_lose(known, "probe items", "lose")
+        refs = await self.references.get(guard, anchor, nothing_to_lose)
         if refs is None:
             return None
         check = await self._check(candidate, refs, nats_tolerance(nats))
@@ -479,6 +431,13 @@ class Promoter:
         return replace(check, reason=(
             f"{GUARD_REASON} v{anchor}'s {len(refs.items)} {guard.answers} {nats_of(check.score):+.3f} "
             f"nats per token, {verb} the bar of -{nats:g} ({guard.setting})"))
+
+    def _nothing_to_lose(self, known: dict[str, Any] | None, what: str, verb: str) -> str | None:
+        """Why the anchor, by its probe figures `known`, knows too little to guard or rehearse
+        (it passes no more than the slack); None when it knows something, or is not yet measured."""
+        if known is None or float(known["score"]) > self.probe_tolerance:
+            return None
+        return f"it answers {known['passed']} of {known['items']} {what}: nothing to {verb}"
 
     async def _check(self, candidate: int, es: EvalSet, tol: float) -> Check:
         """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
@@ -520,20 +479,6 @@ class Promoter:
                   f"{tol:.3g} on {es.source}{failed}")
         return Check(es.source, passed, reason, cand.score, inc.score, figures)
 
-    def _decision(self, candidate: int, checks: list[Check]) -> Decision:
-        """One decision from the checks: promoted only when every check passed. The first check's
-        figures stay at the top of `figures` (the shape status and the dashboard read); each
-        check's are under `checks`."""
-        main = checks[0]
-        verdict: Verdict = "promoted" if all(c.passed for c in checks) else "rejected"
-        figures = dict(main.figures)
-        if len(checks) > 1:
-            figures["checks"] = [{"source": c.source, "passed": c.passed, "reason": c.reason, **c.figures}
-                                 for c in checks]
-        shown = [c for c in checks if not c.passed] if verdict == "rejected" else checks
-        reason = "; and ".join(c.reason for c in shown)
-        return Decision(candidate, verdict, "eval", reason, self.serving, main.score, main.incumbent_score, figures)
-
     async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
         """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
         may lose up to `tol` against the serving version, so a chain of them could drift far below
@@ -546,7 +491,7 @@ class Promoter:
         if tol <= 0 or anchor is None or anchor == self.serving:
             return None
         cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
-        if cached is None and not await self._servable(anchor):
+        if cached is None and not await self.servable(anchor):
             log.warning("promotion: the drift guard's anchor v%d has no checkpoint left and no evaluation on %s; "
                         "candidates are compared with the serving version only", anchor, es.source)
             return anchor, None
@@ -559,7 +504,7 @@ class Promoter:
             probe = await self._check(candidate, self.probe, self.probe_tolerance)
             checks = [probe, *await self._guards(candidate)]
             if not all(c.passed for c in checks):  # a floor: a candidate that lost capability never answers anyone
-                return self._decision(candidate, checks)
+                return decision_of(candidate, self.serving, checks)
         if self.router.candidate_version != candidate:
             since = self.store.clock.now()
             await self._read(self.pstore.set_state, self.mode, self.serving, candidate, since, share)
@@ -587,158 +532,23 @@ class Promoter:
         return Decision(candidate, verdict, "canary", test.why, self.serving,
                         cw / cn if cn else None, iw / inn if inn else None, figures)
 
-    # ------------------------------------------------------------------ admin actions
-    async def set_serving(self, version: int, action: str, trainer: TrainerLoop | None) -> dict[str, Any]:
-        """`clawbridge promote N` / `rollback N`: `version` serves from now on and the trainer goes
-        on from it (under the trainer's lock, so no step or pending decision runs meanwhile); a
-        rollback also holds training until `resume`. The decision is recorded only once it took
-        effect: `PromotionError` (404) when the version cannot serve, `CheckpointUnavailable` (409)
-        when the backend could not load its checkpoint; either way nothing changed."""
-        if trainer is None:
-            return await self._set_serving(version, action, None)
-        async with trainer.lock:
-            return await self._set_serving(version, action, trainer.keeper)
+    # ------------------------------------------------------------------ status (`clawbridge.promotion.report`)
+    @property
+    def measuring(self) -> bool:
+        """Whether the start-up evaluation of the serving version is still running."""
+        return self._baseline_task is not None and not self._baseline_task.done()
 
-    async def _set_serving(self, version: int, action: str, keeper: CheckpointKeeper | None) -> dict[str, Any]:
-        from clawbridge.trainer.checkpoints import NoCheckpoint, no_checkpoint_message
-
-        if not await self._servable(version):
-            row = await self._read(self.versions.get, version)
-            raise PromotionError(no_checkpoint_message(version, row))
-        previous = self.serving if self.mode != "off" else self.router.serving_version
-        if (self.mode != "off" and self.pinned) or keeper is None:  # served beside the published version
-            try:
-                await self.router.sampler_for(version, OPERATOR, "serve")
-            except VersionNotFound as exc:
-                raise PromotionError(str(exc)) from None
-        resumed: int | None = None
-        if keeper is not None and await self._read(self._weights_of, self.router.published_version) != \
-                await self._read(self._weights_of, version):
-            try:
-                resumed = await keeper.rollback(version)
-            except NoCheckpoint as exc:
-                raise PromotionError(str(exc)) from None
-            except Exception as exc:
-                log.error("promotion: %s to v%d failed, nothing changed: %s", action, version, exc)
-                raise CheckpointUnavailable(
-                    f"the {self.router.backend.name} backend could not load policy version {version}'s checkpoint "
-                    f"({type(exc).__name__}: {exc}); nothing changed: v{previous} still serves") from None
-        hold = action == "rollback"
-        reason = f"{action} by the admin (serving was v{previous})"
-        if hold:
-            reason += "; training holds until `clawbridge resume`"
-        d = Decision(version, "promoted", "admin", reason, previous)
-        await self._read(self.pstore.decide, d, self.mode, hold)
-        self.router.set_candidate(None)
-        self.canary = None
-        self.hold = held_words(version) if hold else None
-        self.serving = version
-        if self.mode == "off":
-            self.router.set_serving(None if keeper is not None else version)
-            self.serving = self.router.serving_version
-            await self._read(self.pstore.set_state, "off", self.serving)
-        else:
-            self.router.set_serving(version if self.pinned else None)
-        log.warning("promotion: %s to v%d by the admin (was v%d)%s%s", action, version, previous,
-                    f"; the trainer resumes from it as v{resumed}" if resumed is not None else "",
-                    "; training holds until `clawbridge resume`" if hold else "")
-        return {"serving_version": self.serving, "previous": previous, "trainer_version": resumed,
-                "held": hold}
-
-    async def resume(self) -> dict[str, Any]:
-        """`clawbridge resume`: end the hold of an admin's rollback, so training goes on from the
-        serving version (later versions are gated as the mode says)."""
-        held = await self._read(self.pstore.release_hold)
-        if self.hold is not None and self.hold.startswith(HELD_PREFIX):
-            self.hold = None
-        log.warning("promotion: training resumed by the admin%s", f" (v{held} was held)" if held is not None else
-                    " (nothing was held)")
-        return {"resumed": held is not None, "held_version": held,
-                "serving_version": self.serving if self.mode != "off" else self.router.serving_version}
-
-    # ------------------------------------------------------------------ status
-    def status(self) -> dict[str, Any]:
-        """`/rl/status`' `promotion` object (reads the store: call it off the event loop)."""
-        state = self.pstore.state()
-        scale = self.step_scale()
-        if self.mode == "probe" and self.probe is not None:
-            es: str | None = self.probe.source
-        else:
-            es = self.eval_file.source if self.eval_file is not None else (
-                f"held-out sessions ({self.settings.held_out_share:.0%})" if self.mode == "eval" else None)
-        return {
-            "mode": self.mode,
-            "serving_version": self.serving if self.mode != "off" else self.router.serving_version,
-            "candidate_version": state.candidate_version if state is not None and self.mode == "canary"
-            else (self._pending_candidate() if self.hold else None),
-            "pinned": self.pinned,
-            "eval_set": es,
-            "tolerance": self.tolerance if self.mode != "off" else None,
-            "anchor_version": self._anchor_version() if self.mode in ("eval", "probe") and self.tolerance > 0 else None,
-            "capability_probe": self._probe_status(),
-            "holding": self.hold or (held_words(state.held_version) if state is not None
-                                     and state.held_version is not None else None),
-            "held_version": state.held_version if state is not None else None,
-            "held_since": state.held_since if state is not None else None,
-            "canary": self.canary.as_dict() if self.canary is not None else None,
-            "decisions": [d.as_dict() for d in self.pstore.decisions(20)],
-            "rejected_samples": self.pstore.rejected_samples(),
-            "step_scale": asdict(scale) | {"words": scale.words()},
-            "rehearsal": self._rehearsal_status(),
-            "evaluation_seconds": {str(v): round(s, 3) for v, s in sorted(self.eval_seconds.items())},
-        }
-
-    def _probe_status(self) -> dict[str, Any] | None:
-        """The capability probe's figures for status: the serving version's, the anchor's (the
-        base until an admin chooses another) and the base's, from the cache, so a person sees
-        "still good?" at a glance (`describe.still_good_line`). None when the probe is off."""
-        if self.probe is None:
-            return None
-        anchor = self._anchor_version()
-
-        def score(version: int) -> dict[str, Any] | None:
-            cached = self.pstore.cached_eval(version, self.probe.digest) if self.probe is not None else None
-            if cached is None:
-                return None
-            return {"version": version, "passed": cached["passed"], "items": cached["items"],
-                    "score": cached["score"], "failed": cached["failed"][:10]}
-
-        return {"items": len(self.probe.items), "slack_items": self.settings.capability_probe_slack,
-                "floor": self.mode != "probe", "serving": score(self.serving),
-                "measuring": self._baseline_task is not None and not self._baseline_task.done(),
-                "anchor": score(anchor) if anchor != self.serving else None,
-                "base": score(0),  # the shared lane's base is version 0 (`VersionStore.commit_base`)
-                **{guard.key: self._guard_status(guard, anchor) for guard in GUARDS}}
-
-    def _rehearsal_status(self) -> dict[str, Any] | None:
-        """What rehearsal trains beside each step, once its set is built; None when off."""
-        newest = self._rehearsals.get(self._anchor_version()) if self.settings.rehearsal_coef > 0 else None
-        if newest is None:
-            return None
-        return {"anchor": newest.anchor, "answers": len(newest.items), "per_step": self.settings.rehearsal_items,
-                "coef": self.settings.rehearsal_coef, "build_seconds": self._rehearsal_seconds.get(newest.anchor)}
-
-    def _guard_status(self, guard: Guard, anchor: int) -> dict[str, Any] | None:
-        """A likelihood guard's figure of the serving version (nats per token against the anchor's
-        reference answers), once its reference set is built; None when off."""
-        refs = self._references.get((guard.key, anchor))
-        if refs is None or self._bar(guard) <= 0:
-            return None
-        cached = self.pstore.cached_eval(self.serving, refs.digest)
-        return {"anchor": anchor, "answers": len(refs.items), "bar_nats": self._bar(guard),
-                "serving_nats": nats_of(float(cached["score"])) if cached is not None else None}
-
-    def _anchor_version(self) -> int:
+    def anchor_version(self) -> int:
         """The drift guard's anchor (`_anchor`): the serving version before any decision."""
         anchor = self.pstore.anchor_version()
         return self.serving if anchor is None else anchor
 
-    def _pending_candidate(self) -> int | None:
-        held = self._weights_of(self.router.published_version)
-        return held if held != self._weights_of(self.serving) else None
+    def pending_candidate(self) -> int | None:
+        held = self.weights_of(self.router.published_version)
+        return held if held != self.weights_of(self.serving) else None
 
     # ------------------------------------------------------------------ helpers
-    def _weights_of(self, version: int) -> int:
+    def weights_of(self, version: int) -> int:
         """The step (or base) version whose weights `version` serves: through rollback and
         restore versions to their source."""
         seen = 0
@@ -750,7 +560,7 @@ class Promoter:
             seen += 1
         return version
 
-    async def _servable(self, version: int) -> bool:
+    async def servable(self, version: int) -> bool:
         if version == self.router.published_version:
             return True
         row = await self._read(self.versions.get, version)
@@ -770,15 +580,6 @@ def promoted_version(settings: Settings, store: Store) -> int | None:
         return None
     state = PromotionStore(store).state()
     return state.serving_version if state is not None and state.mode != "off" else None
-
-
-HELD_PREFIX = "rolled back to v"
-
-
-def held_words(version: int) -> str:
-    """Why training waits while the admin's rollback holds."""
-    return (f"{HELD_PREFIX}{version} by the admin: v{version} keeps serving and no training step runs until "
-            "`clawbridge resume`")
 
 
 def build_promoter(settings: Settings, store: Store, router: VersionRouter, renderer: ChatFormat,

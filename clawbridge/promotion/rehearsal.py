@@ -39,12 +39,16 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from importlib import resources
 
 from clawbridge.backend import Datum
 from clawbridge.config import NormalizationRule
 from clawbridge.promotion.evalset import EvalItem, EvalSet, parse_eval_set
+
+log = logging.getLogger("clawbridge.promotion")
 
 POOL_FILE = "rehearsal_set.jsonl"
 POOL_SOURCE = "the built-in rehearsal set"
@@ -108,3 +112,64 @@ async def build_rehearsal(maker: object, anchor: int, max_tokens: int) -> tuple[
         return None, f"v{anchor} answers none of the {POOL_SOURCE}'s questions"
     ordered = tuple(sorted(items, key=lambda i: i.id))
     return Rehearsal(anchor, ordered), f"{len(ordered)} of v{anchor}'s correct answers"
+
+
+REHEARSAL_TRIES = 3
+"""Builds of one anchor's rehearsal set that may raise before rehearsal is off against it."""
+
+
+class RehearsalSets:
+    """The rehearsal set per anchor, built once (module invariants): None where it is off against
+    that anchor, said once in the log."""
+
+    def __init__(self, maker: object, max_tokens: int, per_step: int) -> None:
+        self.maker = maker
+        """The evaluator that answers (`build_rehearsal`)."""
+        self.max_tokens = max_tokens
+        """The answers' cut (`capability_probe_max_tokens`)."""
+        self.per_step = per_step
+        """`rehearsal_items`, for the log."""
+        self._sets: dict[int, Rehearsal | None] = {}
+        self._failures: dict[int, int] = {}
+        self.build_seconds: dict[int, float] = {}
+        """How long building each anchor's set took (it runs inside the first step that asks)."""
+
+    def decided(self, anchor: int) -> bool:
+        """Whether `anchor`'s set was built, or found off."""
+        return anchor in self._sets
+
+    def built(self, anchor: int) -> Rehearsal | None:
+        """`anchor`'s set if built (None: not yet, or off)."""
+        return self._sets.get(anchor)
+
+    async def get(self, anchor: int, nothing_to_keep: str | None) -> Rehearsal | None:
+        """`anchor`'s set, built at the first call. `nothing_to_keep`: why the anchor knows too
+        little to rehearse (its probe figures), which turns it off. A build that raises gives None
+        and the next call tries again, up to `REHEARSAL_TRIES`."""
+        if anchor in self._sets:
+            return self._sets[anchor]
+        built: Rehearsal | None = None
+        if nothing_to_keep is not None:
+            why = nothing_to_keep
+        else:
+            started = time.monotonic()
+            try:
+                built, why = await build_rehearsal(self.maker, anchor, self.max_tokens)
+            except Exception as exc:  # rehearsal is an extra: the step trains without it, the next asks again
+                failed = self._failures[anchor] = self._failures.get(anchor, 0) + 1
+                if failed < REHEARSAL_TRIES:
+                    log.warning("rehearsal: not built against anchor v%d (%s: %s); this step trains without it, "
+                                "the next one tries again", anchor, type(exc).__name__, exc)
+                    return None
+                why = (f"{failed} builds failed, the last with {type(exc).__name__}: {exc} "
+                       "(a restart or a new anchor tries again)")
+            else:
+                if built is not None:
+                    self.build_seconds[anchor] = time.monotonic() - started
+                    why += f", built in {self.build_seconds[anchor]:.1f} s"
+        self._sets[anchor] = built
+        if built is None:
+            log.warning("rehearsal: off against anchor v%d: %s", anchor, why)
+        else:
+            log.info("rehearsal: %s, %d beside each step", why, self.per_step)
+        return built

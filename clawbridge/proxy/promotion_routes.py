@@ -32,8 +32,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from clawbridge.access import Principal, Target
+from clawbridge.promotion import admin
 from clawbridge.promotion.evalset import EvalSetError, parse_eval_set
 from clawbridge.promotion.promoter import Promoter, PromotionError
+from clawbridge.promotion.report import promotion_status
 from clawbridge.proxy.errors import ApiError
 from clawbridge.proxy.ownership import caller, require
 from clawbridge.proxy.request import parse_json_object, read_body
@@ -83,7 +85,7 @@ def version_body(body: dict[str, Any]) -> VersionBody:
 
 async def set_serving(state: ProxyState, by: Principal, req: VersionBody, action: str) -> dict[str, Any]:
     """`req.version` serves from now on, in the lane `req.user` names (None: the shared policy,
-    `Promoter.set_serving`; a user: `UserLanes.rollback`), as an HTTP answer or error."""
+    `admin.set_serving`; a user: `UserLanes.rollback`), as an HTTP answer or error."""
     version = req.version
 
     def missing() -> ApiError:
@@ -94,7 +96,7 @@ async def set_serving(state: ProxyState, by: Principal, req: VersionBody, action
         require(by.in_lane(req.user), "versions", "serve", Target(row.lane or None, version=version), missing)
     if req.user is None:
         try:
-            return await promoter_of(state).set_serving(version, action, state.trainer)
+            return await admin.set_serving(promoter_of(state), version, action, state.trainer)
         except PromotionError as exc:
             raise ApiError(exc.status, str(exc), code=exc.code, param="version") from None
     if row is None:
@@ -167,7 +169,7 @@ def build_promotion_router(state: ProxyState) -> APIRouter:
     @router.get("/promotion")
     async def promotion(request: Request) -> dict[str, Any]:
         await caller(state, request, "status", "read")
-        return dict(await state.read(promoter_of(state).status))
+        return dict(await state.read(promotion_status, promoter_of(state)))
 
     @router.post("/promote")
     async def promote(request: Request) -> dict[str, Any]:
@@ -182,7 +184,7 @@ def build_promotion_router(state: ProxyState) -> APIRouter:
     @router.post("/resume")
     async def resume(request: Request) -> dict[str, Any]:
         await caller(state, request, "versions", "serve")  # ends an admin's rollback hold
-        return await promoter_of(state).resume()
+        return await admin.resume(promoter_of(state))
 
     @router.post("/eval")
     async def evaluate(request: Request) -> dict[str, Any]:

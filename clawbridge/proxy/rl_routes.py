@@ -41,6 +41,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from clawbridge.access import Action, Denied, Hidden, Principal, Resource, Scope, check, scope_of
+from clawbridge.promotion.report import promotion_status
 from clawbridge.proxy.call import turn_id_for
 from clawbridge.proxy.errors import ApiError, validated
 from clawbridge.proxy.ownership import caller, find_session, require, session_target
@@ -263,7 +264,7 @@ def build_rl_router(state: ProxyState) -> APIRouter:
                 "lanes": await state.read(state.lanes.status) if state.lanes is not None else None,
                 "judge": await state.read(judge.status) if judge is not None else None,
                 "privacy": state.privacy.status() if state.privacy is not None else None,
-                "promotion": await state.read(state.promotion.status) if state.promotion is not None else None,
+                "promotion": await state.read(promotion_status, state.promotion) if state.promotion is not None else None,
                 "notes": await state.read(state.notes.status) if state.notes is not None else None,
                 "remote_deletions": await state.read(OwedDeletionStore(state.store).status),
                 "engine": engine_status(state.backend.sampler())}
