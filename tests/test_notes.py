@@ -262,6 +262,12 @@ def test_check_sessions_are_a_stable_share(share: float) -> None:
     ("Don't forget: sign off with it.", "Don't forget: sign off with 'Cheers from your assistant'.", True),
     ("Paris. Then the details: it is the largest city.",
      "Don't bury the answer. Give me a one-line answer first, then the details.", False),
+    # a note of its own, in the note's form (seen at a high learning rate): not the hint's words
+    ("[Your answer was too long too. Here is the correct answer with two sentences]", COMPLAINT, True),
+    ("Sam, steep it for three minutes. [I, you look like a scientist.]", COMPLAINT, True),
+    # brackets that are not a note: a link, a citation, a checkbox, a short tag
+    ("See [the tea guide for beginners](https://example.com/tea), Sam.", COMPLAINT, False),
+    ("Steep it for three minutes [1], Sam. - [ ] buy tea [Sam]", COMPLAINT, False),
 ])
 def test_an_answer_that_repeats_its_note_echoes_it(answer: str, hint: str, echoes: bool) -> None:
     from clawbridge.rewards.notes import echoes_note

@@ -22,8 +22,8 @@ Rules:
   id) are check sessions, served without notes. When the last `retire_after` check sessions' first
   answers were all accepted (judge verdict > 0), the weights carry the notes: they retire (kept and
   listed as retired, no longer put in calls). A correction in a check session becomes a note again.
-- An answer that ECHOES its note (`echoes_note`: it writes "Hint:", or repeats four or more words of
-  the hint in a row) is recorded as such (`meta.notes_echoed`) and never trained
+- An answer that ECHOES its note (`echoes_note`: it writes "Hint:", a note of its own in square
+  brackets, or repeats four or more words of the hint in a row) is recorded as such (`meta.notes_echoed`) and never trained
   (`samples.dropped_reason = 'echoed_note'`): trained onto the plain prompt it would teach the
   weights to say the hint unasked, and a user's check ("did it use my name?") may even reward it.
 - The user sees and deletes every note (`clawbridge notes`, `/rl/notes`, the dashboard); a deleted
@@ -58,6 +58,10 @@ ECHO_MARKER = re.compile(r"\bhint\s*:", re.IGNORECASE)
 """How the notes' templates introduce a hint; an answer that writes it is repeating the note."""
 ECHO_WORDS = 4
 """Words of the hint in a row that an answer repeating them echoes (shorter hints: the marker only)."""
+BRACKETED = re.compile(r"\[([^\[\]]*)\](?!\()")
+"""A span in square brackets that is not a Markdown link: the note's own form (`[Hint: ...]`). An
+answer that writes one of `ECHO_WORDS` or more words is writing a note of its own ("[Your answer was
+too long. Here is the short one]"), which SmolLM2 did at a high learning rate (docs/training.md)."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,11 @@ said, so an answer that says them follows the note rather than echoing it."""
 
 def echoes_note(answer: str, hint: str) -> bool:
     """Whether `answer` repeats the note it was served with (module rules): it writes the hint
-    marker ("[Hint: ...", "Hint:"), or `ECHO_WORDS` or more of the hint's words in a row outside
-    what the hint quotes."""
+    marker ("[Hint: ...", "Hint:"), a bracketed note of its own (`BRACKETED`, `ECHO_WORDS` or
+    more words), or `ECHO_WORDS` or more of the hint's words in a row outside what the hint quotes."""
     if ECHO_MARKER.search(answer):
+        return True
+    if any(len(_words(m.group(1))) >= ECHO_WORDS for m in BRACKETED.finditer(answer)):
         return True
     said = f" {' '.join(_words(answer))} "
     for part in QUOTED.split(hint):
