@@ -2,6 +2,7 @@
 
     python bench/note_effect.py                          # SmolLM2, the 4 personas, both places, seeds 0,1
     python bench/note_effect.py --place system --persona brief --samples 4
+    python bench/note_effect.py --place user --persona lead --text 'Use this layout:\nThe short answer.\nThe details.'
 
 Notes from talk (`clawbridge.rewards.notes`) only help at once if the model follows them. For each
 place a call can carry a note (`notes_place`: `system`, a line in the system message; `user`,
@@ -43,7 +44,7 @@ INSTRUCTIONS = {
 
 
 def run_place(model: str, place: str, personas: list[str], seeds: list[int], samples: int, notes: str,
-              out: Path) -> list[tuple[str, str, float, float]]:
+              out: Path, texts_given: tuple[str, ...] = ()) -> list[tuple[str, str, float, float]]:
     """(persona, note, rate without, rate with) for each persona and note, on one server."""
     from clawbridge.devtools.demo import free_port, launch_proxy, stop_proxy, wait_healthy
     from clawbridge.devtools.personas import PERSONAS
@@ -62,8 +63,8 @@ def run_place(model: str, place: str, personas: list[str], seeds: list[int], sam
         admin = {"Authorization": f"Bearer {proxy.admin}"}
         for key in personas:
             persona = PERSONAS[key]
-            texts = {"all": persona.complaints, "first": persona.complaints[:1],
-                     "instruction": (INSTRUCTIONS[key],)}[notes]
+            texts = texts_given or {"all": persona.complaints, "first": persona.complaints[:1],
+                                    "instruction": (INSTRUCTIONS[key],)}[notes]
             for k, text in enumerate(texts):
                 user = f"{key}-{k}"
                 api_key = proxy.add_user(user)
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--notes", choices=("first", "all", "instruction"), default="first",
                     help="the note: each persona's first correction (what the rule-based judge's hint is), each "
                     "of them in turn, or the preference as an instruction (INSTRUCTIONS)")
+    ap.add_argument("--text", action="append", default=[], metavar="NOTE",
+                    help="a note of your own (repeatable; '\\n' writes a line break), asked instead of --notes")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--samples", type=int, default=2, help="samples per held-out question and seed")
     ap.add_argument("--out", type=Path, default=None)
@@ -106,11 +109,14 @@ def main() -> int:
     table = []
     t0 = time.monotonic()
     for place in args.place.split(","):
-        for key, text, off, on in run_place(model, place.strip(), personas, seeds, args.samples, args.notes, out):
+        given = tuple(t.replace("\\n", "\n") for t in args.text)
+        for key, text, off, on in run_place(model, place.strip(), personas, seeds, args.samples, args.notes, out,
+                                            given):
             table.append((place, key, text, off, on))
     print("\n| place | persona | note | without | with |\n|---|---|---|---|---|")
     for place, key, text, off, on in table:
-        print(f"| {place} | {key} | {text} | {off:.2f} | {on:.2f} |")
+        shown = text.replace("\n", "\\n")  # one table row per note
+        print(f"| {place} | {key} | {shown} | {off:.2f} | {on:.2f} |")
     print(f"\nwall {time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}")
     return 0
 
