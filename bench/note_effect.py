@@ -108,8 +108,8 @@ def main() -> int:
     print("place  persona without -> with the note", flush=True)
     table = []
     t0 = time.monotonic()
+    given = tuple(t.replace("\\n", "\n") for t in args.text)
     for place in args.place.split(","):
-        given = tuple(t.replace("\\n", "\n") for t in args.text)
         for key, text, off, on in run_place(model, place.strip(), personas, seeds, args.samples, args.notes, out,
                                             given):
             table.append((place, key, text, off, on))

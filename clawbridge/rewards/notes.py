@@ -23,9 +23,10 @@ Rules:
   answers were all accepted (judge verdict > 0), the weights carry the notes: they retire (kept and
   listed as retired, no longer put in calls). A correction in a check session becomes a note again.
 - An answer that ECHOES its note (`echoes_note`: it writes "Hint:", a note of its own in square
-  brackets, or repeats four or more words of the hint in a row) is recorded as such (`meta.notes_echoed`) and never trained
-  (`samples.dropped_reason = 'echoed_note'`): trained onto the plain prompt it would teach the
-  weights to say the hint unasked, and a user's check ("did it use my name?") may even reward it.
+  brackets, or repeats four or more words of the hint in a row) is recorded as such
+  (`meta.notes_echoed`) and never trained (`samples.dropped_reason = 'echoed_note'`): trained onto
+  the plain prompt it would teach the weights to say the hint unasked, and a user's check ("did it
+  use my name?") may even reward it.
 - The user sees and deletes every note (`clawbridge notes`, `/rl/notes`, the dashboard); a deleted
   note is gone from the store and from the next call.
 - The proxy reads notes from memory (`NoteBook.for_call`), never from the store on a model call's
