@@ -13,6 +13,10 @@ prints:
   base's correct answers to the capability probe;
 - `everyday` the everyday guard's (`everyday_guard_nats`): against the base's answers to the 12
   everyday questions (`clawbridge.promotion.everyday`), and whether the default bar admits it;
+- `in context` the same guard's figure on the same questions asked as an agent serves a noted call
+  (a profile and a note: `in_context_set`), and whether the bar admits it;
+- `echoed` how many of the version's answers to those in-context questions, sampled at temperature
+  1, echo the note (`clawbridge.rewards.notes.echoes_note`: what fell apart at the 13x rate);
 - `gate` what the run's own gate decided for it then (that run's code and settings);
 - `sampled` the base's mean logprob per token of the version's answers to the 12 questions sampled
   at temperature 1 (fixed seeds): what neither guard reads (a version can keep the base's greedy
@@ -87,9 +91,10 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
 
     from clawbridge.chat.render import Renderer
     from clawbridge.promotion.capability import capability_probe
-    from clawbridge.promotion.everyday import EVERYDAY_MAX_TOKENS, everyday_set
-    from clawbridge.promotion.likelihood import EVERYDAY, FACTS, nats_of, reference_set
+    from clawbridge.promotion.everyday import AGENT_NOTE, EVERYDAY_MAX_TOKENS, everyday_set, in_context_set
+    from clawbridge.promotion.likelihood import EVERYDAY, FACTS, IN_CONTEXT, nats_of, reference_set
     from clawbridge.promotion.runner import Evaluator
+    from clawbridge.rewards.notes import echoes_note
     from clawbridge.serving.sampler import SamplingParams
 
     found = checkpoints(run)
@@ -98,33 +103,46 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
     renderer = Renderer.from_pretrained(model)
     router = Router(engine, found, float(settings.lora_alpha) / settings.lora_rank)
     ev = Evaluator(router, renderer)  # type: ignore[arg-type]
-    probe, everyday = capability_probe(settings.capability_probe_max_tokens), everyday_set()
+    probe, everyday, noted = capability_probe(settings.capability_probe_max_tokens), everyday_set(), in_context_set()
     facts_items = await ev.references(0, probe, settings.capability_probe_max_tokens)
     everyday_items = await ev.references(0, everyday, EVERYDAY_MAX_TOKENS)
-    assert facts_items and everyday_items, "the base must answer: it is SmolLM2 the runs used"
+    noted_items = await ev.references(0, noted, EVERYDAY_MAX_TOKENS)
+    assert facts_items and everyday_items and noted_items, "the base must answer: it is SmolLM2 the runs used"
     facts_refs = reference_set(FACTS, 0, probe, facts_items)
     everyday_refs = reference_set(EVERYDAY, 0, everyday, everyday_items)
+    noted_refs = reference_set(IN_CONTEXT, 0, noted, noted_items)
     questions = [renderer.render(list(item.chat)) for item in everyday.items]
+    noted_questions = [renderer.render(list(item.chat)) for item in noted.items]
     stops = tuple(renderer.stop_token_ids)
+    bar = settings.everyday_guard_nats
+
+    async def sampled_answers(sampler: Any, prompts: list[list[int]]) -> list[list[int]]:
+        out = []
+        for i, prompt in enumerate(prompts):  # temperature 1, as a person's agent samples; fixed seeds
+            params = SamplingParams(max_tokens=EVERYDAY_MAX_TOKENS, temperature=1.0, seed=7 + i, stop_token_ids=stops)
+            out.append([t.token_id async for t in await sampler.sample(prompt, params)])
+        return out
+
     rows = []
     try:
         for version in sorted(v for v in found if keep is None or v in keep):
             facts = nats_of((await ev.evaluate(version, facts_refs)).score)
             daily = nats_of((await ev.evaluate(version, everyday_refs)).score)
+            in_context = nats_of((await ev.evaluate(version, noted_refs)).score)
             sampler = await router.sampler_for(version)
-            answers = []
-            for i, question in enumerate(questions):  # temperature 1, as a person's agent samples; fixed seeds
-                params = SamplingParams(max_tokens=EVERYDAY_MAX_TOKENS, temperature=1.0, seed=7 + i, stop_token_ids=stops)
-                answers.append([t.token_id async for t in await sampler.sample(question, params)])
+            answers = await sampled_answers(sampler, questions)
             base_lps = [lp for q, a in zip(questions, answers, strict=True) for lp in await engine.score(q, a)]
             sampled = sum(base_lps) / max(1, len(base_lps))
+            echoed = sum(echoes_note(renderer.decode([i for i in a if i not in stops]), AGENT_NOTE)
+                         for a in await sampled_answers(sampler, noted_questions))
             said = renderer.decode([i for i in answers[0] if i not in stops])
             row = {"run": str(run), "version": version, "facts_nats": facts, "everyday_nats": daily,
-                   "admitted": daily >= -settings.everyday_guard_nats, "gate": verdicts.get(version, "-"),
-                   "sampled_base_logprob": sampled, "sample": " ".join(str(said).split())[:90]}
-            print(f"{'/'.join(run.parts[-2:]):>12} v{version:<3} facts {facts:+.3f}  everyday {daily:+.3f} "
-                  f"({'within' if row['admitted'] else 'beyond'} -{settings.everyday_guard_nats:g})  "
-                  f"sampled {sampled:+.2f}  gate then: {row['gate']:<8}  {row['sample']!r}", flush=True)
+                   "in_context_nats": in_context, "admitted": min(daily, in_context) >= -bar,
+                   "gate": verdicts.get(version, "-"), "sampled_base_logprob": sampled, "echoed": echoed,
+                   "sample": " ".join(str(said).split())[:90]}
+            print(f"{'/'.join(run.parts[-2:]):>12} v{version:<3} facts {facts:+.3f}  everyday {daily:+.3f}  in context "
+                  f"{in_context:+.3f} ({'within' if row['admitted'] else 'beyond'} -{bar:g})  sampled {sampled:+.2f}  "
+                  f"echoed {echoed}/{len(noted_questions)}  gate then: {row['gate']:<8}  {row['sample']!r}", flush=True)
             rows.append(row)
     finally:
         engine.shutdown()
@@ -147,18 +165,21 @@ def main() -> None:
     table: list[dict[str, Any]] = []
     for run in args.runs:
         table += asyncio.run(one_run(run, keep, model, settings))
-    print("\nrun | versions | everyday figure: worst (version) | beyond the bar | facts figure: worst | "
-          "sampled: worst (version)")
+    print("\nrun | versions | everyday figure: worst (version) | in context: worst (version) | beyond the bar | "
+          "facts figure: worst | sampled: worst (version) | echoed in context: most (version)")
     for run in args.runs:
         rows = [r for r in table if r["run"] == str(run)]
         if not rows:
             continue
         worst = min(rows, key=lambda r: r["everyday_nats"])
+        noted = min(rows, key=lambda r: r["in_context_nats"])
         low = min(rows, key=lambda r: r["sampled_base_logprob"])
+        most = max(rows, key=lambda r: r["echoed"])
         beyond = [f"v{r['version']}" for r in rows if not r["admitted"]]
         print(f"{run} | {len(rows)} | {worst['everyday_nats']:+.3f} (v{worst['version']}) | "
+              f"{noted['in_context_nats']:+.3f} (v{noted['version']}) | "
               f"{len(beyond)}: {', '.join(beyond[:8]) or '-'} | {min(r['facts_nats'] for r in rows):+.3f} | "
-              f"{low['sampled_base_logprob']:+.2f} (v{low['version']})")
+              f"{low['sampled_base_logprob']:+.2f} (v{low['version']}) | {most['echoed']}/12 (v{most['version']})")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ def promotion_line(settings: Settings, scores: bool) -> str:
     given tokens (module invariant)."""
     mode = settings.promotion_mode
     bars = [f"of the base's {what} within {nats:g} nats/token" for what, nats in
-            (("correct answers", settings.capability_probe_nats), ("everyday answers", settings.everyday_guard_nats))
+            (("correct answers", settings.capability_probe_nats),
+             ("everyday answers (plain and in an agent's context)", settings.everyday_guard_nats))
             if nats > 0]
     likely = f"its likelihood {' and '.join(bars)}" if bars and scores else ""
     floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"

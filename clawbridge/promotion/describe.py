@@ -112,8 +112,9 @@ def still_good_line(p: dict[str, Any] | None) -> str | None:
     if likely and likely.get("serving_nats") is not None:
         line += (f"; likely to say them: {likely['serving_nats']:+.3f} nats per token against anchor "
                  f"v{likely['anchor']}'s {likely['answers']} correct answers (bar -{likely['bar_nats']:g})")
-    everyday = probe.get("everyday")
-    if everyday and everyday.get("serving_nats") is not None:
-        line += (f"; everyday answers: {everyday['serving_nats']:+.3f} nats per token against anchor "
-                 f"v{everyday['anchor']}'s {everyday['answers']} (bar -{everyday['bar_nats']:g})")
+    for key, what in (("everyday", "everyday answers"), ("in_context", "in an agent's context")):
+        everyday = probe.get(key)
+        if everyday and everyday.get("serving_nats") is not None:
+            line += (f"; {what}: {everyday['serving_nats']:+.3f} nats per token against anchor "
+                     f"v{everyday['anchor']}'s {everyday['answers']} (bar -{everyday['bar_nats']:g})")
     return line

@@ -25,12 +25,23 @@ Invariants:
   few tokens of an answer (a name, where it stops, a list marker), word salad moves all of them.
 - Off exactly where the likelihood guard is off (no probe, no scorer, an anchor that knows no
   probe fact, or its bar 0); its reference set is built once per anchor, like the guard's.
+
+The same questions are also asked IN THE AGENT'S CONTEXT (`in_context_set`, guard `IN_CONTEXT`,
+the same bar): under a profile-like system prompt (`AGENT_PROFILE`) with a note in the call
+(`AGENT_NOTE`, put where `notes_place` puts a user's notes, by `notes.noted_messages`). Why: at
+the 13x rate (docs/training.md, "Tried: the 13x rate again, with the everyday guard") the plain
+answers stayed at the bar while the answers people were served, with their profile and a note,
+fell apart (a third echoed the note; others wrote notes of their own). The gate read only what
+stayed sane. The profile and note are the gate's own: no persona's system prompt, no
+persona's preference (`tests/test_everyday_guard.py`).
 """
 
 from __future__ import annotations
 
 from clawbridge.chat.messages import parse_messages
+from clawbridge.config import NotesPlace
 from clawbridge.promotion.evalset import EvalItem, EvalSet, digest_of
+from clawbridge.rewards.notes import noted_messages
 
 EVERYDAY_QUESTIONS: tuple[str, ...] = (
     "How do I fold a fitted sheet?",
@@ -63,3 +74,28 @@ def everyday_set() -> EvalSet:
         items.append(EvalItem("open", f"everyday-{n}", messages, tuple(parse_messages(list(messages)))))
     return EvalSet(tuple(items), EVERYDAY_SOURCE,
                    digest_of(["everyday", EVERYDAY_MAX_TOKENS, *EVERYDAY_QUESTIONS]), EVERYDAY_MAX_TOKENS)
+
+
+AGENT_PROFILE = ("You are a personal assistant. You help Robin, a teacher who lives in Lisbon, "
+                 "with everyday questions.")
+"""The system prompt of the in-context questions: what an agent's profile of its user looks like."""
+
+AGENT_NOTE = "Mention one thing people often get wrong."
+"""The note of the in-context questions: a user's note, about no persona's preference."""
+
+IN_CONTEXT_SOURCE = "everyday answers in context"
+"""How decisions and status name the in-context questions (`EvalSet.source`)."""
+
+
+def in_context_set(place: NotesPlace = "user") -> EvalSet:
+    """`EVERYDAY_QUESTIONS` as a noted call of an agent serves them (module doc): the profile as
+    the system message and `AGENT_NOTE` where `place` puts a user's notes."""
+    items = []
+    for n, question in enumerate(EVERYDAY_QUESTIONS, start=1):
+        plain = [{"role": "system", "content": AGENT_PROFILE}, {"role": "user", "content": question}]
+        chat = tuple(noted_messages(parse_messages(plain), AGENT_NOTE, place))
+        messages = tuple({"role": m.role, "content": m.content} for m in chat)
+        items.append(EvalItem("open", f"in-context-{n}", messages, chat))
+    return EvalSet(tuple(items), IN_CONTEXT_SOURCE,
+                   digest_of(["in_context", EVERYDAY_MAX_TOKENS, AGENT_PROFILE, AGENT_NOTE, place,
+                              *EVERYDAY_QUESTIONS]), EVERYDAY_MAX_TOKENS)

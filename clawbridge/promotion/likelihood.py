@@ -26,9 +26,11 @@ Invariants:
   40 answers for nothing). The promoter says which, once, in its log.
 - Reference answers are cut at `capability_probe_max_tokens`: an answer that names its fact later
   is left out, so building the set costs at most one probe's worth of short greedy answers.
-- One mechanism, two guards (`GUARDS`): `FACTS` on the probe's correct answers, `EVERYDAY` on the
-  anchor's answers to everyday questions (`clawbridge.promotion.everyday`). Each has its own bar
-  setting, reference set and figure in status; both are off where this one is.
+- One mechanism, three guards (`GUARDS`): `FACTS` on the probe's correct answers, `EVERYDAY` on the
+  anchor's answers to everyday questions, `IN_CONTEXT` on its answers to the same questions in an
+  agent's context, a profile and a note (`clawbridge.promotion.everyday`). Each has its own
+  reference set and figure in status (the two everyday guards share their bar's setting); all are
+  off where this one is.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class Guard:
 
 FACTS = Guard("likelihood", "capability_probe_nats", LIKELIHOOD_SOURCE, "correct probe answers")
 EVERYDAY = Guard("everyday", "everyday_guard_nats", "the everyday answers' likelihood", "everyday answers")
-GUARDS = (FACTS, EVERYDAY)
+IN_CONTEXT = Guard("in_context", "everyday_guard_nats", "the everyday answers' likelihood in context",
+                   "everyday answers in an agent's context")
+GUARDS = (FACTS, EVERYDAY, IN_CONTEXT)
 """In the order a decision checks them."""
 
 GUARD_REASON = "likelihood of anchor"

@@ -7,7 +7,8 @@ Modes (`promotion_mode`):
   the next step it must pass the built-in capability probe (`clawbridge.promotion.capability`)
   within `capability_probe_slack` items of the serving version and the anchor, and (where the
   sampler scores given tokens) the likelihood guards (`clawbridge.promotion.likelihood`: the
-  anchor's correct probe answers, its everyday answers), else it is rejected as below. Never worse
+  anchor's correct probe answers, its everyday answers plain and in an agent's context), else it
+  is rejected as below. Never worse
   by default, with nothing written by the user.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
@@ -69,12 +70,13 @@ from clawbridge.promotion.evalset import (
     held_out_set,
     load_eval_set,
 )
-from clawbridge.promotion.everyday import everyday_set
+from clawbridge.promotion.everyday import everyday_set, in_context_set
 from clawbridge.promotion.likelihood import (
     EVERYDAY,
     FACTS,
     GUARD_REASON,
     GUARDS,
+    IN_CONTEXT,
     Guard,
     GuardReferences,
     nats_of,
@@ -157,6 +159,8 @@ class Promoter:
         """The built-in capability probe: the whole check in probe mode, a floor in eval and canary."""
         self.everyday: EvalSet | None = everyday_set() if self.probe is not None else None
         """The everyday guard's questions (`clawbridge.promotion.everyday`): with the probe only."""
+        self.in_context: EvalSet | None = in_context_set(settings.notes_place) if self.probe is not None else None
+        """The same questions in an agent's context (a profile and a note): with the probe only."""
         self.pinned = isinstance(router.backend, VersionedServing)
         """The router pins plain traffic to the serving version (module invariants)."""
         self.serving: int = router.published_version
@@ -172,7 +176,8 @@ class Promoter:
         self._baseline_lock = asyncio.Lock()
         self._canary_at = 0.0
         self.references = GuardReferences(
-            evaluator, {g: q for g, q in ((FACTS, self.probe), (EVERYDAY, self.everyday)) if q is not None},
+            evaluator, {g: q for g, q in ((FACTS, self.probe), (EVERYDAY, self.everyday), (IN_CONTEXT, self.in_context))
+                        if q is not None},
             settings.eval_max_tokens)
         """Each likelihood guard's reference set per anchor (`_guarded`)."""
         self.rehearsals = RehearsalSets(evaluator, settings.capability_probe_max_tokens, settings.rehearsal_items)
