@@ -358,7 +358,8 @@ class Settings(BaseSettings):
         "forward pass per answer; Fireworks and SGLang skip it, saying so in the log (docs/promotion.md).")
     everyday_guard_nats: float = Field(
         0.25, ge=0.0, le=5.0, description="Also hold every candidate within this many nats per token of the "
-        "anchor's likelihood of its own answers to 12 everyday questions (0: off; on with the capability probe). "
+        "anchor's likelihood of its own answers to 12 everyday questions, asked plainly and again as an agent "
+        "serves them, with a profile and a note (0: off; on with the capability probe). "
         "Fact checks miss a model whose everyday answers fall apart into word salad while it keeps its facts; "
         "measured on SmolLM2 (bench/everyday_guard.py), runs that learned their users' preferences drifted 0.12 "
         "and 0.17 nats per token in 30-35 steps, word salad at a 13x rate 0.6-0.8 (docs/promotion.md). Local torch "
