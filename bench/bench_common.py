@@ -6,6 +6,7 @@ Import this before torch: `set_threads_from_argv` must run before torch reads OM
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,13 @@ def set_threads_from_argv(default: int) -> int:
             threads = int(a.split("=", 1)[1])
     os.environ["OMP_NUM_THREADS"] = str(threads)
     return threads
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into `SystemExit(143)`, so `finally` blocks stop the servers a bench started
+    (Python's default SIGTERM ends the process at once, leaving `clawbridge up` and its trainer
+    running)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def model_specs() -> dict[str, TinyModelSpec]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import set_threads_from_argv
+from bench_common import exit_on_sigterm, set_threads_from_argv
 
 set_threads_from_argv(1)
 
@@ -169,6 +169,7 @@ def main() -> int:
                     help="only print, for runs already made, how many noted answers echoed the note and how "
                          "likely the base finds the corrected answers, by quarter of the run")
     args = ap.parse_args()
+    exit_on_sigterm()
     if args.echoes:
         print_echoes(args.echoes)
         return 0
