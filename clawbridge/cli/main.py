@@ -82,7 +82,7 @@ def up(
     train: Annotated[bool | None, typer.Option("--train/--no-train",
                                                help="Train from rewarded turns (default) or only serve and record.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Datums (main turns) per training step (default 8).")] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Optimizer learning rate (default 1e-4).")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Optimizer learning rate (default 3e-4 with LoRA, 1e-5 training all weights).")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank; 0 trains all weights (default 32).")] = None,
     method: Annotated[str | None, typer.Option(help="Advantage: rl, opd or combine (default combine).")] = None,
 ) -> None:
