@@ -139,6 +139,7 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
             row = {"run": str(run), "version": version, "facts_nats": facts, "everyday_nats": daily,
                    "in_context_nats": in_context, "admitted": min(daily, in_context) >= -bar,
                    "gate": verdicts.get(version, "-"), "sampled_base_logprob": sampled, "echoed": echoed,
+                   "echo_asked": len(noted_questions),
                    "sample": " ".join(str(said).split())[:90]}
             print(f"{'/'.join(run.parts[-2:]):>12} v{version:<3} facts {facts:+.3f}  everyday {daily:+.3f}  in context "
                   f"{in_context:+.3f} ({'within' if row['admitted'] else 'beyond'} -{bar:g})  sampled {sampled:+.2f}  "
@@ -179,7 +180,7 @@ def main() -> None:
         print(f"{run} | {len(rows)} | {worst['everyday_nats']:+.3f} (v{worst['version']}) | "
               f"{noted['in_context_nats']:+.3f} (v{noted['version']}) | "
               f"{len(beyond)}: {', '.join(beyond[:8]) or '-'} | {min(r['facts_nats'] for r in rows):+.3f} | "
-              f"{low['sampled_base_logprob']:+.2f} (v{low['version']}) | {most['echoed']}/12 (v{most['version']})")
+              f"{low['sampled_base_logprob']:+.2f} (v{low['version']}) | {most['echoed']}/{most['echo_asked']} (v{most['version']})")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,6 @@ rate 1e-4 -> 3e-4"): held-out preference after 32 sessions 0.31-0.56 at 1e-4, 0.
 the gate never serving a version below the base's facts; 1.3e-3 turned answers to word salad."""
 
 
-
 LossName = Literal["importance_sampling", "ppo", "cispo"]
 """Policy-gradient losses (`loss`; `clawbridge.backend.LossConfig`)."""
 BaselineRule = Literal["none", "running_mean", "group_mean", "group_mean_std"]

@@ -8,8 +8,7 @@ Modes (`promotion_mode`):
   within `capability_probe_slack` items of the serving version and the anchor, and (where the
   sampler scores given tokens) the likelihood guards (`clawbridge.promotion.likelihood`: the
   anchor's correct probe answers, its everyday answers plain and in an agent's context), else it
-  is rejected as below. Never worse
-  by default, with nothing written by the user.
+  is rejected as below. Never worse by default, with nothing written by the user.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
   sessions) and PROMOTED when `score >= serving score - tolerance` (and, with a tolerance, within it
