@@ -319,6 +319,10 @@ class Settings(BaseSettings):
     )
     notes_check_after_steps: int = Field(
         2, ge=0, description="Training steps of a user's lane after their newest note before check sessions start.")
+    notes_check_after_met: int = Field(
+        3, ge=0, description="Check sessions also wait until the user's last this many sessions served with their "
+        "notes (first answers, since the newest note) were all accepted: while the note itself does not work, the "
+        "weights cannot carry it and a session without it would only show the user a miss (0: by steps alone).")
     notes_retire_after: int = Field(
         3, ge=1, description="A user's notes retire once this many check sessions in a row were accepted.")
 

@@ -208,7 +208,7 @@ def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_p
     from clawbridge.store.versions import VersionStore
 
     store = Store(tmp_path / "db.sqlite")
-    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, retire_after=2))
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=0, retire_after=2))
     book.add_from_hint("", "Call me Sam.", "t0")
     assert book.for_call(None, "any", "main")[0] and not book.for_call(None, "any", "main")[1]
     versions = VersionStore(store)
@@ -239,6 +239,72 @@ def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_p
     listed = book.status()
     assert listed[0]["status"] == "retired" and "weights carry it" in listed[0]["retired_reason"]
     assert listed[0]["check_sessions"] == 4 and listed[0]["check_accepted"] == 3
+    store.close()
+
+
+def _judged(store: Store, session: str, version: int, notes: Any, scores: list[float]) -> None:
+    """A session of the shared key whose main turns were served with `notes` (meta) and judged `scores`."""
+    from clawbridge.store.rewards import RewardStore, VoteRow
+
+    rstore = RewardStore(store)
+    for i, score in enumerate(scores):
+        now = store.clock.now()
+        tid = store.record_turn(TurnRecord(session, "main", "ok", "m", [1, i], [2], [-0.1], version, "stop", "{}",
+                                           None, now, now, meta={"notes": notes}),
+                                end_reason="end_session" if i == len(scores) - 1 else None)
+        attempt = rstore.begin_judgement(tid, session, "rule-based")
+        rstore.finish_judgement(tid, attempt, [VoteRow(0, int(score), None, "SCORE", None)], score, score, None)
+
+
+def test_check_sessions_wait_until_the_note_itself_works(tmp_path: Path) -> None:
+    """Trained enough is not enough: while answers served WITH the note still miss, a session
+    without it would only show the user a miss. Checks begin once the last `check_after_met`
+    noted sessions' first answers were accepted, and a noted miss pauses them again."""
+    from clawbridge.store.versions import VersionStore
+
+    store = Store(tmp_path / "db.sqlite")
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=2, retire_after=2))
+    note = book.add_from_hint("", "Call me Sam.", "t0")
+    assert note is not None
+    versions = VersionStore(store)
+    versions.commit_base("ck0", None)
+    store.clock.now()
+    v = versions.reserve("step")
+    versions.commit(v, "ck1", None)
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([note], False)  # a step old, but no noted answer yet
+
+    _judged(store, "n1", v, [note.note_id], [1.0])
+    _judged(store, "n2", v, [note.note_id], [-1.0, 1.0])  # its FIRST answer missed; a later turn does not count
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main")[1] is False
+    _judged(store, "n3", v, [note.note_id], [1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main")[1] is False  # the last two: n3 accepted, n2 missed
+    _judged(store, "n4", v, [note.note_id], [1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([], True)  # the last two noted first answers accepted
+    _judged(store, "n5", v, [note.note_id], [-1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main")[1] is False  # a noted miss: the note does not work yet
+    store.close()
+
+
+def test_notes_retire_on_check_sessions_not_on_their_later_turns(tmp_path: Path) -> None:
+    """`retire_after` counts check SESSIONS by their first answer: one check session whose first
+    answer missed and whose later turns were accepted is one miss, not two acceptances."""
+    from clawbridge.store.versions import VersionStore
+
+    store = Store(tmp_path / "db.sqlite")
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=0, check_after_met=0, retire_after=2))
+    book.add_from_hint("", "Call me Sam.", "t0")
+    VersionStore(store).commit_base("ck0", None)
+    _judged(store, "c1", 0, "check", [-1.0, 1.0, 1.0])
+    assert not book.observe_check("")
+    _judged(store, "c2", 0, "check", [1.0])
+    assert not book.observe_check("")  # the last two check sessions: a miss, then an accepted one
+    _judged(store, "c3", 0, "check", [1.0])
+    assert book.observe_check("")
     store.close()
 
 

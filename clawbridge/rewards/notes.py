@@ -18,10 +18,14 @@ Rules:
   completion ids and logprobs are what it sampled; the request recorded is the client's own. Only
   the prompt a turn TRAINS on differs from what was seen, and only by the notes.
 - Retiring: once the user's notes are `check_after_steps` training steps old (the lane trained on
-  the noted turns), a share `check_share` of the user's NEW sessions (a stable hash of the session
-  id) are check sessions, served without notes. When the last `retire_after` check sessions' first
-  answers were all accepted (judge verdict > 0), the weights carry the notes: they retire (kept and
-  listed as retired, no longer put in calls). A correction in a check session becomes a note again.
+  the noted turns) AND the first answers of the user's last `check_after_met` sessions served with
+  them (since the newest note) were all accepted (the note works: until it does, the weights
+  cannot carry it, and a session without it would only show the user a miss), a share
+  `check_share` of the user's NEW sessions (a stable hash of the session id) are check sessions,
+  served without notes; a noted miss pauses them until the note works again. When the last
+  `retire_after` check sessions' first answers were all accepted (judge verdict > 0), the weights
+  carry the notes: they retire (kept and listed as retired, no longer put in calls). A correction
+  in a check session becomes a note again.
 - An answer that ECHOES its note (`echoes_note`: it writes "Hint:", a note of its own in square
   brackets, or repeats four or more words of the hint in a row) is recorded as such
   (`meta.notes_echoed`) and never trained (`samples.dropped_reason = 'echoed_note'`): trained onto
@@ -73,13 +77,14 @@ class NotesConfig:
     max_active: int = default_of("notes_max")
     check_share: float = default_of("notes_check_share")
     check_after_steps: int = default_of("notes_check_after_steps")
+    check_after_met: int = default_of("notes_check_after_met")
     retire_after: int = default_of("notes_retire_after")
     place: NotesPlace = default_of("notes_place")
 
     @classmethod
     def from_settings(cls, s: Settings) -> NotesConfig:
-        return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_retire_after,
-                   s.notes_place)
+        return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_check_after_met,
+                   s.notes_retire_after, s.notes_place)
 
 
 def note_hint(notes: Sequence[Note]) -> str:
@@ -176,8 +181,7 @@ class NoteBook:
     def refresh(self) -> None:
         """Reload the active notes and which users are due for check sessions (off the loop)."""
         active = self.notes.active()
-        checking = {user for user, notes in active.items()
-                    if self._steps_since(user, min(n.created_at for n in notes)) >= self.config.check_after_steps}
+        checking = {user for user, notes in active.items() if self._due_for_checks(user, notes)}
         with self._lock:
             self._active, self._checking = active, checking
 
@@ -221,7 +225,7 @@ class NoteBook:
         if not active or n <= 0:
             return False
         since = max(x.created_at for x in active)
-        verdicts = self._check_verdicts(user, since, n)
+        verdicts = self._first_answers(user, since, noted=False, n=n)
         if len(verdicts) < n or not all(v > 0 for v in verdicts):
             return False
         count = self.notes.retire(user, f"the weights carry it: the last {n} sessions served without notes "
@@ -232,20 +236,34 @@ class NoteBook:
         return count > 0
 
     # ------------------------------------------------------------------ queries
+    def _due_for_checks(self, user: str, notes: list[Note]) -> bool:
+        """Whether `user`'s sessions may be check sessions now (module rules: trained enough, and
+        the note works)."""
+        if self._steps_since(user, min(n.created_at for n in notes)) < self.config.check_after_steps:
+            return False
+        n = self.config.check_after_met
+        if n <= 0:
+            return True
+        met = self._first_answers(user, max(x.created_at for x in notes), noted=True, n=n)
+        return len(met) >= n and all(v > 0 for v in met)
+
     def _steps_since(self, user: str, since: float) -> int:
         with self.store.read() as c:
             return int(c.execute(
                 "SELECT COUNT(*) FROM policy_versions WHERE lane=? AND kind='step' AND status='committed' "
                 "AND committed_at > ?", (user, since)).fetchone()[0])
 
-    def _check_verdicts(self, user: str, since: float, n: int) -> list[float]:
-        """Judge scores of the first main turns of `user`'s newest `n` check sessions after `since`."""
+    def _first_answers(self, user: str, since: float, noted: bool, n: int) -> list[float]:
+        """Judge scores of the first answers of `user`'s newest `n` sessions after `since` that were
+        served with notes (`noted`) or as check sessions without them, newest first."""
+        kind = "json_extract(t.meta_json, '$.notes') <> ?" if noted else "json_extract(t.meta_json, '$.notes') = ?"
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT j.score FROM turns t JOIN sessions s ON s.session_id = t.session_id "
                 "JOIN judgements j ON j.turn_id = t.turn_id "
-                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at > ? "
-                "AND json_extract(t.meta_json, '$.notes') = ? AND j.status = 'done' AND j.score IS NOT NULL "
+                f"WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at > ? AND {kind} "
+                "AND j.status = 'done' AND j.score IS NOT NULL AND t.seq = (SELECT MIN(seq) FROM turns x "
+                "WHERE x.session_id = t.session_id AND x.turn_type = 'main') "
                 "ORDER BY t.created_at DESC LIMIT ?", (user, since, CHECK_META, n)).fetchall()
         return [float(r[0]) for r in rows]
 
