@@ -15,8 +15,8 @@ from clawbridge.backend import LossConfig
 from clawbridge.config import Settings
 from clawbridge.rewards.judge import VoteConfig
 from clawbridge.rewards.worker import WorkerConfig
-from clawbridge.trainer import TrainerConfig
 from clawbridge.trainer.advantages import RewardMix
+from clawbridge.trainer.loop import TrainerConfig
 
 
 @pytest.fixture

@@ -220,9 +220,9 @@ def test_promotion_table_in_toml_and_env_precedence(tmp_path: Path, monkeypatch:
 def test_the_trainer_loop_asks_the_gate_and_drops_held_out_turns(tmp_path: Path) -> None:
     from clawbridge.backend import ModelInfo
     from clawbridge.serving.sampler import FakeSampler
-    from clawbridge.trainer import TrainerConfig, TrainerLoop
     from clawbridge.trainer.fake import FakeTrainingBackend
     from clawbridge.trainer.gate import Decided, FakeGate
+    from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
     store = Store(tmp_path / "db.sqlite")
     backend = FakeTrainingBackend(FakeSampler(script=[7, 8]), ModelInfo("tiny", "unused", 4096, 256))

@@ -26,10 +26,10 @@ from clawbridge.serving.sampler import FakeSampler
 from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.versions import VersionStore
-from clawbridge.trainer import TrainerConfig, TrainerLoop
 from clawbridge.trainer.advantages import token_scales
 from clawbridge.trainer.fake import FakeTrainingBackend
 from clawbridge.trainer.gate import FakeGate
+from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
 
 def _answers(pattern: str) -> set[str]:

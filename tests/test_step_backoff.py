@@ -23,8 +23,8 @@ from clawbridge.serving.versions import VersionRouter
 from clawbridge.store import Store, TurnRecord
 from clawbridge.store.promotion import Decision, DecisionSource, PromotionStore, Verdict
 from clawbridge.store.versions import VersionStore
-from clawbridge.trainer import TrainerConfig, TrainerLoop
 from clawbridge.trainer.fake import FakeTrainingBackend
+from clawbridge.trainer.loop import TrainerConfig, TrainerLoop
 
 
 def history(verdicts: str) -> list[tuple[Verdict, DecisionSource]]:

@@ -19,52 +19,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from clawbridge.promotion.checks import Check
-from clawbridge.promotion.likelihood import (
-    GUARD_REASON,
-    GUARDS,
-    Guard,
-    GuardReferences,
-    nats_of,
-    nats_tolerance,
-)
+from clawbridge.promotion.likelihood import GUARD_REASON, GUARDS, Guard, nats_of, nats_tolerance
 
 if TYPE_CHECKING:
-    from clawbridge.config import Settings
     from clawbridge.promotion.evalset import EvalSet
+    from clawbridge.promotion.promoter import Promoter
     from clawbridge.promotion.runner import VersionEval
-    from clawbridge.store.promotion import PromotionStore
 
 log = logging.getLogger("clawbridge.promotion")
 
 
-class Gate(Protocol):
-    """What a comparison reads of the promoter (`clawbridge.promotion.promoter.Promoter`)."""
-
-    settings: Settings
-    probe: EvalSet | None
-    pstore: PromotionStore
-    serving: int
-    references: GuardReferences
-
-    async def evaluate(self, version: int, eval_set: EvalSet | None = None) -> VersionEval:
-        """`version`'s figures on `eval_set`, from the cache when known."""
-        ...
-
-    async def servable(self, version: int) -> bool: ...
-
-    async def baseline_finished(self) -> None:
-        """Returns once the start-up evaluation of the serving version is not running."""
-        ...
-
-    def anchor_version(self) -> int: ...
-
-    def nothing_to_lose(self, known: dict[str, Any] | None, what: str, verb: str) -> str | None: ...
-
-
-async def compare(p: Gate, candidate: int, es: EvalSet, tol: float) -> Check:
+async def compare(p: Promoter, candidate: int, es: EvalSet, tol: float) -> Check:
     """`candidate` against the serving version (and the anchor, with a tolerance) on `es`
     (module invariants)."""
     if es is p.probe:
@@ -99,7 +67,7 @@ async def compare(p: Gate, candidate: int, es: EvalSet, tol: float) -> Check:
     return Check(es.source, passed, reason, cand.score, inc.score, figures)
 
 
-async def _anchor(p: Gate, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
+async def _anchor(p: Promoter, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
     """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
     may lose up to `tol` against the serving version, so a chain of them could drift far below
     where the gate started; a candidate must also score within `tol` of the anchor
@@ -118,13 +86,13 @@ async def _anchor(p: Gate, es: EvalSet, tol: float) -> tuple[int, VersionEval | 
     return anchor, await p.evaluate(anchor, es)
 
 
-async def guards(p: Gate, candidate: int) -> list[Check]:
+async def guards(p: Promoter, candidate: int) -> list[Check]:
     """The likelihood guards that are on, in order (`GUARDS`)."""
     checks = [await guarded(p, candidate, guard) for guard in GUARDS]
     return [c for c in checks if c is not None]
 
 
-async def guarded(p: Gate, candidate: int, guard: Guard) -> Check | None:
+async def guarded(p: Promoter, candidate: int, guard: Guard) -> Check | None:
     """A likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within its bar per
     token of the anchor's reference answers; None when off."""
     nats = guard.bar(p.settings)

@@ -2,12 +2,11 @@
 
 - `advantages`: the named reward, discount, baseline and normalization rules (pure).
 - `datums`: ready samples -> a batch of `Datum`s.
-- `loop`: `TrainerLoop`, the background task; `options`: `TrainerConfig`, its options.
+- `loop`: `TrainerLoop`, the background task, and `TrainerConfig`.
 - `fake`: `FakeTrainingBackend` for tests and demos of the loop.
 """
 
 from clawbridge.trainer.fake import FakeTrainingBackend
-from clawbridge.trainer.loop import StepReport, TrainerLoop
-from clawbridge.trainer.options import TrainerConfig
+from clawbridge.trainer.loop import StepReport, TrainerConfig, TrainerLoop
 
 __all__ = ["FakeTrainingBackend", "StepReport", "TrainerConfig", "TrainerLoop"]
