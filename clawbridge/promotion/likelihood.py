@@ -13,7 +13,7 @@ fact), with the anchor's logprobs of them. Each is a held-out-style item of verd
 `clawbridge.promotion.runner` as sigmoid(HELD_OUT_SCALE x margin), margin = the version's mean
 per-token logprob of that answer minus the anchor's. The anchor scores 0.5; a candidate that lost
 d nats per token on every answer scores sigmoid(-HELD_OUT_SCALE x d). `nats_tolerance(n)` is the
-score tolerance that admits exactly d <= n, so the promoter's ordinary check (`compare.compare`:
+score tolerance that admits exactly d <= n, so the promoter's ordinary check (`Promoter._check`:
 against the serving version and the anchor) holds a candidate within n nats per token of the
 anchor's answers: a trust region measured where the user's capability lives.
 

@@ -39,11 +39,10 @@ Invariants:
   newer candidate (`promoted_version`): nothing would ever decide that candidate.
 - The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
   (`VersionStore.prunable`).
-- Written in parts: a candidate is checked against the serving version, the anchor and the
-  guards' bars (`clawbridge.promotion.compare`), its checks make one decision
-  (`clawbridge.promotion.checks`), the guards' reference sets and the rehearsal sets are built
-  once per anchor (`likelihood.GuardReferences`, `rehearsal.RehearsalSets`), the admin's promote /
-  rollback / resume act on this promoter (`clawbridge.promotion.admin`) and status reads it
+- Written in parts: a candidate's checks make one decision (`clawbridge.promotion.checks`), the
+  guards' reference sets and the rehearsal sets are built once per anchor
+  (`likelihood.GuardReferences`, `rehearsal.RehearsalSets`), the admin's promote / rollback /
+  resume act on this promoter (`clawbridge.promotion.admin`) and status reads it
   (`clawbridge.promotion.report`); the state (serving, hold, canary) lives here only.
 - Promotion serves the shared policy: it reads only the shared lane's versions (a `VersionStore`
   is bound to its lane), so a user's adapter never serves everyone; the admin rolls a user's lane
@@ -62,8 +61,7 @@ from typing import TYPE_CHECKING, Any
 from clawbridge.access import OPERATOR
 from clawbridge.promotion.backoff import FULL, WINDOW, StepScale, step_scale
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
-from clawbridge.promotion.checks import decision_of
-from clawbridge.promotion.compare import compare, guards
+from clawbridge.promotion.checks import Check, decision_of
 from clawbridge.promotion.evalset import (
     EvalSet,
     EvalSetError,
@@ -75,8 +73,13 @@ from clawbridge.promotion.everyday import everyday_set, in_context_set
 from clawbridge.promotion.likelihood import (
     EVERYDAY,
     FACTS,
+    GUARD_REASON,
+    GUARDS,
     IN_CONTEXT,
+    Guard,
     GuardReferences,
+    nats_of,
+    nats_tolerance,
 )
 from clawbridge.promotion.rehearsal import Rehearsal, RehearsalSets
 from clawbridge.promotion.runner import Evaluator, VersionEval, VersionScorer
@@ -175,7 +178,7 @@ class Promoter:
             evaluator, {g: q for g, q in ((FACTS, self.probe), (EVERYDAY, self.everyday), (IN_CONTEXT, self.in_context))
                         if q is not None},
             settings.eval_max_tokens)
-        """Each likelihood guard's reference set per anchor (`compare.guarded`)."""
+        """Each likelihood guard's reference set per anchor (`_guarded`)."""
         self.rehearsals = RehearsalSets(evaluator, settings.capability_probe_max_tokens, settings.rehearsal_items)
         """The rehearsal set per anchor (`rehearsal`)."""
 
@@ -258,7 +261,7 @@ class Promoter:
             known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
             if known is None:
                 return None  # the anchor's probe figures come with the first decision (or the baseline): wait for them
-            return await self.rehearsals.get(anchor, self.nothing_to_lose(known, "probe facts", "keep"))
+            return await self.rehearsals.get(anchor, self._nothing_to_lose(known, "probe facts", "keep"))
         return await self.rehearsals.get(anchor, None)
 
     def step_scale(self) -> StepScale:
@@ -338,12 +341,6 @@ class Promoter:
         if self.mode != "off" and self._baseline_task is None:
             self._baseline_task = asyncio.get_running_loop().create_task(self._baseline(), name="promotion-baseline")
 
-    async def baseline_finished(self) -> None:
-        """Wait for the start-up evaluation when it is still running (`compare` never runs it twice)."""
-        task = self._baseline_task
-        if task is not None and not task.done():
-            await asyncio.shield(task)
-
     async def stop(self) -> None:
         """Cancel a baseline evaluation still running (at shutdown)."""
         task, self._baseline_task = self._baseline_task, None
@@ -405,26 +402,111 @@ class Promoter:
         if not es.items:
             return Decision(candidate, "promoted", "eval", "no evaluation items yet (no held-out session has a "
                             "verdict): promoted unevaluated", self.serving)
-        main = await compare(self, candidate, es, self.tolerance)
+        main = await self._check(candidate, es, self.tolerance)
         checks = [main]
         if self.probe is not None and es is not self.probe:
-            checks.append(await compare(self, candidate, self.probe, self.probe_tolerance))
-        checks += await guards(self, candidate)
+            checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
+        checks += await self._guards(candidate)
         return decision_of(candidate, self.serving, checks)
 
-    def nothing_to_lose(self, known: dict[str, Any] | None, what: str, verb: str) -> str | None:
+    async def _guards(self, candidate: int) -> list[Check]:
+        """The likelihood guards that are on, in order (`GUARDS`)."""
+        checks = [await self._guarded(candidate, guard) for guard in GUARDS]
+        return [c for c in checks if c is not None]
+
+    async def _guarded(self, candidate: int, guard: Guard) -> Check | None:
+        """A likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within its bar per
+        token of the anchor's reference answers; None when off."""
+        nats = guard.bar(self.settings)
+        if self.probe is None or nats <= 0 or not self.references.on(guard):
+            return None
+        anchor = await self._read(self.anchor_version)
+        nothing_to_lose = None
+        if not self.references.decided(guard, anchor):
+            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
+            nothing_to_lose = self._nothing_to_lose(known, "probe items", "lose")
+        refs = await self.references.get(guard, anchor, nothing_to_lose)
+        if refs is None:
+            return None
+        check = await self._check(candidate, refs, nats_tolerance(nats))
+        if check.score is None:
+            return check
+        verb = "within" if check.passed else "beyond"
+        return replace(check, reason=(
+            f"{GUARD_REASON} v{anchor}'s {len(refs.items)} {guard.answers} {nats_of(check.score):+.3f} "
+            f"nats per token, {verb} the bar of -{nats:g} ({guard.setting})"))
+
+    def _nothing_to_lose(self, known: dict[str, Any] | None, what: str, verb: str) -> str | None:
         """Why the anchor, by its probe figures `known`, knows too little to guard or rehearse
         (it passes no more than the slack); None when it knows something, or is not yet measured."""
         if known is None or float(known["score"]) > self.probe_tolerance:
             return None
         return f"it answers {known['passed']} of {known['items']} {what}: nothing to {verb}"
 
+    async def _check(self, candidate: int, es: EvalSet, tol: float) -> Check:
+        """`candidate` against the serving version (and the anchor, with a tolerance) on `es`. A
+        check that cannot fail is not run: when the floor is at or below 0 (the serving version and
+        the anchor pass nothing, e.g. a random tiny model on the probe) the candidate passes
+        unevaluated, so such a model pays for the probe once, not per version. The probe protects
+        what the anchor knows: when the anchor passes no more than the slack, nothing is evaluated
+        (the serving version may be one promoted so, never evaluated itself)."""
+        if es is self.probe:
+            anchor_version = await self._read(self.pstore.anchor_version)
+            anchor_version = self.serving if anchor_version is None else anchor_version
+            task = self._baseline_task
+            if task is not None and not task.done():  # the start-up evaluation is on it: wait, never twice
+                await asyncio.shield(task)
+            known = await self._read(self.pstore.cached_eval, anchor_version, es.digest)
+            if known is not None and float(known["score"]) <= tol:
+                return Check(es.source, True, f"anchor v{anchor_version} answers {known['passed']} of {known['items']} "
+                             f"on {es.source}: nothing to lose, not evaluated", None, float(known["score"]),
+                             {"anchor": known, "tolerance": tol})
+        inc = await self.evaluate(self.serving, es)
+        figures: dict[str, Any] = {"incumbent": inc.as_dict(), "tolerance": tol}
+        floor, against = inc.score - tol, f"serving v{self.serving}'s {inc.score:.3f}"
+        anchor = await self._anchor(es, tol)
+        if anchor is not None and anchor[1] is None:
+            figures["anchor_unavailable"] = anchor[0]
+        elif anchor is not None and anchor[1] is not None:
+            figures["anchor"] = anchor[1].as_dict()
+            if anchor[1].score - tol > floor:
+                floor, against = anchor[1].score - tol, f"anchor v{anchor[0]}'s {anchor[1].score:.3f}"
+        if floor <= 0:
+            return Check(es.source, True, f"{against} on {es.source} leaves nothing to lose: not evaluated",
+                         None, inc.score, figures)
+        cand = await self.evaluate(candidate, es)
+        figures["candidate"] = cand.as_dict()
+        passed = cand.score >= floor
+        cmp = ">=" if passed else "<"
+        failed = f"; failed: {', '.join(cand.failed[:5])}" if not passed and cand.failed else ""
+        reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} {against} - tolerance "
+                  f"{tol:.3g} on {es.source}{failed}")
+        return Check(es.source, passed, reason, cand.score, inc.score, figures)
+
+    async def _anchor(self, es: EvalSet, tol: float) -> tuple[int, VersionEval | None] | None:
+        """The drift guard's anchor and its figures, when it binds: with a tolerance, each promotion
+        may lose up to `tol` against the serving version, so a chain of them could drift far below
+        where the gate started; a candidate must also score within `tol` of the anchor
+        (`PromotionStore.anchor_version`). None with tolerance 0 (the chain cannot drop then) or
+        when the anchor serves. Retention never prunes the anchor's checkpoint; one pruned before
+        that rule (an older state dir) gives (anchor, None), said in the log and the decision's
+        figures, never silently."""
+        anchor = await self._read(self.pstore.anchor_version)
+        if tol <= 0 or anchor is None or anchor == self.serving:
+            return None
+        cached = await self._read(self.pstore.cached_eval, anchor, es.digest)
+        if cached is None and not await self.servable(anchor):
+            log.warning("promotion: the drift guard's anchor v%d has no checkpoint left and no evaluation on %s; "
+                        "candidates are compared with the serving version only", anchor, es.source)
+            return anchor, None
+        return anchor, await self.evaluate(anchor, es)
+
     # ------------------------------------------------------------------ canary mode
     async def _canary(self, candidate: int) -> Decision | None:
         share = self.settings.canary_share
         if self.router.candidate_version != candidate and self.probe is not None:
-            probe = await compare(self, candidate, self.probe, self.probe_tolerance)
-            checks = [probe, *await guards(self, candidate)]
+            probe = await self._check(candidate, self.probe, self.probe_tolerance)
+            checks = [probe, *await self._guards(candidate)]
             if not all(c.passed for c in checks):  # a floor: a candidate that lost capability never answers anyone
                 return decision_of(candidate, self.serving, checks)
         if self.router.candidate_version != candidate:
