@@ -204,7 +204,6 @@ def _run(proxy: Any, renderer: Renderer, state_dir: Path, place: str) -> None:
 def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_path: Path) -> None:
     """Check sessions start once the user's lane trained `check_after_steps` steps after the note;
     the notes retire when the last `retire_after` check sessions' first answers were accepted."""
-    from clawbridge.store.rewards import RewardStore, VoteRow
     from clawbridge.store.versions import VersionStore
 
     store = Store(tmp_path / "db.sqlite")
@@ -219,21 +218,12 @@ def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_p
     book.refresh()
     notes, check = book.for_call(None, "sess-x", "main")
     assert notes == [] and check  # check_share 1.0: every session is a check
-    rstore = RewardStore(store)
-
-    def judged_check(session: str, score: float) -> None:
-        now = store.clock.now()
-        tid = store.record_turn(TurnRecord(session, "main", "ok", "m", [1], [2], [-0.1], v, "stop", "{}", None,
-                                           now, now, meta={"notes": "check"}), end_reason="end_session")
-        attempt = rstore.begin_judgement(tid, session, "rule-based")
-        rstore.finish_judgement(tid, attempt, [VoteRow(0, int(score), None, "SCORE", None)], score, score, None)
-
-    judged_check("c1", 1.0)
+    _judged(store, "c1", v, "check", [1.0])
     assert not book.observe_check("")  # one accepted check: not yet
-    judged_check("c2", -1.0)
-    judged_check("c3", 1.0)
+    _judged(store, "c2", v, "check", [-1.0])
+    _judged(store, "c3", v, "check", [1.0])
     assert not book.observe_check("")  # the last two: -1, +1
-    judged_check("c4", 1.0)
+    _judged(store, "c4", v, "check", [1.0])
     assert book.observe_check("")  # the last two accepted: the weights carry it
     assert book.for_call(None, "sess-y", "main") == ([], False)
     listed = book.status()

@@ -59,6 +59,9 @@ NOTES_HEADER = "x-clawbridge-notes"
 """`X-Clawbridge-Notes: off` serves a call without its user's notes (an evaluation, a check)."""
 CHECK_META = "check"
 """A turn's `meta.notes`: 'check' (a check session, served without notes) or the note ids it carried."""
+FIRST_ANSWER = ("t.seq = (SELECT MIN(seq) FROM turns x WHERE x.session_id = t.session_id "
+                "AND x.turn_type = 'main')")
+"""SQL: turn `t` is its session's first main turn (what a person met first; how sessions are counted)."""
 ECHO_MARKER = re.compile(r"\bhint\s*:", re.IGNORECASE)
 """How the notes' templates introduce a hint; an answer that writes it is repeating the note."""
 ECHO_WORDS = 4
@@ -262,8 +265,7 @@ class NoteBook:
                 "SELECT j.score FROM turns t JOIN sessions s ON s.session_id = t.session_id "
                 "JOIN judgements j ON j.turn_id = t.turn_id "
                 f"WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at > ? AND {kind} "
-                "AND j.status = 'done' AND j.score IS NOT NULL AND t.seq = (SELECT MIN(seq) FROM turns x "
-                "WHERE x.session_id = t.session_id AND x.turn_type = 'main') "
+                f"AND j.status = 'done' AND j.score IS NOT NULL AND {FIRST_ANSWER} "
                 "ORDER BY t.created_at DESC LIMIT ?", (user, since, CHECK_META, n)).fetchall()
         return [float(r[0]) for r in rows]
 
@@ -284,8 +286,7 @@ class NoteBook:
                 "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
                 "JOIN judgements j ON j.turn_id = t.turn_id "
                 "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
-                "AND j.status = 'done' AND j.score IS NOT NULL AND t.seq = (SELECT MIN(seq) FROM turns x "
-                "WHERE x.session_id = t.session_id AND x.turn_type = 'main') ORDER BY t.created_at",
+                f"AND j.status = 'done' AND j.score IS NOT NULL AND {FIRST_ANSWER} ORDER BY t.created_at",
                 (note.user_id, note.created_at)).fetchall()
         scores = [float(r["score"]) for r in rows]
         run, stable_after = 0, None
