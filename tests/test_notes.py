@@ -232,15 +232,16 @@ def test_notes_retire_once_check_sessions_served_without_them_are_accepted(tmp_p
     store.close()
 
 
-def _judged(store: Store, session: str, version: int, notes: Any, scores: list[float]) -> None:
-    """A session of the shared key whose main turns were served with `notes` (meta) and judged `scores`."""
+def _judged(store: Store, session: str, version: int, notes: Any, scores: list[float], user: str | None = None) -> None:
+    """A session of `user` (None: the shared key) whose main turns were served with `notes` (meta)
+    and judged `scores`."""
     from clawbridge.store.rewards import RewardStore, VoteRow
 
     rstore = RewardStore(store)
     for i, score in enumerate(scores):
         now = store.clock.now()
         tid = store.record_turn(TurnRecord(session, "main", "ok", "m", [1, i], [2], [-0.1], version, "stop", "{}",
-                                           None, now, now, meta={"notes": notes}),
+                                           None, now, now, meta={"notes": notes}, user_id=user, caller=user),
                                 end_reason="end_session" if i == len(scores) - 1 else None)
         attempt = rstore.begin_judgement(tid, session, "rule-based")
         rstore.finish_judgement(tid, attempt, [VoteRow(0, int(score), None, "SCORE", None)], score, score, None)
@@ -263,6 +264,10 @@ def test_check_sessions_wait_until_the_note_itself_works(tmp_path: Path) -> None
     versions.commit(v, "ck1", None)
     book.refresh()
     assert book.for_call(None, "sess-x", "main") == ([note], False)  # a step old, but no noted answer yet
+    _judged(store, "m1", v, [note.note_id], [1.0], user="mallory")  # another user's accepted sessions...
+    _judged(store, "m2", v, [note.note_id], [1.0], user="mallory")
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([note], False)  # ...never start the shared key's checks
 
     _judged(store, "n1", v, [note.note_id], [1.0])
     _judged(store, "n2", v, [note.note_id], [-1.0, 1.0])  # its FIRST answer missed; a later turn does not count
