@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from clawbridge.chat.render import Renderer
-from clawbridge.devtools.judge_server import JudgeServer
+from clawbridge.devtools.judge_server import HintStyle, JudgeServer, instruction_hint, rule_based
 from clawbridge.rewards.notes import NoteBook, NotesConfig, is_check_session
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store, TurnRecord
@@ -91,13 +91,19 @@ def test_a_correction_becomes_a_note_the_same_users_next_call_carries(tiny_model
             proxy.stop()
 
 
-def test_corrections_asking_for_the_same_thing_count_on_one_note(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("hints", ["words", "instruction"])
+def test_corrections_asking_for_the_same_thing_count_on_one_note(tiny_model_dir: Path, tmp_path: Path,
+                                                                  hints: HintStyle) -> None:
     """Differently worded corrections of one preference are one note with several corrections (the
     judge, shown the user's notes, says `SAME: n`); a correction about another thing is a note of
-    its own. Before, each wording was a note, and with notes_max of them the notes churned."""
+    its own. Before, each wording was a note, and with notes_max of them the notes churned. Also
+    when the judge writes its hints as instructions ("Call the user Sam."): the notes it is shown
+    are then in its own words, not the user's."""
     renderer = Renderer.from_pretrained(str(tiny_model_dir))
     sampler = FakeSampler(script=script_for(renderer, "Hello there, how can I help?"))
-    with JudgeServer() as judge:
+    written = instruction_hint if hints == "instruction" else str.strip
+    first, brief = written(COMPLAINT), "Too long. Keep it under 30 words, please."
+    with JudgeServer(rule_based(hints)) as judge:
         proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, judge="endpoint",
                                  judge_base_url=judge.base_url, judge_model="rule-based", judge_votes=1,
                                  judge_poll_interval_s=0.05, notes_max=2)
@@ -119,12 +125,11 @@ def test_corrections_asking_for_the_same_thing_count_on_one_note(tiny_model_dir:
             session("a", COMPLAINT, 1)
             session("b", "Don't forget to address me as Sam.", 2)
             notes = session("c", "Please say my name, Sam, in your answers.", 3)
-            assert [(n["text"], n["corrections"], n["status"]) for n in notes] == [(COMPLAINT, 3, "active")]
+            assert [(n["text"], n["corrections"], n["status"]) for n in notes] == [(first, 3, "active")]
             asked = [m["content"] for body in judge.requests for m in body["messages"] if m["role"] == "user"]
-            assert f"[1] {COMPLAINT}" in asked[-1]  # the judge was shown the note it counted on
-            notes = session("d", "Too long. Keep it under 30 words, please.", 4)
-            assert sorted((n["text"], n["corrections"]) for n in notes) == [
-                ("Too long. Keep it under 30 words, please.", 1), (COMPLAINT, 3)]
+            assert f"[1] {first}" in asked[-1]  # the judge was shown the note it counted on
+            notes = session("d", brief, 4)
+            assert sorted((n["text"], n["corrections"]) for n in notes) == sorted([(written(brief), 1), (first, 3)])
         finally:
             proxy.stop()
 

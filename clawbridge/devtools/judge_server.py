@@ -10,7 +10,8 @@ Rule-based judge rules (on the "What happened next" section):
   long", "keep it short", ...) or a request about how to answer ("please call me ...", "start
   with ...", "I want ...", "next time ...": what a person says when an answer missed what they
   want, as a capable judge reads it)
-  -> -1, hint = the user's message;
+  -> -1, hint = the user's message (with `hints="instruction"`: written as an instruction to the
+  assistant, as the judge prompt asks a capable judge to write it; `instruction_hint`);
 - else a user message with an acceptance marker ("thanks", "great", "works", "perfect", ...) -> +1;
 - else, when tool results came back: any error marker ("error", "traceback", "not found",
   "permission denied", "exit code N>0", ...) -> -1, otherwise +1;
@@ -27,13 +28,15 @@ Rule-based judge rules (on the "What happened next" section):
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import re
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 from clawbridge.rewards.judge import NOTES_SECTION
 
@@ -66,7 +69,8 @@ TOOL_ERROR = re.compile(
 TOPICS: dict[str, re.Pattern[str]] = {
     "length": re.compile(r"\b(long|longer|short|shorter|brief|wordy|words?|verbose|concise|too much|tl;?dr|"
                          r"sentence or two)\b", re.IGNORECASE),
-    "name": re.compile(r"\b(my name|call me|address me|say my name|name)\b", re.IGNORECASE),
+    "name": re.compile(r"\b(my name|call me|address me|say my name|name|call the user|address the user)\b",
+                       re.IGNORECASE),
     "format": re.compile(r"\b(lists?|bullets?( points?)?|bold|markdown|formatting|format|numbered|plain)\b",
                          re.IGNORECASE),
     "order": re.compile(r"\b(first|one[- ]line|one[- ]sentence|bury|up front|on top|then the details|details after)\b",
@@ -156,6 +160,38 @@ def rule_based_rewrite(answer: str, hint: str) -> str | None:
     return out if out != text else None
 
 
+COMPLAINT_ONLY = re.compile(
+    r"^(too|way too|that'?s|this is|it'?s|you (didn'?t|did not|forgot)|not what|wrong|nope)\b", re.IGNORECASE)
+"""A sentence that only says what was wrong ("Too long.", "You didn't use my name."): an
+instruction hint leaves it out when the user also said what they want."""
+_OPENERS = re.compile(r"^(?:(?:no|nope|ok|okay|so|and),\s+|please\s+)+", re.IGNORECASE)
+_POLITE = re.compile(r",?\s*\b(?:please|next time)\b", re.IGNORECASE)
+_PERSON: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(a, re.IGNORECASE), b) for a, b in (
+    (r"\bI want\b", "the user wants"), (r"\bI'?d like\b", "the user would like"), (r"\bI need\b", "the user needs"),
+    (r"\bI prefer\b", "the user prefers"), (r"\bI asked\b", "the user asked"), (r"\bI'?m\b", "the user is"),
+    (r"\bby my name\b", "by name"), (r"\bmy\b", "the user's"), (r"\bme\b", "the user"), (r"\bI\b", "the user"),
+))
+"""The user's first person, as the assistant's instruction names them ("call me Sam" -> "call the user Sam")."""
+
+
+def instruction_hint(words: str) -> str:
+    """The user's correction written as a short instruction to the assistant (module rules), as
+    `clawbridge.rewards.judge.SYSTEM_PROMPT` asks a judge to write its hint: the sentences that
+    only complain are left out when others remain, openers ("No, ", "please") and "next time" go,
+    and the user is named in the third person. Reads only the user's words."""
+    parts = [x.strip() for x in _SENTENCE_END.split(" ".join(words.split())) if x.strip()]
+    asked = [x for x in parts if not COMPLAINT_ONLY.match(x)] or parts
+    out = []
+    for x in asked:
+        x = _POLITE.sub("", _OPENERS.sub("", x)).strip()
+        for pattern, said in _PERSON:
+            x = pattern.sub(said, x)
+        x = re.sub(r"\s+([,.!?;])", r"\1", x).strip(" ,")
+        if x:
+            out.append(x[:1].upper() + x[1:] + ("" if x[-1] in ".!?" else "."))
+    return " ".join(out) or words.strip()
+
+
 def _answer_of(prompt: str) -> str:
     m = re.search(r"## Assistant turn\n(.*?)\n\n## What happened next", prompt, re.DOTALL)
     return m.group(1) if m else ""
@@ -179,17 +215,28 @@ def rule_based_verdict(prompt: str) -> tuple[int, str | None, str]:
     return 0, None, "no clear signal"
 
 
-def rule_based_answer(body: dict[str, Any]) -> str:
-    """The rule-based judge's answer text for an OpenAI chat request body."""
+HintStyle = Literal["words", "instruction"]
+"""How the rule-based judge writes its hint: `words`, the user's correction as they said it;
+`instruction`, that correction as an instruction to the assistant (`instruction_hint`)."""
+
+
+def rule_based_answer(body: dict[str, Any], hints: HintStyle = "words") -> str:
+    """The rule-based judge's answer text for an OpenAI chat request body, its hint as `hints` says."""
     messages = body.get("messages") or []
     prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
-    score, hint, reason = rule_based_verdict(prompt)
+    score, words, reason = rule_based_verdict(prompt)
     shown = "0" if score == 0 else f"{score:+d}"
-    same = same_as(hint, _notes(prompt)) if hint else None
+    same = same_as(words, _notes(prompt)) if words else None
     said = f"\nSAME: {same}" if same is not None else ""
-    rewrite = rule_based_rewrite(_answer_of(prompt), hint) if hint and score < 0 else None
+    rewrite = rule_based_rewrite(_answer_of(prompt), words) if words and score < 0 else None
     written = f"\nREWRITE:\n{rewrite}\nEND REWRITE" if rewrite else ""
+    hint = instruction_hint(words) if words and hints == "instruction" else words
     return f"{reason} (rule-based judge).\nHINT: {hint or 'none'}{said}\nSCORE: {shown}{written}"
+
+
+def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
+    """`rule_based_answer` writing its hints as `hints` says (a `JudgeServer` answer)."""
+    return functools.partial(rule_based_answer, hints=hints)
 
 
 class JudgeServer:
@@ -267,11 +314,16 @@ class JudgeServer:
 
 
 def main() -> None:
-    """`python -m clawbridge.devtools.judge_server [PORT]`: serve the rule-based judge until ^C."""
-    import sys
-
-    srv = JudgeServer(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()
-    print(f"rule-based judge (not a language model) at {srv.base_url}", flush=True)
+    """`python -m clawbridge.devtools.judge_server [PORT] [--hints instruction]`: serve the rule-based
+    judge until ^C."""
+    ap = argparse.ArgumentParser(description="Serve the rule-based judge (keyword rules, not a language model) "
+                                 "on 127.0.0.1.")
+    ap.add_argument("port", nargs="?", type=int, default=0, help="the port (default: a free one)")
+    ap.add_argument("--hints", choices=("words", "instruction"), default="words",
+                    help="the hint: the user's correction as said (words) or as an instruction to the assistant")
+    args = ap.parse_args()
+    srv = JudgeServer(rule_based(args.hints), port=args.port).start()
+    print(f"rule-based judge (not a language model, {args.hints} hints) at {srv.base_url}", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:
