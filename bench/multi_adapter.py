@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-from bench_common import model_folder, rss_mib  # noqa: E402
+from bench_common import exit_on_sigterm, model_folder, rss_mib  # noqa: E402
 from clawbridge_local.engine import TorchEngine  # noqa: E402
 from clawbridge_local.lora_serving import LoraAdapter  # noqa: E402
 from up_load import TreeRss, UpServer, load_average, median  # noqa: E402
@@ -339,6 +339,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="engine: rounds")
     args = ap.parse_args()
+    exit_on_sigterm()
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

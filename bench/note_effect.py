@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import set_threads_from_argv
+from bench_common import exit_on_sigterm, set_threads_from_argv
 
 set_threads_from_argv(1)
 
@@ -97,6 +97,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    exit_on_sigterm()
     from clawbridge.models import cached_model
 
     model = str(cached_model("smollm2-135m-instruct")) if args.model == "smollm2" else args.model

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE_ROOT = Path(sys.argv[sys.argv.index("--code-root") + 1]) if "--code-root" in sys.argv else ROOT
 """Whose clawbridge a `--serve` child runs: this tree's, or `--baseline-src`'s under this harness."""
 sys.path.insert(0, str(CODE_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import exit_on_sigterm  # noqa: E402
 
 WORDS = ["agent", "tool", "memory", "file", "session", "workspace", "user", "assistant", "call", "result", "error", "retry", "heartbeat", "cron", "channel", "message", "reply", "model", "token", "context", "policy", "skill", "browser", "shell", "search", "read", "write", "edit", "command", "output", "status", "config", "plugin", "provider", "gateway", "node", "process", "permission", "sandbox"]
 
@@ -336,6 +338,7 @@ def main() -> None:
                          "measured too, served by this script with the same settings, alternating with this "
                          "tree's in every round")
     args = ap.parse_args()
+    exit_on_sigterm()
     if args.serve:
         serve(args.serve, args.port, args.model_dir, args.state_dir)
         return

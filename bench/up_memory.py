@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ["OMP_NUM_THREADS"] = "1"
 
-from bench_common import model_folder  # noqa: E402
+from bench_common import exit_on_sigterm, model_folder  # noqa: E402
 from up_load import SessionLoad, TreeRss, UpServer, load_average, prefix_figures, run_sessions  # noqa: E402
 
 MODES: dict[str, dict[str, str]] = {
@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--drain", type=float, default=600.0, help="seconds the trainer gets after the load")
     args = ap.parse_args()
+    exit_on_sigterm()
     load = SessionLoad(args.sessions, args.streams, args.turns, args.tokens)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import set_threads_from_argv
+from bench_common import exit_on_sigterm, set_threads_from_argv
 
 from clawbridge.devtools.demo import free_port, stop_proxy, wait_healthy
 
@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(MODES), default=None)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    exit_on_sigterm()
     from clawbridge.devtools.tinymodel import build_tiny_model
 
     out = Path(tempfile.mkdtemp(prefix="clawbridge-waste-"))
