@@ -8,7 +8,9 @@
 
 Each (persona, method, seed) is one `clawbridge up --backend local` (LoRA, the settings' defaults
 except what the flags name) with the rule-based judge as an endpoint (it reads only what the
-person said next; it never sees the persona's rule) and the person talking in OpenClaw-style
+person said next; it never sees the persona's rule; its hint is the correction written as an
+instruction, as the judge prompt asks a capable judge to: `--judge-hints words` passes the person's
+words through, as runs before 2026-11-29 did) and the person talking in OpenClaw-style
 sessions through the `openai` SDK (`clawbridge.devtools.talk` says what is measured and how).
 Prints one row per run as it ends and a table of medians over seeds per persona x method, and
 writes each run's JSON (every session, every served version's capability) under --out.
@@ -33,10 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import exit_on_sigterm, set_threads_from_argv
+
+if TYPE_CHECKING:
+    from clawbridge.devtools.judge_server import HintStyle
 
 set_threads_from_argv(1)
 
@@ -44,9 +49,9 @@ METHODS = ("combine", "rl", "opd")
 
 
 def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gate: bool, seed: int, sessions: int,
-            out: Path, extra: dict[str, str], pace: int = 0) -> dict[str, Any]:
+            out: Path, extra: dict[str, str], pace: int = 0, hints: HintStyle = "instruction") -> dict[str, Any]:
     from clawbridge.devtools.demo import free_port, launch_proxy, stop_proxy, wait_healthy
-    from clawbridge.devtools.judge_server import JudgeServer
+    from clawbridge.devtools.judge_server import JudgeServer, rule_based
     from clawbridge.devtools.talk import Proxy, TalkConfig, run_talk, save
 
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +66,7 @@ def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gat
     if not gate:
         env["CLAWBRIDGE_PROMOTION_MODE"] = "off"
     env.update(extra)
-    with JudgeServer(model="rule-based") as judge:
+    with JudgeServer(rule_based(hints), model="rule-based") as judge:
         env["CLAWBRIDGE_JUDGE_BASE_URL"] = judge.base_url
         port = free_port()
         base = f"http://127.0.0.1:{port}"
@@ -162,6 +167,10 @@ def main() -> int:
     ap.add_argument("--pace", type=int, default=0, metavar="N",
                     help="after every N sessions a person waits until the trainer and the gate have caught up "
                          "(as when their next conversation comes minutes later); 0: back to back (default)")
+    ap.add_argument("--judge-hints", choices=("instruction", "words"), default="instruction",
+                    help="the rule-based judge's hint: the correction as an instruction to the assistant, as the "
+                    "judge prompt asks a capable judge to write it (default), or the person's own words (runs "
+                    "before 2026-11-29)")
     ap.add_argument("--set", action="append", default=[], metavar="CLAWBRIDGE_X=V", help="extra settings for up")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
@@ -184,7 +193,8 @@ def main() -> int:
     personas = [p.strip() for p in args.persona.split(",") if p.strip()]
     groups = [tuple(personas)] if args.together else [(p,) for p in personas]
     label = ("notes" if notes else "no notes") + (", gate" if gate else ", no gate") + (
-        f", paced every {args.pace}" if args.pace else "")
+        f", paced every {args.pace}" if args.pace else "") + ("" if args.judge_hints == "instruction" else
+                                                              ", the judge's hints in the person's words")
     print(f"learn from talk: {args.model}, {args.sessions} sessions per person, {label}, load {os.getloadavg()[0]:.1f}; "
           f"runs under {out}", flush=True)
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -194,7 +204,8 @@ def main() -> int:
                 name = f"{'+'.join(group)}-{method}-{'notes' if notes else 'plain'}-{'gate' if gate else 'nogate'}"
                 name += (f"-pace{args.pace}" if args.pace else "") + f"-s{seed}"
                 t0 = time.monotonic()
-                r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra, args.pace)
+                r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra, args.pace,
+                           args.judge_hints)
                 for p in group:
                     rw = row(r, p)
                     rows.setdefault((p + (" (together)" if args.together else ""), f"{method}, {label}"), []).append(rw)
