@@ -23,6 +23,7 @@ from clawbridge.devtools.realdemo import FACTS, HELD_OUT, TRAIN_PROMPTS
 from clawbridge.promotion.announce import lanes_line, promotion_line, rehearsal_words
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import promotion_lines, still_good_line
+from clawbridge.promotion.likelihood import GUARDS
 from clawbridge.promotion.promoter import Promoter
 from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
@@ -192,7 +193,9 @@ def test_the_serving_version_is_evaluated_once_before_any_candidate(tmp_path: Pa
             assert settled.hold is None and settled.resume_from is None
 
     asyncio.run(settle_twice())
-    assert fake.asked == [(0, PROBE_SOURCE)]  # once: cached after
+    assert [a for a in fake.asked if a[1] != "references"] == [(0, PROBE_SOURCE)]  # once: cached after
+    # each guard asked once for the serving version's answers (this fake cannot give any: off)
+    assert fake.asked.count((0, "references")) == len(GUARDS)
     probe: Any = promotion_status(promoter)["capability_probe"]
     assert probe["serving"] == {"version": 0, "passed": 31, "items": PROBE_ITEMS, "score": 31 / PROBE_ITEMS,
                                 "failed": [i.id for i in capability_probe(48).items[31:]][:10]}

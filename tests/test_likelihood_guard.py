@@ -19,7 +19,7 @@ from clawbridge.promotion.announce import promotion_line
 from clawbridge.promotion.capability import PROBE_SOURCE, capability_probe
 from clawbridge.promotion.describe import still_good_line
 from clawbridge.promotion.evalset import parse_eval_set
-from clawbridge.promotion.likelihood import FACTS, LIKELIHOOD_SOURCE, nats_of, nats_tolerance
+from clawbridge.promotion.likelihood import FACTS, GUARDS, LIKELIHOOD_SOURCE, nats_of, nats_tolerance
 from clawbridge.promotion.promoter import Decision
 from clawbridge.promotion.report import promotion_status
 from clawbridge.promotion.runner import FakeEvaluator
@@ -71,6 +71,24 @@ def test_a_candidate_that_lost_likelihood_is_rejected_though_the_greedy_probe_ho
     assert line is not None and "likely to say them: " in line and "(bar -0.1)" in line
     assert "likelihood of the base's correct answers within 0.1 nats/token" in promotion_line(Settings(), scores=True)
     assert "likelihood" not in promotion_line(Settings(capability_probe_nats=0, everyday_guard_nats=0), scores=True)
+    store.close()
+
+
+def test_the_baseline_builds_every_guards_answers_so_the_first_decision_only_scores_the_candidate(
+        tmp_path: Path) -> None:
+    """The anchor's reference answers (greedy generation, three sets) were built at the first
+    decision, after the first step: on SmolLM2 under load about 600 of that decision's 887 s, with
+    the person served by the base meanwhile. The baseline builds them from start-up now."""
+    guarded = {g.source: {0: 12, 1: 12} for g in GUARDS}
+    fake = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30}, **guarded}, references_of={0: 12})
+    promoter, store = _promoter(tmp_path, Settings(), fake)
+    asyncio.run(promoter._baseline(attempts=1))
+    assert promoter.baseline_done
+    assert fake.asked == [(0, PROBE_SOURCE)] + [a for g in GUARDS for a in ((0, "references"), (0, g.source))]
+    fake.asked.clear()
+    d = _decide(promoter, 1)
+    assert d.verdict == "promoted" and all(g.source in d.reason or g.answers in d.reason for g in GUARDS), d.reason
+    assert fake.asked == [(1, PROBE_SOURCE)] + [(1, g.source) for g in GUARDS]  # nothing of v0's again
     store.close()
 
 

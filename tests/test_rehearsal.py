@@ -8,6 +8,7 @@ import asyncio
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,13 +140,18 @@ def test_rehearsal_never_makes_a_step_on_a_batch_without_signal(tmp_path: Path) 
     store.close()
 
 
+NO_GUARDS: dict[str, Any] = {"capability_probe_nats": 0.0, "everyday_guard_nats": 0.0}
+"""The likelihood guards off: their reference answers (built by the baseline) would be asked of the
+same fake evaluator as the rehearsal set these tests count."""
+
+
 def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = Store(tmp_path / "db.sqlite")
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     router = VersionRouter(backend, VersionStore(store))
-    on = Settings(promotion_mode="probe", rehearsal_coef=1.0, rehearsal_items=4)
+    on = Settings(promotion_mode="probe", rehearsal_coef=1.0, rehearsal_items=4, **NO_GUARDS)
     evaluator = FakeEvaluator({0: 30}, references_of={0: 20})
     promoter = Promoter(on, store, router, evaluator)
 
@@ -189,7 +195,7 @@ def test_the_promoter_builds_the_set_once_per_anchor_and_says_when_it_is_off(
         "rehearsal: off against anchor v0: it answers 1 of 40 probe facts: nothing to keep"]
     assert not any("rehearsing" in line for line in promotion_lines(promotion_status(unscored)))
     assert Settings().rehearsal_coef == 1.0  # on by default: the value measured (docs/training.md, "Rehearsal")
-    for settings in (Settings(promotion_mode="probe", rehearsal_coef=0.0), Settings(promotion_mode="off")):
+    for settings in (Settings(promotion_mode="probe", rehearsal_coef=0.0, **NO_GUARDS), Settings(promotion_mode="off")):
         quiet = FakeEvaluator({0: 30}, references_of={0: 20})
         assert asyncio.run(twice(Promoter(settings, store, router, quiet))) == (None, None)
         assert ("references" not in {what for _, what in quiet.asked})
@@ -219,7 +225,7 @@ def test_a_failed_build_never_fails_the_step_and_the_next_step_builds_again(
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     router = VersionRouter(backend, VersionStore(store))
     evaluator = _Fails({0: 30}, references_of={0: 5})
-    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router, evaluator)
+    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0, **NO_GUARDS), store, router, evaluator)
 
     async def ask_twice() -> tuple[Rehearsal | None, Rehearsal | None]:
         await promoter.recover()
@@ -244,7 +250,7 @@ def test_an_engine_that_fails_every_build_turns_rehearsal_off_for_that_anchor_af
     backend = FakeTrainingBackend(FakeSampler(script=[7]), ModelInfo("tiny", "unused", 4096, 256))
     router = VersionRouter(backend, VersionStore(store))
     evaluator = _Fails({0: 30}, references_of={0: 5}, fails=10)
-    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router, evaluator)
+    promoter = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0, **NO_GUARDS), store, router, evaluator)
 
     async def ask(n: int) -> list[Rehearsal | None]:
         await promoter.recover()
@@ -258,7 +264,7 @@ def test_an_engine_that_fails_every_build_turns_rehearsal_off_for_that_anchor_af
     assert said[2:] == ["rehearsal: off against anchor v0: 3 builds failed, the last with RuntimeError: engine "
                         "restarting (a restart or a new anchor tries again)"] and len(said) == 3
     assert promotion_status(promoter)["rehearsal"] is None
-    built = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0), store, router,
+    built = Promoter(Settings(promotion_mode="probe", rehearsal_coef=1.0, **NO_GUARDS), store, router,
                      FakeEvaluator({0: 30}, references_of={0: 5}))
     with caplog.at_level(logging.INFO, logger="clawbridge.promotion"):
         caplog.clear()

@@ -35,6 +35,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from dataclasses import dataclass
@@ -127,6 +128,8 @@ class GuardReferences:
         self.default_max_tokens = default_max_tokens
         """The cut of a question set that names none (`eval_max_tokens`)."""
         self._built: dict[tuple[str, int], EvalSet | None] = {}
+        self._building = asyncio.Lock()
+        """One build at a time: the baseline's and a first decision's ask for the same set."""
 
     def on(self, guard: Guard) -> bool:
         """Whether `guard` can be measured at all (its questions, an evaluator that can answer)."""
@@ -143,6 +146,10 @@ class GuardReferences:
     async def get(self, guard: Guard, anchor: int, nothing_to_lose: str | None) -> EvalSet | None:
         """`guard`'s reference set against `anchor`, built at the first call. `nothing_to_lose`:
         why the anchor knows too little to guard (its probe figures), which turns it off."""
+        async with self._building:
+            return await self._get(guard, anchor, nothing_to_lose)
+
+    async def _get(self, guard: Guard, anchor: int, nothing_to_lose: str | None) -> EvalSet | None:
         from clawbridge.serving.versions import VersionNotFound
 
         if (guard.key, anchor) in self._built:

@@ -39,6 +39,9 @@ Invariants:
   newer candidate (`promoted_version`): nothing would ever decide that candidate.
 - The serving version's checkpoint is never pruned, nor the base's nor the drift guard's anchor's
   (`VersionStore.prunable`).
+- The baseline (`start_baseline`, from start-up) evaluates the serving version on the fixed sets
+  and builds the guards' reference sets of its answers, before any candidate: the first decision
+  then only scores the candidate.
 - Written in parts: a candidate's checks make one decision (`clawbridge.promotion.checks`), the
   guards' reference sets and the rehearsal sets are built once per anchor
   (`likelihood.GuardReferences`, `rehearsal.RehearsalSets`), the admin's promote / rollback /
@@ -335,9 +338,9 @@ class Promoter:
         return Settled(resume_from=self.serving)
 
     def start_baseline(self) -> None:
-        """Evaluate the serving version on the fixed sets in the background, from start-up, while
-        the engine is usually still idle (`_baseline`): `up` never waits for it, and the first
-        decision on the probe waits for it instead of evaluating the same version again."""
+        """Evaluate the serving version on the fixed sets and build the guards' reference sets of
+        its answers in the background, from start-up, while the engine is usually still idle
+        (`_baseline`): `up` never waits for it, and the first decision finds them made."""
         if self.mode != "off" and self._baseline_task is None:
             self._baseline_task = asyncio.get_running_loop().create_task(self._baseline(), name="promotion-baseline")
 
@@ -365,6 +368,12 @@ class Promoter:
                         if es is not None and await self._read(self.pstore.cached_eval, self.serving,
                                                                es.digest) is None:
                             await self.evaluate(self.serving, es)
+                    for guard in GUARDS:  # the anchor's reference answers: the first decision's longest part
+                        if self.serving != self.router.published_version:
+                            return
+                        built = await self._references(guard)
+                        if built is not None and built[0] == self.serving:
+                            await self.evaluate(self.serving, built[1])
                     self.baseline_done = True
                     return
                 except Exception as exc:
@@ -417,17 +426,11 @@ class Promoter:
     async def _guarded(self, candidate: int, guard: Guard) -> Check | None:
         """A likelihood guard (`clawbridge.promotion.likelihood`): `candidate` within its bar per
         token of the anchor's reference answers; None when off."""
+        built = await self._references(guard)
+        if built is None:
+            return None
+        anchor, refs = built
         nats = guard.bar(self.settings)
-        if self.probe is None or nats <= 0 or not self.references.on(guard):
-            return None
-        anchor = await self._read(self.anchor_version)
-        nothing_to_lose = None
-        if not self.references.decided(guard, anchor):
-            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
-            nothing_to_lose = self._nothing_to_lose(known, "probe items", "lose")
-        refs = await self.references.get(guard, anchor, nothing_to_lose)
-        if refs is None:
-            return None
         check = await self._check(candidate, refs, nats_tolerance(nats))
         if check.score is None:
             return check
@@ -435,6 +438,20 @@ class Promoter:
         return replace(check, reason=(
             f"{GUARD_REASON} v{anchor}'s {len(refs.items)} {guard.answers} {nats_of(check.score):+.3f} "
             f"nats per token, {verb} the bar of -{nats:g} ({guard.setting})"))
+
+    async def _references(self, guard: Guard) -> tuple[int, EvalSet] | None:
+        """(anchor, `guard`'s reference set of the anchor's answers), built at the first ask: the
+        baseline's, from start-up, so that the first decision does not wait for the anchor's
+        answers, and a backend that serves only its newest publish still has them; None when off."""
+        if self.probe is None or guard.bar(self.settings) <= 0 or not self.references.on(guard):
+            return None
+        anchor = await self._read(self.anchor_version)
+        nothing_to_lose = None
+        if not self.references.decided(guard, anchor):
+            known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
+            nothing_to_lose = self._nothing_to_lose(known, "probe items", "lose")
+        refs = await self.references.get(guard, anchor, nothing_to_lose)
+        return None if refs is None else (anchor, refs)
 
     def _nothing_to_lose(self, known: dict[str, Any] | None, what: str, verb: str) -> str | None:
         """Why the anchor, by its probe figures `known`, knows too little to guard or rehearse
