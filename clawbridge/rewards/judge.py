@@ -3,7 +3,8 @@
 Rules:
 - Score: +1 progress / accepted, -1 correction / redo / error, 0 unclear. The judge answers in
   free text ending with `SCORE: +1|0|-1` (the LAST such line counts; `\\boxed{1}` is accepted too)
-  and optionally `HINT: <one sentence>` saying what the user wanted, or `HINT: none`.
+  and optionally `HINT: <one sentence>`, what the user wanted as an instruction to the assistant,
+  or `HINT: none`.
 - Voting: m samples (`votes`, default 3) at `temperature`. A failed vote (transport error after
   its retries, or no parseable score) counts as a 0 vote. The verdict is the value with STRICTLY
   the most votes; a tie for the most gives 0. Every vote and its text are stored.
@@ -51,8 +52,10 @@ its tool calls and/or the user's next message. Decide whether this turn made pro
 +1: the user accepted it or moved on satisfied, or the tool calls succeeded and moved the task forward.
 -1: the user corrected it, asked for a redo, complained, or a tool call failed with an error.
 0: unclear: no reaction, an unrelated new request, or mixed signals you cannot resolve.
-If the next state reveals what the user actually wanted, write it as a short instruction hint.
-Answer with a one-sentence reason, then a line `HINT: <what the user wanted>` (or `HINT: none`), \
+If the next state reveals what the user actually wanted, write it as a short instruction hint: \
+addressed to the assistant, saying what to do (e.g. `Reply in French.` or `Put commands in a code block.`), \
+not the user's complaint (the assistant may be shown it on the user's later requests).
+Answer with a one-sentence reason, then a line `HINT: <the instruction>` (or `HINT: none`), \
 then a line `SCORE: +1`, `SCORE: 0` or `SCORE: -1`."""
 REWRITE_PROMPT = """
 When the user corrected the answer and said how they wanted it, then also write the assistant's answer \
