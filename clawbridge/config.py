@@ -313,6 +313,12 @@ class Settings(BaseSettings):
         "has none). bench/note_effect.py measures how much each moves the model's answers (docs/training.md).",
     )
     notes_max: int = Field(3, ge=1, le=20, description="Active notes kept per user (the oldest retires).")
+    notes_best_of: int = Field(
+        4, ge=1, le=16, description="A call with notes samples this many answers and serves the one its notes "
+        "explain best (mean log p(answer | notes) - log p(answer | no notes) per token; an answer that echoes "
+        "its note only if all do). It is served when all are done, so a streamed answer starts later. 1: one "
+        "sample. Needs a sampler that scores (local, tinker); sampled calls only (docs/rewards.md).",
+    )
     notes_check_share: float = Field(
         0.25, ge=0.0, le=1.0, description="Share of a user's new sessions served without their notes once the notes "
         "are notes_check_after_steps steps old, to see whether the weights carry them.",

@@ -60,6 +60,7 @@ from clawbridge.rewards.notes import (
     note_hint,
     noted_messages,
 )
+from clawbridge.serving.best_of import best_of, can_pick
 from clawbridge.serving.sampler import (
     PromptTooLong,
     SampledToken,
@@ -217,6 +218,8 @@ class SampledCall:
         """The notes' text the call carried (None without notes)."""
         self.notes_off = False
         """`X-Clawbridge-Notes: off`: serve this call without notes."""
+        self.best_of: dict[str, object] | None = None
+        """What the call was picked from when it was served best of n (`clawbridge.serving.best_of`)."""
         self._stream_parser: StreamParser | None = None
         self.policy_version = 0
         self.stream: SampleStream | None = None
@@ -275,12 +278,44 @@ class SampledCall:
         sampler = await route_sampler(self.state, self.req.model, self.call.session_id, self.call.principal)
         if self.ticket.cut:
             raise forgotten_error()
+        n = self.state.notes.config.best_of if self.hint is not None and self.state.notes is not None else 1
         try:
-            self.stream = await sampler.sample(self.prompt_ids, params)
+            if self.train_prompt_ids is not None and can_pick(sampler, params, n):
+                self.stream = await self.sample_best_of(sampler, params, n)
+            else:
+                self.stream = await sampler.sample(self.prompt_ids, params)
         except SamplerError as exc:
             raise sampler_error(exc) from None
         self.policy_version = self.stream.policy_version
         self.ticket.on_cut(self._close_stream)  # forgotten while it runs: the sampler stops now
+
+    async def sample_best_of(self, sampler: Sampler, params: SamplingParams, n: int) -> SampleStream:
+        """The noted call's answer, best of `n` (`clawbridge.serving.best_of`): its candidates stop
+        when the user is forgotten (401) or `request_timeout_s` passes (504), like one stream."""
+        hint, plain = self.hint, self.train_prompt_ids
+        assert hint is not None and plain is not None
+        stops = self._stop_ids
+
+        def echoes(ids: list[int]) -> bool:
+            return echoes_note(self.state.renderer.decode([i for i in ids if i not in stops]), hint)
+
+        task = asyncio.ensure_future(asyncio.wait_for(
+            best_of(sampler, self.prompt_ids, plain, params, n, echoes), self.state.settings.request_timeout_s))
+
+        def stop() -> None:  # the user is forgotten: every candidate stops now
+            task.cancel()
+
+        self.ticket.on_cut(stop)
+        try:
+            chosen = await task
+        except asyncio.CancelledError:
+            if self.ticket.cut and not _cancelling():
+                raise forgotten_error() from None
+            raise
+        except TimeoutError:
+            raise SamplerTimeout("best of n for a noted call did not finish within request_timeout_s") from None
+        self.best_of = chosen.meta()
+        return chosen.stream
 
     def _close_stream(self) -> None:
         if self.stream is not None and self._closing is None:
@@ -358,6 +393,8 @@ class SampledCall:
         meta["stream"] = self.req.stream
         if self.notes_meta is not None:
             meta["notes"] = self.notes_meta
+        if self.best_of is not None:
+            meta["best_of"] = self.best_of
         if self.hint is not None and echoes_note(self.gen.text, self.hint):
             meta[ECHO_META] = True  # never trained (`clawbridge.rewards.notes`)
         return TurnRecord(
@@ -522,6 +559,12 @@ class SampledCall:
             task.cancel()
             self.record_cancelled_soon()
             raise
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not only a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 DISCONNECT_POLL_S = 0.25

@@ -83,11 +83,13 @@ class NotesConfig:
     check_after_met: int = default_of("notes_check_after_met")
     retire_after: int = default_of("notes_retire_after")
     place: NotesPlace = default_of("notes_place")
+    best_of: int = default_of("notes_best_of")
+    """Answers sampled per noted call, the one the notes explain best served (`clawbridge.serving.best_of`)."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> NotesConfig:
         return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_check_after_met,
-                   s.notes_retire_after, s.notes_place)
+                   s.notes_retire_after, s.notes_place, s.notes_best_of)
 
 
 def note_hint(notes: Sequence[Note]) -> str:
