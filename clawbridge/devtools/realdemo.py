@@ -446,6 +446,8 @@ def run_real_demo(cfg: RealDemoConfig, out_dir: Path, say: Callable[[str], None]
         # its figures (docs/real-model.md) were measured without rehearsal (docs/training.md,
         # "Measured: rehearsal"), whatever its default
         "CLAWBRIDGE_REHEARSAL_COEF": "0",
+        # and with one sample per noted call (`notes_best_of`, "Kept: best of n for noted calls")
+        "CLAWBRIDGE_NOTES_BEST_OF": "1",
     }
     env["CLAWBRIDGE_PROMOTION_MODE"] = cfg.promotion
     if cfg.promotion == "eval":
