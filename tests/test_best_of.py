@@ -163,8 +163,11 @@ def test_cancelling_closes_every_candidate() -> None:
 
     async def run() -> None:
         task = asyncio.ensure_future(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes))
-        while len(sampler.seeds) < 3:
+        for _ in range(1000):  # bounded: the three candidates start within a few loop turns
+            if len(sampler.seeds) == 3:
+                break
             await asyncio.sleep(0.01)
+        assert len(sampler.seeds) == 3, "the candidates never started"
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
