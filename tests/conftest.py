@@ -107,3 +107,39 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     for name in [k for k in os.environ if (k.startswith("CLAWBRIDGE_") and k not in keep) or k in HOSTED_SERVICE_VARS]:
         monkeypatch.delenv(name)
     yield home
+
+
+_SESSION_EXIT: list[int] = []
+"""The session's exit status, once every `pytest_sessionfinish` has run (see `pytest_unconfigure`)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    yield
+    _SESSION_EXIT.append(int(session.exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the run without CPython's teardown when threads outlive the session.
+
+    Servers and engines that tests start run daemon threads; one that a test left running (or
+    that is still finishing a torch call) is killed where it stands when the interpreter tears
+    down, and a thread killed inside a torch call that released the GIL aborts CPython 3.11
+    ("PyGILState_Release: thread state ... must be current"), turning a finished, reported run
+    into exit code 134. Every result is reported by now, so the run ends here with its own exit
+    status, naming the threads it leaves behind (a long list is a leak worth fixing)."""
+    import sys
+    import threading
+
+    alive = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if not alive or not _SESSION_EXIT:
+        return
+    names: dict[str, int] = {}
+    for t in alive:
+        names[t.name] = names.get(t.name, 0) + 1
+    listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(names.items()))
+    print(f"\n{len(alive)} thread(s) still running at the end of the session: {listed}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_SESSION_EXIT[-1])
