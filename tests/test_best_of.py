@@ -25,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from clawbridge.rewards.notes_describe import met_words
 from clawbridge.serving.best_of import Candidate, best_of, can_pick, note_score, pick
 from clawbridge.serving.sampler import (
     FakeSampler,
@@ -249,9 +250,14 @@ def test_a_noted_call_serves_the_best_of_n_and_records_it_token_exact(tiny_model
         assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "Call the user Sam."},
                           headers={"Authorization": f"Bearer {key}"}).status_code == 200
         served = ask("noted", 0)
+        listed = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {key}"}).json()["notes"]
     finally:
         proxy.stop()
     assert served == (texts[1] if n == 3 else texts[0])
+    # what `clawbridge status`, `clawbridge notes` and the dashboard say of the note
+    assert [(x["best_of_answers"], x["best_of_n"]) for x in listed] == [(1, 3) if n == 3 else (0, 0)]
+    said = met_words(listed[0])
+    assert ("1 answer served as the best of 3 at following it" in said) == (n == 3), said
     assert sampler.seeds == [0, *range(n)]
     rows = _rows(tmp_path / "state")
     noted, plain = rows["noted"], rows["plain"]

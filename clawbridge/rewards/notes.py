@@ -281,7 +281,8 @@ class NoteBook:
 
     def _since(self, note: Note) -> dict[str, Any]:
         """Judged first answers of the note's user since it was made: how many, how many accepted,
-        and when three in a row were first accepted (the effect became stable)."""
+        and when three in a row were first accepted (the effect became stable); and how many of the
+        user's answers since were served best of n (`best_of_answers`, the largest n `best_of_n`)."""
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT t.session_id, j.score, t.created_at, json_extract(t.meta_json, '$.notes') AS noted "
@@ -297,6 +298,14 @@ class NoteBook:
             if run == 3 and stable_after is None:
                 stable_after = i + 1
         plain = [float(r["score"]) for r in rows if r["noted"] == CHECK_META]
+        with self.store.read() as c:
+            picked = c.execute(
+                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n "
+                "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
+                "AND json_extract(t.meta_json, '$.best_of.n') IS NOT NULL",
+                (note.user_id, note.created_at)).fetchone()
         return {"sessions_since": len(scores), "accepted_since": sum(1 for s in scores if s > 0),
                 "stable_after_sessions": stable_after, "check_sessions": len(plain),
-                "check_accepted": sum(1 for s in plain if s > 0)}
+                "check_accepted": sum(1 for s in plain if s > 0),
+                "best_of_answers": int(picked["answers"] or 0), "best_of_n": int(picked["n"] or 0)}

@@ -21,15 +21,24 @@ def owner_words(user: str | None) -> str:
 
 
 def met_words(note: dict[str, Any]) -> str:
-    """How often the user's sessions met the note since it was made (judged first answers)."""
+    """How often the user's sessions met the note since it was made (judged first answers), and how
+    many of the user's answers since were picked best of n."""
     n, ok = int(note.get("sessions_since") or 0), int(note.get("accepted_since") or 0)
-    if n == 0:
-        return "no session judged since"
-    text = f"{ok} of {n} sessions since ({ok / n:.0%})"
+    text = f"{ok} of {n} sessions since ({ok / n:.0%})" if n else "no session judged since"
     checks = int(note.get("check_sessions") or 0)
     if checks:
         text += f"; {note.get('check_accepted', 0)} of {checks} served without the note"
-    return text
+    picked = picked_words(note)
+    return f"{text}; {picked}" if picked else text
+
+
+def picked_words(note: dict[str, Any]) -> str | None:
+    """How many of the user's answers since the note were picked among several samples (best of
+    n, `clawbridge.serving.best_of`); None when none was."""
+    answers, n = int(note.get("best_of_answers") or 0), int(note.get("best_of_n") or 0)
+    if answers == 0:
+        return None
+    return f"{answers} answer{'s' if answers != 1 else ''} served as the best of {n} at following it"
 
 
 def stable_words(note: dict[str, Any]) -> str:
