@@ -39,25 +39,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import exit_on_sigterm, model_folder, set_threads_from_argv
 from note_effect import INSTRUCTIONS
 
+from clawbridge.serving.best_of import Candidate, note_score, pick
+
 set_threads_from_argv(2)
 
-Rule = Callable[[Sequence[float]], float]
+Rule = Callable[[Sequence[float], Sequence[float]], float]
+"""A note score from an answer's per-token logprobs with the note and without it."""
+
+
+def _ratios(noted: Sequence[float], plain: Sequence[float]) -> list[float]:
+    return [a - b for a, b in zip(noted, plain, strict=True)]
+
 
 RULES: dict[str, Rule] = {
-    "mean": lambda r: sum(r) / len(r) if r else 0.0,
-    "sum": lambda r: float(sum(r)),
-    "sum/sqrt(len)": lambda r: sum(r) / math.sqrt(len(r)) if r else 0.0,
-    "max": lambda r: max(r) if r else 0.0,
-    "mean + max/len": lambda r: (sum(r) + max(r)) / len(r) if r else 0.0,
-}
-"""Note scores of an answer from its per-token log-likelihood ratios (noted minus plain)."""
-
-NOTED_RULES: dict[str, Callable[[Sequence[float], Sequence[float]], float]] = {
+    "mean": note_score,  # the product's (`clawbridge.serving.best_of`)
+    "sum": lambda noted, plain: float(sum(_ratios(noted, plain))),
+    "sum/sqrt(len)": lambda noted, plain: sum(_ratios(noted, plain)) / math.sqrt(len(noted)) if noted else 0.0,
+    "max": lambda noted, plain: max(_ratios(noted, plain), default=0.0),
+    "mean + max/len": lambda noted, plain: (sum(_ratios(noted, plain)) + max(_ratios(noted, plain), default=0.0))
+    / len(noted) if noted else 0.0,
     "noted mean": lambda noted, plain: sum(noted) / len(noted) if noted else 0.0,
     "noted + ratio": lambda noted, plain: (2 * sum(noted) - sum(plain)) / len(noted) if noted else 0.0,
 }
-"""Scores from the noted and plain per-token logprobs themselves: the mean noted logprob (the
-answer the noted prompt finds likeliest, learned weights included) and it plus the mean ratio."""
+"""The rules compared: on the per-token ratio noted - plain (the mean, the product's; the sum;
+sum / sqrt(len); the largest; mean + largest / len), and on the logprobs themselves (the mean
+noted logprob: the answer the noted prompt finds likeliest; that plus the mean ratio)."""
 
 
 def token_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
@@ -109,7 +115,7 @@ def run(model_dir: str, personas: list[str], samples: int, n: int, seed: int, ma
     table: dict[str, dict[str, float]] = {}
     for key in personas:
         persona, note = PERSONAS[key], INSTRUCTIONS[key]
-        hits: dict[str, list[bool]] = {name: [] for name in ("one sample", "any", *RULES, *NOTED_RULES)}
+        hits: dict[str, list[bool]] = {name: [] for name in ("one sample", "any", *RULES)}
         started = time.monotonic()
         for qi, question in enumerate(HELD_OUT_QUESTIONS):
             print(f"  {key}: question {qi + 1}/{len(HELD_OUT_QUESTIONS)} ({time.monotonic() - started:.0f} s)", flush=True)
@@ -117,21 +123,19 @@ def run(model_dir: str, personas: list[str], samples: int, n: int, seed: int, ma
                           ChatMessage(role="user", content=question)]
             plain, noted = render(plain_msgs), render(noted_messages(plain_msgs, note))
             answers = sample_answers(model, tok, noted, samples, max_tokens)
-            scored = []
+            scored = []  # (noted logprobs, plain logprobs, meets, echoes)
             for ids in answers:
-                with_note, without = token_logprobs(model, noted, ids), token_logprobs(model, plain, ids)
-                ratios = [a - b for a, b in zip(with_note, without, strict=True)]
                 text = str(tok.decode(ids, skip_special_tokens=True))
-                scored.append((ratios, persona.meets(text), echoes_note(text, note), with_note, without))
+                scored.append((token_logprobs(model, noted, ids), token_logprobs(model, plain, ids),
+                               persona.meets(text), echoes_note(text, note)))
             for g in range(0, len(scored) - n + 1, n):
                 group = scored[g:g + n]
-                pool = [c for c in group if not c[2]] or group
-                hits["one sample"].append(group[0][1])
-                hits["any"].append(any(c[1] for c in group))
+                hits["one sample"].append(group[0][2])
+                hits["any"].append(any(c[2] for c in group))
                 for name, rule in RULES.items():
-                    hits[name].append(max(pool, key=lambda c: rule(c[0]))[1])
-                for name, both in NOTED_RULES.items():
-                    hits[name].append(max(pool, key=lambda c: both(c[3], c[4]))[1])
+                    # the product's pick: the highest score, echoes only when every answer echoes
+                    chosen = pick([Candidate([], "stop", rule(c[0], c[1]), c[3]) for c in group])
+                    hits[name].append(group[chosen][2])
         table[key] = {name: statistics.fmean(v) for name, v in hits.items()}
         table[key]["seconds"] = time.monotonic() - started
         print(f"{key}: " + ", ".join(f"{name} {v:.2f}" for name, v in table[key].items() if name != "seconds")
@@ -153,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model if Path(args.model).is_dir() else model_folder(args.model, tmp)
         table = run(folder, args.persona.split(","), args.samples, args.n, args.seed, args.max_tokens)
-    names = ["one sample", *RULES, *NOTED_RULES, "any"]
+    names = ["one sample", *RULES, "any"]
     print(f"\n| persona | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
     for key, row in table.items():
         print(f"| {key} | " + " | ".join(f"{row[name]:.2f}" for name in names) + " |")

@@ -131,13 +131,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     status, naming the threads it leaves behind (a long list is a leak worth fixing)."""
     import sys
     import threading
+    from collections import Counter
 
     alive = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
     if not alive or not _SESSION_EXIT:
         return
-    names: dict[str, int] = {}
-    for t in alive:
-        names[t.name] = names.get(t.name, 0) + 1
+    names = Counter(t.name for t in alive)
     listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(names.items()))
     print(f"\n{len(alive)} thread(s) still running at the end of the session: {listed}", file=sys.stderr)
     sys.stdout.flush()

@@ -387,3 +387,33 @@ def test_an_answer_that_echoes_its_note_is_recorded_and_never_trained(tiny_model
         assert tstore.training_stats()["samples"]["dropped"] == {"echoed_note": 1}  # `clawbridge status` counts it
     finally:
         store.close()
+
+
+def test_best_of_answers_count_only_the_notes_own_user_since_it_was_made(tmp_path: Path) -> None:
+    """A note's `best_of_answers` (what `clawbridge status` says as "N answers served as the best of
+    n") counts its own user's main turns served best of n since the note was made: never another
+    user's (mallory's), never the shared key's for a user's note, never a side turn, never a turn
+    from before the note, never a turn served one sample."""
+    store = Store(tmp_path / "db.sqlite")
+    book = NoteBook(store)
+
+    def turn(session: str, user: str | None, meta: dict[str, Any], turn_type: str = "main") -> None:
+        now = store.clock.now()
+        store.record_turn(TurnRecord(session, turn_type, "ok", "m", [1], [2], [-0.1], 0, "stop", "{}", None, now,
+                                     now, meta=meta, user_id=user, caller=user))
+
+    picked = {"best_of": {"n": 4, "picked": 1, "scores": [0.1, 0.3, 0.0, 0.2], "echoes": 0}}
+    turn("before", "alice", picked)  # before her note
+    note = book.add_from_hint("alice", "Call me Sam.", "t0")
+    assert note is not None
+    turn("a1", "alice", picked)
+    turn("a1", "alice", picked, turn_type="side")
+    turn("a2", "alice", {"notes": [note.note_id]})  # one sample
+    turn("m1", "mallory", picked)
+    turn("s1", None, picked)
+    (listed,) = book.status("alice")
+    assert (listed["best_of_answers"], listed["best_of_n"]) == (1, 4)
+    turn("m2", "mallory", {"best_of": {"n": 8, "picked": 0, "scores": [0.0] * 8, "echoes": 0}})
+    (listed,) = book.status("alice")
+    assert (listed["best_of_answers"], listed["best_of_n"]) == (1, 4)  # mallory's n = 8 is not alice's
+    store.close()

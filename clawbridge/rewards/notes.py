@@ -291,6 +291,12 @@ class NoteBook:
                 "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
                 f"AND j.status = 'done' AND j.score IS NOT NULL AND {FIRST_ANSWER} ORDER BY t.created_at",
                 (note.user_id, note.created_at)).fetchall()
+            picked = c.execute(
+                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n "
+                "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
+                "AND json_extract(t.meta_json, '$.best_of.n') IS NOT NULL",
+                (note.user_id, note.created_at)).fetchone()
         scores = [float(r["score"]) for r in rows]
         run, stable_after = 0, None
         for i, s in enumerate(scores):
@@ -298,13 +304,6 @@ class NoteBook:
             if run == 3 and stable_after is None:
                 stable_after = i + 1
         plain = [float(r["score"]) for r in rows if r["noted"] == CHECK_META]
-        with self.store.read() as c:
-            picked = c.execute(
-                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n "
-                "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
-                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
-                "AND json_extract(t.meta_json, '$.best_of.n') IS NOT NULL",
-                (note.user_id, note.created_at)).fetchone()
         return {"sessions_since": len(scores), "accepted_since": sum(1 for s in scores if s > 0),
                 "stable_after_sessions": stable_after, "check_sessions": len(plain),
                 "check_accepted": sum(1 for s in plain if s > 0),
