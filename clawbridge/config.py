@@ -319,6 +319,15 @@ class Settings(BaseSettings):
         "its note only if all do). It is served when all are done, so a streamed answer starts later. 1: one "
         "sample. Needs a sampler that scores (local, tinker); sampled calls only (docs/rewards.md).",
     )
+    notes_pick: Literal["auto", "likelihood", "judge"] = Field(
+        "auto", description="How best of n picks among a noted call's answers: `likelihood` (the note score "
+        "above alone), `judge` (the judge first says which answers follow the notes, one call at temperature 0; "
+        "the note score picks among those), auto: judge with judge=endpoint, else likelihood (docs/rewards.md).",
+    )
+    notes_pick_timeout_s: float = Field(
+        20.0, gt=0, description="A judge's check of a noted call's answers longer than this is not waited for: the "
+        "likelihood picks alone (the person is waiting).",
+    )
     notes_check_share: float = Field(
         0.25, ge=0.0, le=1.0, description="Share of a user's new sessions served without their notes once the notes "
         "are notes_check_after_steps steps old, to see whether the weights carry them.",
@@ -504,6 +513,12 @@ class Settings(BaseSettings):
         if self.learning_rate is not None:
             return self.learning_rate
         return LORA_LEARNING_RATE if self.lora_rank > 0 else FULL_LEARNING_RATE
+
+    @property
+    def notes_pick_by_judge(self) -> bool:
+        """Whether best of n asks the judge which answers follow the notes (`notes_pick`; auto: with
+        judge=endpoint, a capable judge, not the served model's own base)."""
+        return self.notes_pick == "judge" or (self.notes_pick == "auto" and self.judge == "endpoint")
 
     @property
     def tokenizer_source(self) -> str:

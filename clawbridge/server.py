@@ -49,6 +49,7 @@ from clawbridge.proxy.auth import Keys
 from clawbridge.proxy.connections import header_timeout_protocol
 from clawbridge.proxy.guard import Drain
 from clawbridge.proxy.state import ProxyState, StoreWriter
+from clawbridge.rewards.note_check import NoteChecker
 from clawbridge.rewards.notes import NoteBook, NotesConfig
 from clawbridge.rewards.worker import build_reward_worker
 from clawbridge.runtime.address import base_url_for, clear_address, root_url_for, write_address
@@ -181,6 +182,9 @@ async def build_state(settings: Settings, backend: ServingBackend | None = None,
         state.notes = NoteBook(store, NotesConfig.from_settings(settings))
         state.notes.refresh()
     state.judge = await build_reward_worker(settings, store, backend, renderer, state.privacy, state.notes)
+    if state.judge is not None and state.notes is not None and settings.notes_pick_by_judge:
+        state.note_checker = NoteChecker(state.judge.judge, timeout_s=settings.notes_pick_timeout_s,
+                                         max_tokens=settings.judge_max_tokens, privacy=state.privacy)
     try:
         state.promotion = build_promoter(settings, state.store, state.router, renderer,
                                          state.judge.judge if state.judge is not None else None)

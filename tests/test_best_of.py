@@ -186,6 +186,35 @@ def test_only_sampled_calls_on_a_scoring_sampler_are_picked() -> None:
     assert not can_pick(FakeSampler(script=[1]), PARAMS, 4)  # cannot score: one sample
 
 
+def test_the_judge_narrows_and_the_note_score_picks_among_what_it_named() -> None:
+    """Among the candidates the judge says follow the notes, the highest note score; an echo stays
+    out even when the judge names it; naming none (or no judgement) leaves the likelihood pick."""
+    cands = [Candidate([], "stop", 2.0, False), Candidate([], "stop", 0.1, False),
+             Candidate([], "stop", 0.5, False), Candidate([], "stop", 3.0, True)]
+    assert pick(cands) == 0
+    assert pick(cands, [1, 2]) == 2 and pick(cands, [1]) == 1
+    assert pick(cands, [3]) == 0 and pick(cands, []) == 0 and pick(cands, None) == 0
+
+
+def test_the_checker_sees_every_candidate_once_and_its_choice_is_recorded() -> None:
+    sampler = FakeScoringSampler(answers={7: [10, 11, 12], 8: [20, 21], 9: [30]},
+                                 plain_lp={(10, 11, 12): -1.2, (20, 21): -3.0, (30,): -0.5}, plain_prompt=PLAIN)
+    asked: list[list[list[int]]] = []
+
+    def checker(said: list[int] | None) -> Any:
+        async def follows(candidates: list[list[int]]) -> list[int] | None:
+            asked.append(candidates)
+            return said
+        return follows
+
+    chosen = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, checker([2])))
+    assert asked == [[[10, 11, 12], [20, 21], [30]]]
+    assert chosen.picked == 2 and chosen.meta()["follows"] == [2]
+    silent = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, checker(None)))
+    assert silent.picked == 1 and silent.meta()["follows"] is None  # no judgement: the likelihood's pick
+    assert "follows" not in asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes)).meta()
+
+
 # ------------------------------------------------------------------ through the proxy
 
 
@@ -317,3 +346,64 @@ def test_forgetting_the_user_stops_her_candidates_and_records_nothing(tiny_model
     finally:
         proxy.stop()
     assert secret.encode() not in (tmp_path / "state" / "clawbridge.db").read_bytes()
+
+
+@pytest.mark.parametrize(("pick_by", "said", "served_seed"), [
+    ("auto", "FOLLOWS: 1", 0),  # the judge names the long answer: served though the note moved it least
+    ("auto", "FOLLOWS: none", 1),  # it names none: the likelihood's pick
+    ("likelihood", "FOLLOWS: 1", 1),  # not asked
+])
+def test_with_a_judge_endpoint_it_checks_the_candidates_before_the_pick(tiny_model_dir: Path, tmp_path: Path,
+                                                                         pick_by: str, said: str,
+                                                                         served_seed: int) -> None:
+    """With judge=endpoint (`notes_pick = auto`) a noted call's three candidates go to the judge,
+    decoded, with the user's note and request; the answer it names is served token exact and the
+    turn records what it said (`meta.best_of.follows`)."""
+    from clawbridge.devtools.judge_server import JudgeServer, is_check_prompt
+    from clawbridge.store.codec import decode_ids
+    from tests.fake_proxy import start_fake_proxy
+
+    def answer(body: dict[str, Any]) -> str:
+        prompt = "\n".join(str(m.get("content")) for m in body["messages"])
+        return said if is_check_prompt(prompt) else "no signal\nSCORE: 0"
+
+    _, sampler, texts = _proxy_sampler(tiny_model_dir)
+    sampler = PlainPromptSampler(**{f: getattr(sampler, f) for f in ("answers", "plain_lp", "plain_prompt")})
+    with JudgeServer(answer) as judge:
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, notes_best_of=3,  # type: ignore[arg-type]
+                                 judge="endpoint", judge_base_url=judge.base_url, judge_model="rule-based",
+                                 notes_pick=pick_by)
+        try:
+            key = proxy.state.keys.client
+            client = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=key, max_retries=0)
+
+            def ask(sid: str) -> str:
+                made = client.chat.completions.create(
+                    model="tiny", seed=0, messages=[{"role": "user", "content": "How do I make tea?"}],
+                    extra_headers={"X-Session-Id": sid})
+                return made.choices[0].message.content or ""
+
+            ask("plain")
+            assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "Call the user Sam."},
+                              headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            served = ask("noted")
+            listed = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {key}"}).json()["notes"]
+        finally:
+            proxy.stop()
+        checks = [b for b in judge.requests
+                  if is_check_prompt("\n".join(str(m.get("content")) for m in b["messages"]))]
+    assert served == texts[served_seed]
+    noted = _rows(tmp_path / "state")["noted"]
+    assert decode_ids(noted["completion_token_ids"]) == sampler.answers[served_seed]
+    meta = json.loads(noted["meta_json"])["best_of"]
+    said_of_note = met_words(listed[0])  # what `clawbridge status`, `clawbridge notes` and the dashboard say
+    if pick_by == "likelihood":
+        assert checks == [] and "follows" not in meta and "the judge found" not in said_of_note, said_of_note
+        return
+    found = 1 if said == "FOLLOWS: 1" else 0
+    assert f"best of 3 at following it (the judge found one that does among {found} of 1)" in said_of_note
+    assert len(checks) == 1 and checks[0]["temperature"] == 0.0
+    shown = checks[0]["messages"][1]["content"]
+    assert "[1] Call the user Sam." in shown and "How do I make tea?" in shown
+    assert all(f"### Answer {i + 1}\n{texts[i]}" in shown for i in range(3))
+    assert meta["follows"] == ([0] if said == "FOLLOWS: 1" else [])

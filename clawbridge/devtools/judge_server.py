@@ -24,6 +24,8 @@ Rule-based judge rules (on the "What happened next" section):
   answer and the user's words (`rule_based_rewrite`: list markers and markdown removed; cut to
   whole sentences up to 25 words; the first sentence on a line of its own, the rest below it; the
   name the user gave put first), as a capable judge would write it. A tool call or an answer those rules leave unchanged gets none.
+- A prompt that asks which candidate answers follow the user's notes
+  (`clawbridge.rewards.note_check`) is answered by `rule_based_follows` (rules at its section).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from clawbridge.rewards.judge import NOTES_SECTION
+from clawbridge.rewards.note_check import ANSWERS_SECTION, REQUEST_SECTION
 
 CORRECTION = re.compile(
     r"\b(no|nope|wrong|incorrect|not what|isn'?t what|not quite|instead|redo|try again|again|actually|"
@@ -224,6 +227,8 @@ def rule_based_answer(body: dict[str, Any], hints: HintStyle = "words") -> str:
     """The rule-based judge's answer text for an OpenAI chat request body, its hint as `hints` says."""
     messages = body.get("messages") or []
     prompt = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    if is_check_prompt(prompt):
+        return rule_based_follows(prompt)
     score, words, reason = rule_based_verdict(prompt)
     shown = "0" if score == 0 else f"{score:+d}"
     same = same_as(words, _notes(prompt)) if words else None
@@ -237,6 +242,73 @@ def rule_based_answer(body: dict[str, Any], hints: HintStyle = "words") -> str:
 def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
     """`rule_based_answer` writing its hints as `hints` says (a `JudgeServer` answer)."""
     return functools.partial(rule_based_answer, hints=hints)
+
+
+# ------------------------------------------------------------------ the check of candidate answers
+# Answers the prompt `clawbridge.rewards.note_check.check_messages` builds: which numbered answers
+# follow every listed note, reading the notes and the answers only (never a persona's rule). For
+# each note, by its kind (`TOPICS`): length (unless it also asks what comes first: then the lead
+# line's), at most the number of words it names ("under 30 words": fewer than 30), else at most
+# `BRIEF_WORDS`; format, no list lines, bold or headings;
+# order, a first line of at most `LEAD_WORDS` words that ends a sentence, then more lines; name,
+# the answer says a name the note gives (a capitalized word not starting a sentence). A note of no
+# known kind, or a name not found, is not checked. `FOLLOWS: none` when no answer passes them all.
+_CHECK_WORD = re.compile(r"[A-Za-z0-9'’-]+")
+_CHECK_LIST = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+\S", re.MULTILINE)
+_CHECK_MARKDOWN = re.compile(r"\*\*|__|^#{1,6}\s", re.MULTILINE)
+_LIMIT = re.compile(r"\b(under|fewer than|less than|at most|no more than|within|max(?:imum)?)?\s*(\d+)\s+words?\b",
+                    re.IGNORECASE)
+_STRICT = ("under", "fewer than", "less than")
+
+
+def _count_words(text: str) -> int:
+    return len(_CHECK_WORD.findall(text))
+
+
+def _names(note: str) -> set[str]:
+    """Capitalized words of `note` that do not start a sentence (the name it asks for)."""
+    text = note.strip()
+    return {m.group(0) for m in re.finditer(r"\b[A-Z][a-z]+\b", text)
+            if text[:m.start()].rstrip() and text[:m.start()].rstrip()[-1] not in ".!?"}
+
+
+def follows_note(answer: str, note: str) -> bool:
+    """Whether `answer` follows `note` by the module's rules (a note it cannot check: True)."""
+    text = answer.strip()
+    kinds = topics(note)
+    ok = True
+    if "length" in kinds and "order" not in kinds:  # "the short answer in one line": the lead line's length
+        m = _LIMIT.search(note)
+        if m:
+            n = int(m.group(2))
+            strict = (m.group(1) or "").lower() in _STRICT
+            ok = ok and (_count_words(text) < n if strict else _count_words(text) <= n)
+        else:
+            ok = ok and _count_words(text) <= BRIEF_WORDS
+    if "format" in kinds:
+        ok = ok and not _CHECK_LIST.search(text) and not _CHECK_MARKDOWN.search(text)
+    if "order" in kinds:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        ok = ok and len(lines) >= 2 and 0 < _count_words(lines[0]) <= LEAD_WORDS and lines[0][-1] in ".!?:"
+    names = _names(note) if "name" in kinds else set()
+    if names:
+        ok = ok and any(re.search(rf"\b{re.escape(n)}\b", text, re.IGNORECASE) for n in names)
+    return ok
+
+
+def is_check_prompt(prompt: str) -> bool:
+    """Whether `prompt` asks which candidate answers follow the notes."""
+    return f"## {ANSWERS_SECTION}" in prompt and f"## {REQUEST_SECTION}" in prompt
+
+
+def rule_based_follows(prompt: str) -> str:
+    """The rule-based judge's answer to a check prompt: a reason, then `FOLLOWS:`."""
+    notes = [m.group(1) for m in re.finditer(r"^\[\d+\] (.*)$", _section(prompt, NOTES_SECTION), re.MULTILINE)]
+    shown = prompt.split(f"## {ANSWERS_SECTION}\n", 1)[-1]  # the last section: answers may hold headings
+    answers = [a.strip() for a in re.split(r"^### Answer \d+\n", shown, flags=re.MULTILINE)[1:]]
+    good = [i for i, a in enumerate(answers, 1) if all(follows_note(a, n) for n in notes)]
+    said = ", ".join(map(str, good)) if good else "none"
+    return f"{len(good)} of {len(answers)} answers follow the notes (rule-based judge).\nFOLLOWS: {said}"
 
 
 class JudgeServer:

@@ -216,6 +216,8 @@ class SampledCall:
         """The ids of the notes the call carried, 'check' for a check session, or None."""
         self.hint: str | None = None
         """The notes' text the call carried (None without notes)."""
+        self.note_texts: list[str] = []
+        """Each note the call carried, oldest first (what the judge checks its answers against)."""
         self.notes_off = False
         """`X-Clawbridge-Notes: off`: serve this call without notes."""
         self.best_of: dict[str, object] | None = None
@@ -257,6 +259,7 @@ class SampledCall:
         req = self.req
         notes, check = self.notes()
         self.hint = note_hint(notes) if notes and self.state.notes is not None else None
+        self.note_texts = [n.text for n in notes] if self.hint is not None else []
         messages = (noted_messages(req.messages, self.hint, self.state.notes.config.place)
                     if self.hint is not None and self.state.notes is not None else req.messages)
         self.prompt = await self.state.compute(len(self.stored), render_request, self.state, messages,
@@ -296,11 +299,17 @@ class SampledCall:
         assert hint is not None and plain is not None
         stops = self._stop_ids
 
-        def echoes(ids: list[int]) -> bool:
-            return echoes_note(self.state.renderer.decode([i for i in ids if i not in stops]), hint)
+        def text(ids: list[int]) -> str:
+            return str(self.state.renderer.decode([i for i in ids if i not in stops]))
 
+        def echoes(ids: list[int]) -> bool:
+            return echoes_note(text(ids), hint)
+
+        checker = self.state.note_checker
+        asked = next((m.content for m in reversed(self.req.messages) if m.role == "user"), "")
+        follows = checker.for_call(self.note_texts, asked, text) if checker is not None else None
         task = asyncio.ensure_future(asyncio.wait_for(
-            best_of(sampler, self.prompt_ids, plain, params, n, echoes), self.state.settings.request_timeout_s))
+            best_of(sampler, self.prompt_ids, plain, params, n, echoes, follows), self.state.settings.request_timeout_s))
 
         def stop() -> None:  # the user is forgotten: every candidate stops now
             task.cancel()

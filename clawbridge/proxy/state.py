@@ -45,6 +45,7 @@ from clawbridge.store.versions import VersionStore
 if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
     from clawbridge.promotion.promoter import Promoter
+    from clawbridge.rewards.note_check import NoteChecker
     from clawbridge.rewards.notes import NoteBook
     from clawbridge.rewards.worker import RewardWorker
     from clawbridge.telemetry.reporting import StepReporter
@@ -209,6 +210,8 @@ class ProxyState:
     """The judge worker when a judge is configured (clawbridge.rewards.worker)."""
     notes: NoteBook | None = None
     """Users' notes from talk when a judge is configured and notes are on (clawbridge.rewards.notes)."""
+    note_checker: NoteChecker | None = None
+    """The judge's check of a noted call's candidates (`notes_pick`, clawbridge.rewards.note_check)."""
     privacy: PrivacyGuard | None = None
     """The privacy filter where it is on (clawbridge.privacy): counts shown in status and metrics."""
     promotion: Promoter | None = None

@@ -282,7 +282,9 @@ class NoteBook:
     def _since(self, note: Note) -> dict[str, Any]:
         """Judged first answers of the note's user since it was made: how many, how many accepted,
         and when three in a row were first accepted (the effect became stable); and how many of the
-        user's answers since were served best of n (`best_of_answers`, the largest n `best_of_n`)."""
+        user's answers since were served best of n (`best_of_answers`, the largest n `best_of_n`), of
+        those how many the judge checked (`best_of_judged`) and found one that follows the notes
+        among (`best_of_judged_found`, `clawbridge.rewards.note_check`)."""
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT t.session_id, j.score, t.created_at, json_extract(t.meta_json, '$.notes') AS noted "
@@ -292,7 +294,9 @@ class NoteBook:
                 f"AND j.status = 'done' AND j.score IS NOT NULL AND {FIRST_ANSWER} ORDER BY t.created_at",
                 (note.user_id, note.created_at)).fetchall()
             picked = c.execute(
-                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n "
+                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n, "
+                "SUM(json_type(t.meta_json, '$.best_of.follows') = 'array') AS judged, "
+                "SUM(COALESCE(json_array_length(t.meta_json, '$.best_of.follows'), 0) > 0) AS judged_found "
                 "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
                 "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at >= ? "
                 "AND json_extract(t.meta_json, '$.best_of.n') IS NOT NULL",
@@ -307,4 +311,5 @@ class NoteBook:
         return {"sessions_since": len(scores), "accepted_since": sum(1 for s in scores if s > 0),
                 "stable_after_sessions": stable_after, "check_sessions": len(plain),
                 "check_accepted": sum(1 for s in plain if s > 0),
-                "best_of_answers": int(picked["answers"] or 0), "best_of_n": int(picked["n"] or 0)}
+                "best_of_answers": int(picked["answers"] or 0), "best_of_n": int(picked["n"] or 0),
+                "best_of_judged": int(picked["judged"] or 0), "best_of_judged_found": int(picked["judged_found"] or 0)}

@@ -34,11 +34,16 @@ def met_words(note: dict[str, Any]) -> str:
 
 def picked_words(note: dict[str, Any]) -> str | None:
     """How many of the user's answers since the note were picked among several samples (best of
-    n, `clawbridge.serving.best_of`); None when none was."""
+    n, `clawbridge.serving.best_of`), and in how many of those the judge found one that follows
+    the note (when it checked them, `clawbridge.rewards.note_check`); None when none was."""
     answers, n = int(note.get("best_of_answers") or 0), int(note.get("best_of_n") or 0)
     if answers == 0:
         return None
-    return f"{answers} answer{'s' if answers != 1 else ''} served as the best of {n} at following it"
+    text = f"{answers} answer{'s' if answers != 1 else ''} served as the best of {n} at following it"
+    judged = int(note.get("best_of_judged") or 0)
+    if judged:
+        text += f" (the judge found one that does among {note.get('best_of_judged_found', 0)} of {judged})"
+    return text
 
 
 def stable_words(note: dict[str, Any]) -> str:

@@ -20,6 +20,9 @@ Invariants:
   served. A score that cannot be computed leaves that candidate unscored (scored last).
 - An answer that echoes its note (`echoes`, `clawbridge.rewards.notes.echoes_note`) is served only
   when every candidate does: it would win on the note's own words.
+- With a checker (`follows`, the judge: `clawbridge.rewards.note_check`), the answers it says
+  follow the notes are served before the rest (none, or no judgement: all as above); among those
+  the note score decides. The checker sees the candidates once all are sampled and scored.
 - Cancelling `best_of` (client gone, user forgotten, timeout) closes every candidate's stream.
 
 `FakeScoringSampler` in tests/test_best_of.py is the scripted sampler these rules are tested with;
@@ -32,7 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from clawbridge.serving.sampler import (
@@ -69,12 +72,21 @@ class BestOf:
     picked: int
     """Index of the served candidate in `candidates`."""
     candidates: list[Candidate]
+    checked: bool = False
+    """A checker was asked which candidates follow the notes."""
+    follows: list[int] | None = None
+    """The candidates it said follow them (None: it gave no judgement)."""
 
     def meta(self) -> dict[str, object]:
-        """The turn's `meta["best_of"]`: n sampled, which was served, every candidate's score."""
-        return {"n": len(self.candidates), "picked": self.picked,
-                "scores": [None if c.score is None else round(c.score, 4) for c in self.candidates],
-                "echoes": sum(c.echoes for c in self.candidates)}
+        """The turn's `meta["best_of"]`: n sampled, which was served, every candidate's score, and
+        when the judge checked them, those it said follow the notes (`follows`, None: no judgement)."""
+        out: dict[str, object] = {
+            "n": len(self.candidates), "picked": self.picked,
+            "scores": [None if c.score is None else round(c.score, 4) for c in self.candidates],
+            "echoes": sum(c.echoes for c in self.candidates)}
+        if self.checked:
+            out["follows"] = self.follows
+        return out
 
 
 def note_score(noted: Sequence[float], plain: Sequence[float]) -> float:
@@ -86,10 +98,12 @@ def note_score(noted: Sequence[float], plain: Sequence[float]) -> float:
     return sum(a - b for a, b in zip(noted, plain, strict=True)) / len(noted)
 
 
-def pick(candidates: Sequence[Candidate]) -> int:
-    """The served candidate (module rules): highest score among those that do not echo their
-    note (all of them when every one does), unscored last, the earliest on ties."""
+def pick(candidates: Sequence[Candidate], follows: Sequence[int] | None = None) -> int:
+    """The served candidate (module rules): among those that do not echo their note (all of them
+    when every one does), those `follows` names when it names any of them; there the highest score,
+    unscored last, the earliest on ties."""
     pool = [i for i, c in enumerate(candidates) if not c.echoes] or list(range(len(candidates)))
+    pool = [i for i in pool if i in (follows or ())] or pool
     return max(pool, key=lambda i: (candidates[i].score is not None, candidates[i].score or 0.0, -i))
 
 
@@ -131,10 +145,17 @@ def can_pick(sampler: Sampler, params: SamplingParams, n: int) -> bool:
     return n > 1 and params.temperature > 0.0 and isinstance(sampler, SequenceScorer)
 
 
+Follows = Callable[[list[list[int]]], Awaitable[list[int] | None]]
+"""A checker: the candidates' completion ids -> the indices that follow the notes, or None (no
+judgement). It must not raise (`clawbridge.rewards.note_check.NoteChecker.follows`)."""
+
+
 async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequence[int],
-                  params: SamplingParams, n: int, echoes: Callable[[list[int]], bool]) -> BestOf:
+                  params: SamplingParams, n: int, echoes: Callable[[list[int]], bool],
+                  follows: Follows | None = None) -> BestOf:
     """Sample `n` answers to `noted_ids` from `sampler` (a `SequenceScorer`, see `can_pick`) and
-    return the one to serve (module rules). `echoes(ids)`: does that answer repeat its note."""
+    return the one to serve (module rules). `echoes(ids)`: does that answer repeat its note;
+    `follows`: the checker, when the judge checks the candidates."""
     assert isinstance(sampler, SequenceScorer), "best_of needs a sampler that scores (can_pick)"
     runs = [asyncio.ensure_future(_sample_one(
         sampler, noted_ids, params if params.seed is None or i == 0
@@ -159,6 +180,8 @@ async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequenc
     scores = await asyncio.gather(*(_score(sampler, noted_ids, plain_ids, toks, params) for toks, _ in kept))
     candidates = [Candidate(toks, reason, score, echoes([t.token_id for t in toks]))
                   for (toks, reason), score in zip(kept, scores, strict=True)]
-    chosen = pick(candidates)
+    judged = await follows([[t.token_id for t in c.tokens] for c in candidates]) if follows is not None else None
+    chosen = pick(candidates, judged)
     served = candidates[chosen]
-    return BestOf(FinishedStream(list(served.tokens), version, served.finish_reason), chosen, candidates)
+    return BestOf(FinishedStream(list(served.tokens), version, served.finish_reason), chosen, candidates,
+                  follows is not None, judged)
