@@ -33,6 +33,7 @@ from clawbridge.rewards.judge import NOTES_SECTION, JudgeModel, _cut
 
 if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
+    from clawbridge.serving.best_of import Follows
 
 log = logging.getLogger("clawbridge.rewards")
 
@@ -98,7 +99,7 @@ class NoteChecker:
         return found
 
     def for_call(self, notes: Sequence[str], request: str,
-                 decode: Callable[[list[int]], str]) -> Callable[[list[list[int]]], Any]:
+                 decode: Callable[[list[int]], str]) -> Follows:
         """The checker one noted call hands `clawbridge.serving.best_of.best_of` (`Follows`): the
         candidates' ids decoded by `decode`, checked against `notes` for `request`."""
         async def follows(candidates: list[list[int]]) -> list[int] | None:
