@@ -407,3 +407,34 @@ def test_with_a_judge_endpoint_it_checks_the_candidates_before_the_pick(tiny_mod
     assert "[1] Call the user Sam." in shown and "How do I make tea?" in shown
     assert all(f"### Answer {i + 1}\n{texts[i]}" in shown for i in range(3))
     assert meta["follows"] == ([0] if said == "FOLLOWS: 1" else [])
+
+
+def test_the_judge_sees_only_the_calling_users_notes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Alice and Bob each have a note; Alice's noted call sends the judge her note and never Bob's,
+    and a call on the shared key (no notes of its own) sends no check at all."""
+    from clawbridge.devtools.judge_server import JudgeServer, is_check_prompt
+    from tests.fake_proxy import start_fake_proxy
+
+    def prompt_of(body: dict[str, Any]) -> str:
+        return "\n".join(str(m.get("content")) for m in body["messages"])
+
+    _, sampler, _ = _proxy_sampler(tiny_model_dir)
+    with JudgeServer(lambda body: "FOLLOWS: 1" if is_check_prompt(prompt_of(body)) else "SCORE: 0") as judge:
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, notes_best_of=3,  # type: ignore[arg-type]
+                                 judge="endpoint", judge_base_url=judge.base_url, judge_model="rule-based")
+        try:
+            admin = {"Authorization": f"Bearer {proxy.state.keys.admin}"}
+            keys = {u: httpx.post(f"{proxy.base}/rl/users", json={"user": u}, headers=admin).json()["api_key"]
+                    for u in ("alice", "bob")}
+            for user, note in (("alice", "Call the user Alice."), ("bob", "Call the user Bob-secret.")):
+                assert httpx.post(f"{proxy.base}/rl/notes", json={"text": note},
+                                  headers={"Authorization": f"Bearer {keys[user]}"}).status_code == 200
+            for key, sid in ((keys["alice"], "a"), (proxy.state.keys.client, "shared")):
+                openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=key, max_retries=0).chat.completions.create(
+                    model="tiny", seed=0, messages=[{"role": "user", "content": "How do I make tea?"}],
+                    extra_headers={"X-Session-Id": sid})
+        finally:
+            proxy.stop()
+        checks = [prompt_of(b) for b in judge.requests if is_check_prompt(prompt_of(b))]
+    assert len(checks) == 1, checks  # Alice's call only: the shared key has no note
+    assert "[1] Call the user Alice." in checks[0] and "Bob-secret" not in checks[0]

@@ -305,9 +305,10 @@ class SampledCall:
         def echoes(ids: list[int]) -> bool:
             return echoes_note(text(ids), hint)
 
-        checker = self.state.note_checker
-        asked = next((m.content for m in reversed(self.req.messages) if m.role == "user"), "")
-        follows = checker.for_call(self.note_texts, asked, text) if checker is not None else None
+        checker, follows = self.state.note_checker, None
+        if checker is not None:
+            asked = next((m.content for m in reversed(self.req.messages) if m.role == "user"), "")
+            follows = checker.for_call(self.note_texts, asked, text)
         task = asyncio.ensure_future(asyncio.wait_for(
             best_of(sampler, self.prompt_ids, plain, params, n, echoes, follows), self.state.settings.request_timeout_s))
 

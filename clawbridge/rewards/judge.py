@@ -101,7 +101,8 @@ class JudgeModel(Protocol):
 # ------------------------------------------------------------------ prompt, parsing, voting
 
 
-def _cut(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+def cut_text(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """`text`, or its head and tail when longer than `limit` characters (one section of a judge prompt)."""
     if len(text) <= limit:
         return text
     half = limit // 2
@@ -134,19 +135,23 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
+def notes_listing(notes: Sequence[str]) -> str:
+    """A user's notes as a judge prompt lists them (`NOTES_SECTION`): `[n] text`, numbered from 1."""
+    return "\n".join(f"[{i}] {cut_text(n.strip(), 400)}" for i, n in enumerate(notes, 1))
+
+
 def judge_messages(task: str, answer: Mapping[str, Any], next_state: Sequence[Mapping[str, Any]],
                    notes: Sequence[str] = (), rewrite: bool = False) -> list[dict[str, Any]]:
     """The chat messages the judge sees for one turn; `notes` (the user's active notes, oldest
     first) add a section that lets the judge say a correction asks for one of them again;
     `rewrite` asks it for the corrected answer too (`REWRITE_PROMPT`)."""
     user = (
-        f"## Task (the user's last message)\n{_cut(task) or '(none)'}\n\n"
-        f"## Assistant turn\n{_cut(describe_answer(answer))}\n\n"
-        f"## What happened next\n{_cut(describe_next_state(next_state))}"
+        f"## Task (the user's last message)\n{cut_text(task) or '(none)'}\n\n"
+        f"## Assistant turn\n{cut_text(describe_answer(answer))}\n\n"
+        f"## What happened next\n{cut_text(describe_next_state(next_state))}"
     )
     if notes:
-        listed = "\n".join(f"[{i}] {_cut(n, 400)}" for i, n in enumerate(notes, 1))
-        user += (f"\n\n## {NOTES_SECTION}\n{listed}\n(If the user's reaction asks again for one of these, "
+        user += (f"\n\n## {NOTES_SECTION}\n{notes_listing(notes)}\n(If the user's reaction asks again for one of these, "
                  "add a line `SAME: <its number>` after the HINT line.)")
     system = SYSTEM_PROMPT + (REWRITE_PROMPT if rewrite else "")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

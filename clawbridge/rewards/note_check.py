@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from clawbridge.rewards.judge import NOTES_SECTION, JudgeModel, _cut
+from clawbridge.rewards.judge import NOTES_SECTION, JudgeModel, cut_text, notes_listing
 
 if TYPE_CHECKING:
     from clawbridge.privacy.guard import PrivacyGuard
@@ -50,9 +50,8 @@ _FOLLOWS_RE = re.compile(r"^\s*\**follows\**\s*[:=]\s*(.*?)\s*$", re.IGNORECASE 
 
 def check_messages(notes: Sequence[str], request: str, answers: Sequence[str]) -> list[dict[str, Any]]:
     """The check prompt (module rules) as chat messages."""
-    listed = "\n".join(f"[{i}] {n.strip()}" for i, n in enumerate(notes, 1))
-    shown = "\n\n".join(f"### Answer {i}\n{_cut(a.strip() or '(no text)')}" for i, a in enumerate(answers, 1))
-    user = (f"## {NOTES_SECTION}\n{listed}\n\n## {REQUEST_SECTION}\n{_cut(request.strip() or '(no text)')}\n\n"
+    shown = "\n\n".join(f"### Answer {i}\n{cut_text(a.strip() or '(no text)')}" for i, a in enumerate(answers, 1))
+    user = (f"## {NOTES_SECTION}\n{notes_listing(notes)}\n\n## {REQUEST_SECTION}\n{cut_text(request.strip() or '(no text)')}\n\n"
             f"## {ANSWERS_SECTION}\n{shown}")
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
