@@ -324,6 +324,11 @@ class Settings(BaseSettings):
         "above alone), `judge` (the judge first says which answers follow the notes, one call at temperature 0; "
         "the note score picks among those), auto: judge with judge=endpoint, else likelihood (docs/rewards.md).",
     )
+    notes_best_of_more: int = Field(
+        4, ge=0, le=16, description="When the judge checks a noted call's answers (notes_pick) and says none of them "
+        "follows the notes, sample this many more once and let it check those: a rare layout is found more often, "
+        "and only those calls wait for a second round. 0: never (docs/rewards.md).",
+    )
     notes_pick_timeout_s: float = Field(
         20.0, gt=0, description="A judge's check of a noted call's answers longer than this is not waited for: the "
         "likelihood picks alone (the person is waiting).",

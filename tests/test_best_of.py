@@ -215,6 +215,60 @@ def test_the_checker_sees_every_candidate_once_and_its_choice_is_recorded() -> N
     assert "follows" not in asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes)).meta()
 
 
+def _scripted_checker(said: list[list[int] | None]) -> tuple[Any, list[list[list[int]]]]:
+    """A checker that answers `said` in order, and what it was shown each time."""
+    asked: list[list[list[int]]] = []
+
+    async def follows(candidates: list[list[int]]) -> list[int] | None:
+        asked.append(candidates)
+        return said[len(asked) - 1]
+    return follows, asked
+
+
+def test_when_the_judge_finds_none_it_samples_more_once_and_checks_only_those() -> None:
+    """The checker names none of 3: 2 more are sampled (seeds go on at seed + 3) and scored, only
+    they are shown to it, the one it names is served though another scores higher; the meta counts
+    all 5 and the second round. No judgement, a named answer, or more = 0: no second round."""
+    answers = {7: [10], 8: [20], 9: [30], 10: [40, 41], 11: [50]}
+    lp = {(10,): -1.2, (20,): -3.0, (30,): -0.5, (40, 41): -1.1, (50,): -2.5}
+    sampler = FakeScoringSampler(answers=answers, plain_lp=lp, plain_prompt=PLAIN)
+    follows, asked = _scripted_checker([[], [0]])
+    chosen = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, follows, more=2))
+    assert sampler.seeds == [7, 8, 9, 10, 11] and asked == [[[10], [20], [30]], [[40, 41], [50]]]
+    assert chosen.picked == 3 and [t.token_id for t in chosen.stream.tokens] == [40, 41]
+    assert chosen.meta() == {"n": 5, "picked": 3, "scores": [0.2, 2.0, -0.5, 0.1, 1.5], "echoes": 0,
+                             "follows": [3], "resampled": 2}
+    assert sorted(sampler.closed) == [7, 8, 9, 10, 11]
+
+    sampler.seeds.clear()
+    follows, asked = _scripted_checker([[], None])  # the second check gives no judgement
+    silent = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, follows, more=2))
+    assert silent.picked == 1 and silent.meta()["follows"] == [] and len(asked) == 2  # the best score of all 5
+    for said, more in (([None], 2), ([[2]], 2), ([[]], 0)):
+        sampler.seeds.clear()
+        follows, asked = _scripted_checker(said)
+        once = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, follows, more=more))
+        assert sampler.seeds == [7, 8, 9] and len(asked) == 1 and "resampled" not in once.meta()
+    sampler.seeds.clear()
+    assert "resampled" not in asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, _never_echoes, more=2)).meta()
+    assert sampler.seeds == [7, 8, 9]  # no checker: never a second round
+
+
+def test_a_second_round_from_another_version_is_not_mixed_in() -> None:
+    """A version published between the rounds: the second round's answers are left out (never
+    mixed), the first round's pick is served with its version."""
+    sampler = FakeScoringSampler(answers={7: [10], 8: [20], 9: [30]}, plain_lp={(10,): -1.2, (20,): -3.0},
+                                 plain_prompt=PLAIN)
+
+    async def follows(candidates: list[list[int]]) -> list[int] | None:
+        sampler.version = 4  # the trainer published while the judge read
+        return []
+
+    chosen = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 2, _never_echoes, follows, more=1))
+    assert sampler.seeds == [7, 8, 9] and chosen.stream.policy_version == 3
+    assert chosen.picked == 1 and chosen.meta()["n"] == 2 and "resampled" not in chosen.meta()
+
+
 # ------------------------------------------------------------------ through the proxy
 
 
@@ -372,7 +426,7 @@ def test_with_a_judge_endpoint_it_checks_the_candidates_before_the_pick(tiny_mod
     with JudgeServer(answer) as judge:
         proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, notes_best_of=3,  # type: ignore[arg-type]
                                  judge="endpoint", judge_base_url=judge.base_url, judge_model="rule-based",
-                                 notes_pick=pick_by)
+                                 notes_pick=pick_by, notes_best_of_more=0)
         try:
             key = proxy.state.keys.client
             client = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=key, max_retries=0)
@@ -438,3 +492,58 @@ def test_the_judge_sees_only_the_calling_users_notes(tiny_model_dir: Path, tmp_p
         checks = [prompt_of(b) for b in judge.requests if is_check_prompt(prompt_of(b))]
     assert len(checks) == 1, checks  # Alice's call only: the shared key has no note
     assert "[1] Call the user Alice." in checks[0] and "Bob-secret" not in checks[0]
+
+
+def test_through_the_proxy_a_second_round_is_sampled_when_the_judge_finds_none(tiny_model_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    """`notes_best_of = 3`, `notes_best_of_more = 2`: the judge names none of the first three, two
+    more are sampled with the next seeds and shown to it alone, the one it names is served token
+    exact, and the turn and the note's status say the call was sampled again."""
+    from clawbridge.chat.render import Renderer
+    from clawbridge.devtools.judge_server import JudgeServer, is_check_prompt
+    from clawbridge.store.codec import decode_ids
+    from tests.fake_proxy import script_for, start_fake_proxy
+
+    _, base, texts = _proxy_sampler(tiny_model_dir)
+    renderer = Renderer.from_pretrained(str(tiny_model_dir))
+    texts = {**texts, 3: "Sam, steep the leaves for three minutes.", 4: "Pour water on the leaves."}
+    answers = {**base.answers, **{s: script_for(renderer, texts[s]) for s in (3, 4)}}
+    lp = {**base.plain_lp, tuple(answers[3]): -1.5, tuple(answers[4]): -6.0}
+    sampler = PlainPromptSampler(answers=answers, plain_lp=lp, plain_prompt=[])
+
+    def prompt_of(body: dict[str, Any]) -> str:
+        return "\n".join(str(m.get("content")) for m in body["messages"])
+
+    def answer(body: dict[str, Any]) -> str:
+        prompt = prompt_of(body)
+        if not is_check_prompt(prompt):
+            return "no signal\nSCORE: 0"
+        return "FOLLOWS: none" if texts[0] in prompt else "FOLLOWS: 1"
+
+    with JudgeServer(answer) as judge:
+        proxy = start_fake_proxy(tiny_model_dir, tmp_path / "state", sampler, notes_best_of=3,  # type: ignore[arg-type]
+                                 notes_best_of_more=2, judge="endpoint", judge_base_url=judge.base_url,
+                                 judge_model="rule-based")
+        try:
+            key = proxy.state.keys.client
+            client = openai.OpenAI(base_url=f"{proxy.base}/v1", api_key=key, max_retries=0)
+            for sid in ("plain", "noted"):
+                served = client.chat.completions.create(
+                    model="tiny", seed=0, messages=[{"role": "user", "content": "How do I make tea?"}],
+                    extra_headers={"X-Session-Id": sid}).choices[0].message.content
+                if sid == "plain":
+                    assert httpx.post(f"{proxy.base}/rl/notes", json={"text": "Call the user Sam."},
+                                      headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            listed = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {key}"}).json()["notes"]
+        finally:
+            proxy.stop()
+        checks = [prompt_of(b) for b in judge.requests if is_check_prompt(prompt_of(b))]
+    assert served == texts[3] and sampler.seeds == [0, 0, 1, 2, 3, 4]  # the plain call, then 3 + 2
+    assert len(checks) == 2 and texts[0] not in checks[1]
+    assert f"### Answer 1\n{texts[3]}" in checks[1] and f"### Answer 2\n{texts[4]}" in checks[1]
+    noted = _rows(tmp_path / "state")["noted"]
+    assert decode_ids(noted["completion_token_ids"]) == answers[3]
+    meta = json.loads(noted["meta_json"])["best_of"]
+    assert meta["n"] == 5 and meta["picked"] == 3 and meta["follows"] == [3] and meta["resampled"] == 2
+    assert ("1 answer served as the best of 3 at following it (the judge found one that does among 1 of 1, "
+            "1 sampled again when it found none at first)") in met_words(listed[0])

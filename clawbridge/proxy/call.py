@@ -298,6 +298,7 @@ class SampledCall:
         hint, plain = self.hint, self.train_prompt_ids
         assert hint is not None and plain is not None
         stops = self._stop_ids
+        more = self.state.notes.config.best_of_more if self.state.notes is not None else 0
 
         def text(ids: list[int]) -> str:
             return str(self.state.renderer.decode([i for i in ids if i not in stops]))
@@ -310,7 +311,8 @@ class SampledCall:
             asked = next((m.content for m in reversed(self.req.messages) if m.role == "user"), "")
             follows = checker.for_call(self.note_texts, asked, text)
         task = asyncio.ensure_future(asyncio.wait_for(
-            best_of(sampler, self.prompt_ids, plain, params, n, echoes, follows), self.state.settings.request_timeout_s))
+            best_of(sampler, self.prompt_ids, plain, params, n, echoes, follows, more),
+            self.state.settings.request_timeout_s))
 
         def stop() -> None:  # the user is forgotten: every candidate stops now
             task.cancel()

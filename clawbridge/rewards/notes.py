@@ -85,11 +85,13 @@ class NotesConfig:
     place: NotesPlace = default_of("notes_place")
     best_of: int = default_of("notes_best_of")
     """Answers sampled per noted call, the one the notes explain best served (`clawbridge.serving.best_of`)."""
+    best_of_more: int = default_of("notes_best_of_more")
+    """Answers sampled once more when the judge says none of the first `best_of` follows the notes."""
 
     @classmethod
     def from_settings(cls, s: Settings) -> NotesConfig:
         return cls(s.notes, s.notes_max, s.notes_check_share, s.notes_check_after_steps, s.notes_check_after_met,
-                   s.notes_retire_after, s.notes_place, s.notes_best_of)
+                   s.notes_retire_after, s.notes_place, s.notes_best_of, s.notes_best_of_more)
 
 
 def note_hint(notes: Sequence[Note]) -> str:
@@ -284,7 +286,8 @@ class NoteBook:
         and when three in a row were first accepted (the effect became stable); and how many of the
         user's answers since were served best of n (`best_of_answers`, the largest n `best_of_n`), of
         those how many the judge checked (`best_of_judged`) and found one that follows the notes
-        among (`best_of_judged_found`, `clawbridge.rewards.note_check`)."""
+        among (`best_of_judged_found`, `clawbridge.rewards.note_check`), and how many were sampled
+        again because it found none in the first round (`best_of_resampled`)."""
         with self.store.read() as c:
             rows = c.execute(
                 "SELECT t.session_id, j.score, t.created_at, json_extract(t.meta_json, '$.notes') AS noted "
@@ -294,7 +297,9 @@ class NoteBook:
                 f"AND j.status = 'done' AND j.score IS NOT NULL AND {FIRST_ANSWER} ORDER BY t.created_at",
                 (note.user_id, note.created_at)).fetchall()
             picked = c.execute(
-                "SELECT COUNT(*) AS answers, MAX(json_extract(t.meta_json, '$.best_of.n')) AS n, "
+                "SELECT COUNT(*) AS answers, "
+                "MAX(json_extract(t.meta_json, '$.best_of.n') - COALESCE(json_extract(t.meta_json, '$.best_of.resampled'), 0)) AS n, "
+                "SUM(COALESCE(json_extract(t.meta_json, '$.best_of.resampled'), 0) > 0) AS resampled, "
                 "SUM(json_type(t.meta_json, '$.best_of.follows') = 'array') AS judged, "
                 "SUM(COALESCE(json_array_length(t.meta_json, '$.best_of.follows'), 0) > 0) AS judged_found "
                 "FROM turns t JOIN sessions s ON s.session_id = t.session_id "
@@ -312,4 +317,5 @@ class NoteBook:
                 "stable_after_sessions": stable_after, "check_sessions": len(plain),
                 "check_accepted": sum(1 for s in plain if s > 0),
                 "best_of_answers": int(picked["answers"] or 0), "best_of_n": int(picked["n"] or 0),
-                "best_of_judged": int(picked["judged"] or 0), "best_of_judged_found": int(picked["judged_found"] or 0)}
+                "best_of_judged": int(picked["judged"] or 0), "best_of_judged_found": int(picked["judged_found"] or 0),
+                "best_of_resampled": int(picked["resampled"] or 0)}

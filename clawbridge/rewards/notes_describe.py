@@ -35,14 +35,17 @@ def met_words(note: dict[str, Any]) -> str:
 def picked_words(note: dict[str, Any]) -> str | None:
     """How many of the user's answers since the note were picked among several samples (best of
     n, `clawbridge.serving.best_of`), and in how many of those the judge found one that follows
-    the note (when it checked them, `clawbridge.rewards.note_check`); None when none was."""
+    the note (when it checked them, `clawbridge.rewards.note_check`; how many it had sampled again,
+    `notes_best_of_more`); None when none was."""
     answers, n = int(note.get("best_of_answers") or 0), int(note.get("best_of_n") or 0)
     if answers == 0:
         return None
     text = f"{answers} answer{'s' if answers != 1 else ''} served as the best of {n} at following it"
     judged = int(note.get("best_of_judged") or 0)
     if judged:
-        text += f" (the judge found one that does among {note.get('best_of_judged_found', 0)} of {judged})"
+        again = int(note.get("best_of_resampled") or 0)
+        more = f", {again} sampled again when it found none at first" if again else ""
+        text += f" (the judge found one that does among {note.get('best_of_judged_found', 0)} of {judged}{more})"
     return text
 
 

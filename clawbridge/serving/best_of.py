@@ -23,6 +23,10 @@ Invariants:
 - With a checker (`follows`, the judge: `clawbridge.rewards.note_check`), the answers it says
   follow the notes are served before the rest (none, or no judgement: all as above); among those
   the note score decides. The checker sees the candidates once all are sampled and scored.
+- A second round only on the checker's word: when it says none of the `n` follows (not when it gives
+  no judgement), `more` answers are sampled once (seeds go on at `seed + n`; the first round's
+  version only), scored and checked; those it names are served first, else all `n + more` compete
+  as above. One second round at most: the wait is bounded by two samplings and two checks.
 - Cancelling `best_of` (client gone, user forgotten, timeout) closes every candidate's stream.
 
 `FakeScoringSampler` in tests/test_best_of.py is the scripted sampler these rules are tested with;
@@ -76,6 +80,9 @@ class BestOf:
     """A checker was asked which candidates follow the notes."""
     follows: list[int] | None = None
     """The candidates it said follow them (None: it gave no judgement)."""
+    resampled: int = 0
+    """Candidates sampled in a second round because the checker said none of the first follows
+    (they are the last `resampled` of `candidates`)."""
 
     def meta(self) -> dict[str, object]:
         """The turn's `meta["best_of"]`: n sampled, which was served, every candidate's score, and
@@ -86,6 +93,8 @@ class BestOf:
             "echoes": sum(c.echoes for c in self.candidates)}
         if self.checked:
             out["follows"] = self.follows
+        if self.resampled:
+            out["resampled"] = self.resampled
         return out
 
 
@@ -150,16 +159,18 @@ Follows = Callable[[list[list[int]]], Awaitable[list[int] | None]]
 judgement). It must not raise (`clawbridge.rewards.note_check.NoteChecker.follows`)."""
 
 
-async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequence[int],
-                  params: SamplingParams, n: int, echoes: Callable[[list[int]], bool],
-                  follows: Follows | None = None) -> BestOf:
-    """Sample `n` answers to `noted_ids` from `sampler` (a `SequenceScorer`, see `can_pick`) and
-    return the one to serve (module rules). `echoes(ids)`: does that answer repeat its note;
-    `follows`: the checker, when the judge checks the candidates."""
-    assert isinstance(sampler, SequenceScorer), "best_of needs a sampler that scores (can_pick)"
-    runs = [asyncio.ensure_future(_sample_one(
-        sampler, noted_ids, params if params.seed is None or i == 0
-        else dataclasses.replace(params, seed=params.seed + i))) for i in range(n)]
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    """Candidate i's sampling params: seed + i (module rules)."""
+    return params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+
+
+async def _sample_round(sampler: Sampler, scorer: SequenceScorer, noted_ids: Sequence[int], plain_ids: Sequence[int],
+                        params: SamplingParams, first: int, k: int, echoes: Callable[[list[int]], bool],
+                        version: int | None) -> tuple[int, list[Candidate]]:
+    """Candidates `first` .. `first + k - 1`, sampled at once and scored: the version they come from
+    and those of it that did not fail. `version` None: the first round, whose first candidate's
+    error is the call's; else candidates of another version are left out (never mixed)."""
+    runs = [asyncio.ensure_future(_sample_one(sampler, noted_ids, _seeded(params, first + i))) for i in range(k)]
     try:
         await asyncio.wait(runs)
     except BaseException:
@@ -168,20 +179,42 @@ async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequenc
         await asyncio.gather(*runs, return_exceptions=True)
         raise
     failed = [run.exception() for run in runs]
-    if failed[0] is not None:
-        raise failed[0]  # the call's own error when even the first sample fails
-    version = runs[0].result()[2]
+    if version is None:
+        if failed[0] is not None:
+            raise failed[0]  # the call's own error when even the first sample fails
+        version = runs[0].result()[2]
     kept: list[tuple[list[SampledToken], FinishReason]] = []
     for i, (run, exc) in enumerate(zip(runs, failed, strict=True)):
         if exc is not None:
-            log.warning("best of n: candidate %d of %d failed (%s); served from the rest", i + 1, n, exc)
+            log.warning("best of n: candidate %d failed (%s); served from the rest", first + i + 1, exc)
         elif run.result()[2] == version:  # a version published between two starts: not mixed
             kept.append(run.result()[:2])
-    scores = await asyncio.gather(*(_score(sampler, noted_ids, plain_ids, toks, params) for toks, _ in kept))
-    candidates = [Candidate(toks, reason, score, echoes([t.token_id for t in toks]))
-                  for (toks, reason), score in zip(kept, scores, strict=True)]
-    judged = await follows([[t.token_id for t in c.tokens] for c in candidates]) if follows is not None else None
+    scores = await asyncio.gather(*(_score(scorer, noted_ids, plain_ids, toks, params) for toks, _ in kept))
+    return version, [Candidate(toks, reason, score, echoes([t.token_id for t in toks]))
+                     for (toks, reason), score in zip(kept, scores, strict=True)]
+
+
+def _ids(candidates: Sequence[Candidate]) -> list[list[int]]:
+    return [[t.token_id for t in c.tokens] for c in candidates]
+
+
+async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequence[int],
+                  params: SamplingParams, n: int, echoes: Callable[[list[int]], bool],
+                  follows: Follows | None = None, more: int = 0) -> BestOf:
+    """Sample `n` answers to `noted_ids` from `sampler` (a `SequenceScorer`, see `can_pick`) and
+    return the one to serve (module rules). `echoes(ids)`: does that answer repeat its note;
+    `follows`: the checker, when the judge checks the candidates; `more`: answers sampled once more
+    when it says none of the first `n` follows the notes (it checks those too)."""
+    assert isinstance(sampler, SequenceScorer), "best_of needs a sampler that scores (can_pick)"
+    version, candidates = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, 0, n, echoes, None)
+    judged = await follows(_ids(candidates)) if follows is not None else None
+    resampled = 0
+    if follows is not None and judged == [] and more > 0:
+        _, extra = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, n, more, echoes, version)
+        again = await follows(_ids(extra)) if extra else None
+        judged = [len(candidates) + i for i in again or ()]
+        candidates, resampled = candidates + extra, len(extra)
     chosen = pick(candidates, judged)
     served = candidates[chosen]
     return BestOf(FinishedStream(list(served.tokens), version, served.finish_reason), chosen, candidates,
-                  follows is not None, judged)
+                  follows is not None, judged, resampled)
