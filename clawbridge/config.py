@@ -326,7 +326,7 @@ class Settings(BaseSettings):
     )
     notes_best_of_more: int = Field(
         4, ge=0, le=16, description="When the judge checks a noted call's answers (notes_pick) and says none of them "
-        "follows the notes, sample this many more once and let it check those: a rare layout is found more often, "
+        "follows the notes (or only ones that echo the note), sample this many more once and let it check those: a rare layout is found more often, "
         "and only those calls wait for a second round. 0: never (docs/rewards.md).",
     )
     notes_pick_timeout_s: float = Field(

@@ -254,6 +254,27 @@ def test_when_the_judge_finds_none_it_samples_more_once_and_checks_only_those() 
     assert sampler.seeds == [7, 8, 9]  # no checker: never a second round
 
 
+def test_when_the_judge_names_only_echoes_it_samples_more_once() -> None:
+    """The checker names only an answer that repeats its note (never served while another does not):
+    as good as naming none, so 2 more are sampled and checked; the one it names there is served, and
+    `follows` keeps both rounds' names. Naming an echo and a clean answer: no second round."""
+    answers = {7: [10], 8: [20], 9: [30], 10: [40, 41], 11: [50]}
+    lp = {(10,): -1.2, (20,): -3.0, (30,): -0.5, (40, 41): -1.1, (50,): -2.5}
+    sampler = FakeScoringSampler(answers=answers, plain_lp=lp, plain_prompt=PLAIN)
+
+    def echoes(ids: list[int]) -> bool:
+        return ids == [20]
+
+    follows, asked = _scripted_checker([[1], [1]])
+    chosen = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, echoes, follows, more=2))
+    assert sampler.seeds == [7, 8, 9, 10, 11] and asked == [[[10], [20], [30]], [[40, 41], [50]]]
+    assert chosen.picked == 4 and chosen.meta()["follows"] == [1, 4] and chosen.meta()["resampled"] == 2
+    sampler.seeds.clear()
+    follows, asked = _scripted_checker([[1, 2]])
+    once = asyncio.run(best_of(sampler, NOTED, PLAIN, PARAMS, 3, echoes, follows, more=2))
+    assert sampler.seeds == [7, 8, 9] and len(asked) == 1 and once.picked == 2
+
+
 def test_a_second_round_from_another_version_is_not_mixed_in() -> None:
     """A version published between the rounds: the second round's answers are left out (never
     mixed), the first round's pick is served with its version."""

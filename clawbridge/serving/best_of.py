@@ -23,8 +23,9 @@ Invariants:
 - With a checker (`follows`, the judge: `clawbridge.rewards.note_check`), the answers it says
   follow the notes are served before the rest (none, or no judgement: all as above); among those
   the note score decides. The checker sees the candidates once all are sampled and scored.
-- A second round only on the checker's word: when it says none of the `n` follows (not when it gives
-  no judgement), `more` answers are sampled once (seeds go on at `seed + n`; the first round's
+- A second round only on the checker's word: when it says none of the `n` follows, or names only
+  answers that echo their note (never served while another does not), but not when it gives no
+  judgement, `more` answers are sampled once (seeds go on at `seed + n`; the first round's
   version only), scored and checked; those it names are served first, else all `n + more` compete
   as above. One second round at most: the wait is bounded by two samplings and two checks.
 - Cancelling `best_of` (client gone, user forgotten, timeout) closes every candidate's stream.
@@ -81,8 +82,8 @@ class BestOf:
     follows: list[int] | None = None
     """The candidates it said follow them (None: it gave no judgement)."""
     resampled: int = 0
-    """Candidates sampled in a second round because the checker said none of the first follows
-    (they are the last `resampled` of `candidates`)."""
+    """Candidates sampled in a second round because none of the first that the checker said follow
+    could be served (it named none, or only echoes; they are the last `resampled` of `candidates`)."""
 
     def meta(self) -> dict[str, object]:
         """The turn's `meta["best_of"]`: n sampled, which was served, every candidate's score, and
@@ -204,15 +205,15 @@ async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequenc
     """Sample `n` answers to `noted_ids` from `sampler` (a `SequenceScorer`, see `can_pick`) and
     return the one to serve (module rules). `echoes(ids)`: does that answer repeat its note;
     `follows`: the checker, when the judge checks the candidates; `more`: answers sampled once more
-    when it says none of the first `n` follows the notes (it checks those too)."""
+    when none of the first `n` it says follow the notes can be served (it checks those too)."""
     assert isinstance(sampler, SequenceScorer), "best_of needs a sampler that scores (can_pick)"
     version, candidates = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, 0, n, echoes, None)
     judged = await follows(_ids(candidates)) if follows is not None else None
     resampled = 0
-    if follows is not None and judged == [] and more > 0:
+    if judged is not None and more > 0 and all(candidates[i].echoes for i in judged):
         _, extra = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, n, more, echoes, version)
-        again = await follows(_ids(extra)) if extra else None
-        judged = [len(candidates) + i for i in again or ()]
+        again = await follows(_ids(extra)) if follows is not None and extra else None
+        judged = judged + [len(candidates) + i for i in again or ()]
         candidates, resampled = candidates + extra, len(extra)
     chosen = pick(candidates, judged)
     served = candidates[chosen]
