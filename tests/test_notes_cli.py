@@ -91,7 +91,7 @@ def test_notes_from_talk_listed_added_deleted_and_shown_in_status(proxy: ProxyPr
     assert "learning from talk (what the judge read in corrections; `clawbridge notes` lists and deletes):" in status
     assert "alice: 1 active, 0 retired \"Answer in French.\" (added by hand): met by no session judged since" in status
     # both answers of the session carried the note and were picked among 4 (`notes_best_of`), each
-    # after the judge endpoint checked the four (`notes_pick = auto`), four more when it found none
+    # after the judge endpoint checked the four (`notes_pick = auto`), twelve more when it found none
     # among them (`notes_best_of_more`)
     said = re.search(re.escape(f"the shared key (calls without a user): 1 active, 0 retired \"{CORRECTION}\" (said once): "
                                "met by 1 of 1 sessions since (100%); 2 answers served as the best of 4 at following it "
