@@ -325,9 +325,10 @@ class Settings(BaseSettings):
         "the note score picks among those), auto: judge with judge=endpoint, else likelihood (docs/rewards.md).",
     )
     notes_best_of_more: int = Field(
-        12, ge=0, le=16, description="When the judge checks a noted call's answers (notes_pick) and says none of them "
-        "follows the notes (or only ones that echo the note), sample this many more once and let it check those: a rare layout is found more often, "
-        "and only those calls wait for a second round. 0: never (docs/rewards.md).",
+        12, ge=0, le=16, description="When the judge checks a noted call's answers (notes_pick) and says none "
+        "of them follows the notes (or only ones that echo the note), sample this many more once and let it "
+        "check those: a rare layout is found more often, and only those calls wait for a second round. "
+        "0: never (docs/rewards.md).",
     )
     notes_pick_timeout_s: float = Field(
         20.0, gt=0, description="A judge's check of a noted call's answers longer than this is not waited for: the "

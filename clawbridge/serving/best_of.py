@@ -195,6 +195,11 @@ async def _sample_round(sampler: Sampler, scorer: SequenceScorer, noted_ids: Seq
                      for (toks, reason), score in zip(kept, scores, strict=True)]
 
 
+def _clean(candidates: Sequence[Candidate], named: Sequence[int]) -> list[int]:
+    """Those of `named` (the checker's indices) that exist and do not echo their note."""
+    return [i for i in named if 0 <= i < len(candidates) and not candidates[i].echoes]
+
+
 def _ids(candidates: Sequence[Candidate]) -> list[list[int]]:
     return [[t.token_id for t in c.tokens] for c in candidates]
 
@@ -210,9 +215,9 @@ async def best_of(sampler: Sampler, noted_ids: Sequence[int], plain_ids: Sequenc
     version, candidates = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, 0, n, echoes, None)
     judged = await follows(_ids(candidates)) if follows is not None else None
     resampled = 0
-    if judged is not None and more > 0 and all(candidates[i].echoes for i in judged):
+    if follows is not None and judged is not None and more > 0 and not _clean(candidates, judged):
         _, extra = await _sample_round(sampler, sampler, noted_ids, plain_ids, params, n, more, echoes, version)
-        again = await follows(_ids(extra)) if follows is not None and extra else None
+        again = await follows(_ids(extra)) if extra else None
         judged = judged + [len(candidates) + i for i in again or ()]
         candidates, resampled = candidates + extra, len(extra)
     chosen = pick(candidates, judged)
