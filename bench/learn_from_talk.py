@@ -22,7 +22,10 @@ sees) of the base -> the final serving version (the lowest of every served versi
 sampled (8 answers per fact at temperature 1: a greedy answer of a small model flips on near-ties);
 `steps`,
 versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
-logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wall`.
+logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wait` the
+mean seconds a person waited for a first answer (timed at the client) made from one sample / the
+best of a noted call's first candidates / with a second round (`talk.answer_kinds`; each run's line
+gives counts and maxima); `wall`.
 """
 
 from __future__ import annotations
@@ -94,7 +97,16 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
             "notes": sum(1 for n in r["notes"] if (n.get("user") or persona) in (persona, None)),
             "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
             "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0),
-            "noted": r.get("noted_answers", 0), "echoed": r.get("echoed_answers", 0)}
+            "noted": r.get("noted_answers", 0), "echoed": r.get("echoed_answers", 0),
+            "wait": r.get("first_answer_wait", {})}
+
+
+def waits(w: dict[str, dict[str, float]]) -> str:
+    """One run's first-answer waits by kind, as a person reads them."""
+    from clawbridge.devtools.talk import ANSWER_KINDS
+
+    kinds = [k for k in ANSWER_KINDS if k in w] + sorted(set(w) - set(ANSWER_KINDS))
+    return ", ".join(f"{k} {w[k]['n']:g} x {w[k]['mean_s']:.1f} s (max {w[k]['max_s']:.1f})" for k in kinds) or "-"
 
 
 def sampled_row(r: dict[str, Any]) -> dict[str, float | None]:
@@ -115,8 +127,9 @@ def median(values: list[Any]) -> float | None:
 
 def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
     print("\n| persona | method | seeds | 3-in-a-row (median; each) | held-out before -> after [weights] | "
-          "capability base -> final (min served) | sampled capability base -> final (min) | steps | promoted/rejected | notes | gap | wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "capability base -> final (min served) | sampled capability base -> final (min) | steps | promoted/rejected | "
+          "notes | gap | wait one/best/second | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (persona, method), rs in sorted(rows.items()):
         stable = [r["stable"] for r in rs]
         each = ", ".join("-" if s is None else str(s) for s in stable)
@@ -133,7 +146,15 @@ def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
               f"{fmt(median([r['steps'] for r in rs]), 'g')} | "
               f"{fmt(median([r['promoted'] for r in rs]), 'g')}/{fmt(median([r['rejected'] for r in rs]), 'g')} | "
               f"{fmt(median([r['notes'] for r in rs]), 'g')}/{fmt(median([r['retired'] for r in rs]), 'g')} | "
-              f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {fmt(median([r['wall'] for r in rs]), '.0f')} s |")
+              f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {wait_medians(rs)} | "
+              f"{fmt(median([r['wall'] for r in rs]), '.0f')} s |")
+
+
+def wait_medians(rs: list[dict[str, Any]]) -> str:
+    """Median over runs of the mean first-answer wait per kind (one sample / best of n / second round)."""
+    from clawbridge.devtools.talk import ANSWER_KINDS
+
+    return "/".join(fmt(median([r["wait"].get(k, {}).get("mean_s") for r in rs]), ".1f") for k in ANSWER_KINDS) + " s"
 
 
 def print_echoes(runs: list[Path]) -> None:
@@ -214,7 +235,8 @@ def main() -> int:
                           f"sampled {', '.join(f'v{v} {c:.2f}' for v, c in rw['sampled'].items())}, "
                           f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
                           f"gap {fmt(rw['gap'], '.3f')}, {rw['echoed']} of {rw['noted']} noted answers echoed "
-                          f"the note, {time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
+                          f"the note, first answers waited: {waits(rw['wait'])}, "
+                          f"{time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "
                           f"trainer), load {os.getloadavg()[0]:.1f}",
                           flush=True)
     print_table(rows)

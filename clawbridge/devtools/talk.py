@@ -15,7 +15,10 @@ Measured per persona:
   every version that served plain calls during the run (`NAME@N`), and sampled (each fact 8 times
   at temperature 1) for the base, the final and the lowest greedy version;
 - steps, versions promoted and rejected, notes made and retired, the mean teacher-minus-sampler
-  logprob on hinted turns (does the judge's hint move the teacher?), wall time.
+  logprob on hinted turns (does the judge's hint move the teacher?), wall time;
+- how long the person waited for each first answer (timed at the client, over HTTP), by how the
+  answer was made (`answer_kind`): one sample, the best of a noted call's first candidates, or a
+  second round after the judge found none of those servable.
 
 Rules: a person talks one session at a time, and starts the next once the judge has read the last
 one (a person's next conversation comes minutes later; the judge takes seconds). By default they
@@ -88,6 +91,8 @@ class SessionLog:
     answer: str
     met: bool
     policy_version: int
+    wait_s: float = 0.0
+    """Seconds from the request to the first answer, timed at the client."""
 
 
 @dataclass
@@ -131,6 +136,8 @@ class TalkResult:
     noted_answers: int = 0
     """Answers served with notes (`note_echoes`), and of them those that echoed the note (never trained)."""
     echoed_answers: int = 0
+    first_answer_wait: dict[str, dict[str, float]] = field(default_factory=dict)
+    """`answer_kind` -> {"n", "mean_s", "max_s"} over every person's first answers (`wait_by_kind`)."""
     seconds: float = 0.0
 
     @property
@@ -255,11 +262,13 @@ def talk(proxy: Proxy, persona: Persona, key: str, cfg: TalkConfig, result: Pers
         sid = f"{persona.key}-{cfg.seed}-{i}"
         q = {"role": "user", "content": order[i % len(order)]}
         head = {"X-Session-Id": sid, "X-Turn-Type": "main"}
+        asked = time.monotonic()
         answer, version = _ask(client, [system, q], cfg.max_tokens, cfg.seed * 100_003 + i, head)
+        waited = time.monotonic() - asked
         reply, met = persona.reply(answer, rng)
         _ask(client, [system, q, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}],
              cfg.reply_max_tokens, cfg.seed * 100_003 + i + 7, {**head, "X-Session-Done": "true"})
-        result.sessions.append(SessionLog(persona.key, i, q["content"], answer, met, version))
+        result.sessions.append(SessionLog(persona.key, i, q["content"], answer, met, version, waited))
         say(f"{persona.key} session {i + 1}/{cfg.sessions} (v{version}): {'met' if met else 'missed'}: "
             f"{answer[:70]!r} -> {reply!r}")
         stored = sid if key == proxy.client else f"{persona.key}:{sid}"  # a user's ids are in her namespace
@@ -359,6 +368,30 @@ def note_echoes(state_dir: Path) -> list[tuple[int, bool]]:
     return out
 
 
+ANSWER_KINDS = ("one sample", "best of n", "second round")
+"""How a first answer was made: one sample (no notes), the best of a noted call's first candidates
+(`clawbridge.serving.best_of`), or those and a second round the judge's miss asked for."""
+
+
+def answer_kinds(state_dir: Path) -> dict[str, str]:
+    """Session id (a user's namespace dropped) -> `ANSWER_KINDS` entry of its first main answer, from
+    the store's `meta.best_of` (`resampled` > 0: a second round ran)."""
+    rows = _query(state_dir, "SELECT session_id, json_type(meta_json, '$.best_of'), "
+                             "json_extract(meta_json, '$.best_of.resampled') FROM turns "
+                             "WHERE turn_type = 'main' AND seq = 0") or []
+    return {sid.split(":", 1)[-1]: ANSWER_KINDS[2] if again else ANSWER_KINDS[1] if kind == "object" else ANSWER_KINDS[0]
+            for sid, kind, again in rows}
+
+
+def wait_by_kind(sessions: Sequence[SessionLog], kinds: dict[str, str], seed: int) -> dict[str, dict[str, float]]:
+    """`answer_kind` -> {"n", "mean_s", "max_s"} of the first answers' client-side waits; a session
+    the store does not have (never recorded) counts under "unrecorded"."""
+    waits: dict[str, list[float]] = {}
+    for s in sessions:
+        waits.setdefault(kinds.get(f"{s.persona}-{seed}-{s.index}", "unrecorded"), []).append(s.wait_s)
+    return {k: {"n": len(w), "mean_s": statistics.fmean(w), "max_s": max(w)} for k, w in waits.items()}
+
+
 def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -> TalkResult:
     """Measure before, let the personas talk, settle, measure after (module docstring)."""
     t0 = time.monotonic()
@@ -413,6 +446,8 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
     result.teacher_gap, result.hinted_turns = teacher_gap(state_dir)
     echoes = note_echoes(state_dir)
     result.noted_answers, result.echoed_answers = len(echoes), sum(e for _, e in echoes)
+    result.first_answer_wait = wait_by_kind([s for p in result.personas.values() for s in p.sessions],
+                                            answer_kinds(state_dir), cfg.seed)
     result.seconds = time.monotonic() - t0
     return result
 
