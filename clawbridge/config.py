@@ -339,11 +339,13 @@ class Settings(BaseSettings):
         "are notes_check_after_steps steps old, to see whether the weights carry them.",
     )
     notes_check_after_steps: int = Field(
-        2, ge=0, description="Training steps of a user's lane after their newest note before check sessions start.")
+        2, ge=0, description="Training steps of a user's lane after their newest note (or their last check session that "
+        "missed) before check sessions start (again).")
     notes_check_after_met: int = Field(
         3, ge=0, description="Check sessions also wait until the user's last this many sessions served with their "
-        "notes (first answers, since the newest note) were all accepted: while the note itself does not work, the "
-        "weights cannot carry it and a session without it would only show the user a miss (0: by steps alone).")
+        "notes (first answers, since the newest note and their last check session that missed) were all accepted: "
+        "while the note itself does not work, the weights cannot carry it and a session without it would only show "
+        "the user a miss (0: by steps alone).")
     notes_retire_after: int = Field(
         3, ge=1, description="A user's notes retire once this many check sessions in a row were accepted.")
 

@@ -290,6 +290,52 @@ def test_check_sessions_wait_until_the_note_itself_works(tmp_path: Path) -> None
     store.close()
 
 
+def test_a_missed_check_pauses_checks_until_the_lane_trained_and_the_note_works_again(tmp_path: Path) -> None:
+    """A check session that missed says the weights do not carry the note yet: the next sessions are
+    served with it until the lane trained `check_after_steps` more steps AND the last
+    `check_after_met` noted sessions since the miss were accepted (a run of Sam's, seed 0, met five
+    check sessions in a row and missed all five before this rule)."""
+    from clawbridge.store.versions import VersionStore
+
+    store = Store(tmp_path / "db.sqlite")
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=1, retire_after=3))
+    note = book.add_from_hint("", "Call me Sam.", "t0")
+    assert note is not None
+    versions = VersionStore(store)
+    versions.commit_base("ck0", None)
+
+    def step(name: str) -> int:
+        store.clock.now()
+        v = versions.reserve("step")
+        versions.commit(v, name, None)
+        return v
+
+    v = step("ck1")
+    _judged(store, "n1", v, [note.note_id], [1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([], True)  # trained a step, the note works: checks
+    _judged(store, "c1", v, "check", [-1.0])  # the weights alone missed
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([note], False)  # no step since the miss
+    _judged(store, "n2", v, [note.note_id], [1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([note], False)  # the note works, but nothing trained since
+    v = step("ck2")
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([], True)  # a step after the miss and n2 accepted after it
+    _judged(store, "c2", v, "check", [-1.0, 1.0])  # a check whose FIRST answer missed is a missed check
+    v = step("ck3")
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([note], False)  # trained since, no noted answer since
+    _judged(store, "n3", v, [note.note_id], [1.0])
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([], True)
+    _judged(store, "c3", v, "check", [-1.0], user="mallory")  # another user's missed checks change nothing here
+    book.refresh()
+    assert book.for_call(None, "sess-x", "main") == ([], True)
+    store.close()
+
+
 def test_notes_retire_on_check_sessions_not_on_their_later_turns(tmp_path: Path) -> None:
     """`retire_after` counts check SESSIONS by their first answer: one check session whose first
     answer missed and whose later turns were accepted is one miss, not two acceptances."""

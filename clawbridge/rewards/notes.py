@@ -22,7 +22,10 @@ Rules:
   them (since the newest note) were all accepted (the note works: until it does, the weights
   cannot carry it, and a session without it would only show the user a miss), a share
   `check_share` of the user's NEW sessions (a stable hash of the session id) are check sessions,
-  served without notes; a noted miss pauses them until the note works again. When the last
+  served without notes; a noted miss pauses them until the note works again, and a check that
+  missed (the weights do not carry it yet) pauses them until the lane has trained
+  `check_after_steps` more steps and `check_after_met` noted sessions since were accepted: the
+  same person is not shown the same miss again and again while nothing changed. When the last
   `retire_after` check sessions' first answers were all accepted (judge verdict > 0), the weights
   carry the notes: they retire (kept and listed as retired, no longer put in calls). A correction
   in a check session becomes a note again.
@@ -246,13 +249,28 @@ class NoteBook:
     def _due_for_checks(self, user: str, notes: list[Note]) -> bool:
         """Whether `user`'s sessions may be check sessions now (module rules: trained enough, and
         the note works)."""
-        if self._steps_since(user, min(n.created_at for n in notes)) < self.config.check_after_steps:
+        newest = max(x.created_at for x in notes)
+        missed = self._last_missed_check(user, newest)
+        trained_since = min(x.created_at for x in notes) if missed is None else missed
+        if self._steps_since(user, trained_since) < self.config.check_after_steps:
             return False
         n = self.config.check_after_met
         if n <= 0:
             return True
-        met = self._first_answers(user, max(x.created_at for x in notes), noted=True, n=n)
+        met = self._first_answers(user, newest if missed is None else max(newest, missed), noted=True, n=n)
         return len(met) >= n and all(v > 0 for v in met)
+
+    def _last_missed_check(self, user: str, since: float) -> float | None:
+        """When the first answer of `user`'s newest check session after `since` that the judge did
+        not accept was served, or None."""
+        with self.store.read() as c:
+            row = c.execute(
+                "SELECT MAX(t.created_at) FROM turns t JOIN sessions s ON s.session_id = t.session_id "
+                "JOIN judgements j ON j.turn_id = t.turn_id "
+                "WHERE COALESCE(s.user_id, '') = ? AND t.turn_type = 'main' AND t.created_at > ? "
+                "AND json_extract(t.meta_json, '$.notes') = ? AND j.status = 'done' AND j.score IS NOT NULL "
+                f"AND j.score <= 0 AND {FIRST_ANSWER}", (user, since, CHECK_META)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def _steps_since(self, user: str, since: float) -> int:
         with self.store.read() as c:
