@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from clawbridge.devtools.judge_server import HintStyle, JudgeServer, instruction
 from clawbridge.rewards.notes import NoteBook, NotesConfig, is_check_session
 from clawbridge.serving.sampler import FakeSampler
 from clawbridge.store import Store, TurnRecord
-from clawbridge.store.notes import NoteStore
+from clawbridge.store.notes import Note, NoteStore
 from tests.fake_proxy import script_for, start_fake_proxy
 from tests.support import wait_for
 
@@ -252,21 +253,35 @@ def _judged(store: Store, session: str, version: int, notes: Any, scores: list[f
         rstore.finish_judgement(tid, attempt, [VoteRow(0, int(score), None, "SCORE", None)], score, score, None)
 
 
-def test_check_sessions_wait_until_the_note_itself_works(tmp_path: Path) -> None:
-    """Trained enough is not enough: while answers served WITH the note still miss, a session
-    without it would only show the user a miss. Checks begin once the last `check_after_met`
-    noted sessions' first answers were accepted, and a noted miss pauses them again."""
+def _book_with_a_note(tmp_path: Path, check_after_met: int, retire_after: int
+                      ) -> tuple[Store, NoteBook, Note, Callable[[str], int]]:
+    """A store with a base version, a notebook whose every session may be a check (one step after
+    the note), the shared key's note, and `step(checkpoint)`: commit a training step, its version."""
     from clawbridge.store.versions import VersionStore
 
     store = Store(tmp_path / "db.sqlite")
-    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=2, retire_after=2))
+    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=check_after_met,
+                                       retire_after=retire_after))
     note = book.add_from_hint("", "Call me Sam.", "t0")
     assert note is not None
     versions = VersionStore(store)
     versions.commit_base("ck0", None)
-    store.clock.now()
-    v = versions.reserve("step")
-    versions.commit(v, "ck1", None)
+
+    def step(checkpoint: str) -> int:
+        store.clock.now()  # the step commits after what came before it
+        v = versions.reserve("step")
+        versions.commit(v, checkpoint, None)
+        return v
+
+    return store, book, note, step
+
+
+def test_check_sessions_wait_until_the_note_itself_works(tmp_path: Path) -> None:
+    """Trained enough is not enough: while answers served WITH the note still miss, a session
+    without it would only show the user a miss. Checks begin once the last `check_after_met`
+    noted sessions' first answers were accepted, and a noted miss pauses them again."""
+    store, book, note, step = _book_with_a_note(tmp_path, check_after_met=2, retire_after=2)
+    v = step("ck1")
     book.refresh()
     assert book.for_call(None, "sess-x", "main") == ([note], False)  # a step old, but no noted answer yet
     _judged(store, "m1", v, [note.note_id], [1.0], user="mallory")  # another user's accepted sessions...
@@ -295,21 +310,7 @@ def test_a_missed_check_pauses_checks_until_the_lane_trained_and_the_note_works_
     served with it until the lane trained `check_after_steps` more steps AND the last
     `check_after_met` noted sessions since the miss were accepted (a run of Sam's, seed 0, met five
     check sessions in a row and missed all five before this rule)."""
-    from clawbridge.store.versions import VersionStore
-
-    store = Store(tmp_path / "db.sqlite")
-    book = NoteBook(store, NotesConfig(check_share=1.0, check_after_steps=1, check_after_met=1, retire_after=3))
-    note = book.add_from_hint("", "Call me Sam.", "t0")
-    assert note is not None
-    versions = VersionStore(store)
-    versions.commit_base("ck0", None)
-
-    def step(name: str) -> int:
-        store.clock.now()
-        v = versions.reserve("step")
-        versions.commit(v, name, None)
-        return v
-
+    store, book, note, step = _book_with_a_note(tmp_path, check_after_met=1, retire_after=3)
     v = step("ck1")
     _judged(store, "n1", v, [note.note_id], [1.0])
     book.refresh()
