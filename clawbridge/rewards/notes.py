@@ -25,7 +25,7 @@ Rules:
   served without notes; a noted miss pauses them until the note works again, and a check that
   missed (the weights do not carry it yet) pauses them until the lane has trained
   `check_after_steps` more steps and `check_after_met` noted sessions since were accepted: the
-  same person is not shown the same miss again and again while nothing changed. When the last
+  same person is not shown the same miss again and again while the weights hardly trained. When the last
   `retire_after` check sessions' first answers were all accepted (judge verdict > 0), the weights
   carry the notes: they retire (kept and listed as retired, no longer put in calls). A correction
   in a check session becomes a note again.
@@ -248,7 +248,7 @@ class NoteBook:
     # ------------------------------------------------------------------ queries
     def _due_for_checks(self, user: str, notes: list[Note]) -> bool:
         """Whether `user`'s sessions may be check sessions now (module rules: trained enough, and
-        the note works)."""
+        the note works, both counted from their newest note or, later, their last missed check)."""
         newest = max(x.created_at for x in notes)
         missed = self._last_missed_check(user, newest)
         trained_since = min(x.created_at for x in notes) if missed is None else missed
