@@ -5,6 +5,7 @@
     python bench/learn_from_talk.py --together                        # the personas at once, each its own user
     python bench/learn_from_talk.py --baseline                        # what the defaults were before: no notes, no gate
     python bench/learn_from_talk.py --pace 2                          # the trainer catches up after every 2 sessions
+    python bench/learn_from_talk.py --table runs/s0 runs/s1 runs/s2   # one table of medians over runs made apart
 
 Each (persona, method, seed) is one `clawbridge up --backend local` (LoRA, the settings' defaults
 except what the flags name) with the rule-based judge as an endpoint (it reads only what the
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 set_threads_from_argv(1)
 
 METHODS = ("combine", "rl", "opd")
+HINTS_WORDS = ", the judge's hints in the person's words"
 
 
 def run_one(model: str, personas: tuple[str, ...], method: str, notes: bool, gate: bool, seed: int, sessions: int,
@@ -157,6 +159,33 @@ def wait_medians(rs: list[dict[str, Any]]) -> str:
     return "/".join(fmt(median([r["wait"].get(k, {}).get("mean_s") for r in rs]), ".1f") for k in ANSWER_KINDS) + " s"
 
 
+def run_label(name: str) -> tuple[tuple[str, ...], str, int]:
+    """(personas, "method, label" as the table writes it, seed) of a run folder's name, as `main`
+    makes it: `PERSONA[+PERSONA...]-METHOD-notes|plain-gate|nogate[-paceN][-words]-sSEED` (`--set` is
+    not in the name: give `--table` the folders of runs made with the same settings)."""
+    head, _, seed = name.rpartition("-s")
+    group, method, notes, gate, *rest = head.split("-")
+    label = ("notes" if notes == "notes" else "no notes") + (", gate" if gate == "gate" else ", no gate")
+    for part in rest:
+        label += (f", paced every {part.removeprefix('pace')}" if part.startswith("pace") else
+                  HINTS_WORDS if part == "words" else f", {part}")
+    return tuple(group.split("+")), f"{method}, {label}", int(seed)
+
+
+def rows_of(runs: list[Path]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The table's rows from runs already made (each `result.json` under the folders given), so
+    seeds run apart, side by side, give one table of medians; each run counted once, runs of
+    different lengths in rows of their own."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in sorted({r.resolve() for d in runs for r in ([d] if d.is_file() else d.glob("**/result.json"))}):
+        group, label, _ = run_label(path.parent.name)
+        r = json.loads(path.read_text())
+        label += f", {r['config']['sessions']} sessions"
+        for p in group:
+            rows.setdefault((p + (" (together)" if len(group) > 1 else ""), label), []).append(row(r, p))
+    return rows
+
+
 def print_echoes(runs: list[Path]) -> None:
     """Per run folder (`--out` of an earlier run, or one run's folder): the answers served with
     notes that echoed the note, in the first and the second half of them (`talk.note_echoes`), and
@@ -195,6 +224,9 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="CLAWBRIDGE_X=V", help="extra settings for up")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--table", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="only print the table of medians over runs already made (every result.json under "
+                         "the folders given: seeds run apart, side by side)")
     ap.add_argument("--echoes", type=Path, nargs="+", metavar="RUN_DIR",
                     help="only print, for runs already made, how many noted answers echoed the note and how "
                          "likely the base finds the corrected answers, by quarter of the run")
@@ -202,6 +234,13 @@ def main() -> int:
     exit_on_sigterm()
     if args.echoes:
         print_echoes(args.echoes)
+        return 0
+    if args.table:
+        made = rows_of(args.table)
+        if not made:
+            print(f"no result.json under {' '.join(map(str, args.table))}", file=sys.stderr)
+            return 1
+        print_table(made)
         return 0
     from clawbridge.models import cached_model
 
@@ -214,8 +253,7 @@ def main() -> int:
     personas = [p.strip() for p in args.persona.split(",") if p.strip()]
     groups = [tuple(personas)] if args.together else [(p,) for p in personas]
     label = ("notes" if notes else "no notes") + (", gate" if gate else ", no gate") + (
-        f", paced every {args.pace}" if args.pace else "") + ("" if args.judge_hints == "instruction" else
-                                                              ", the judge's hints in the person's words")
+        f", paced every {args.pace}" if args.pace else "") + ("" if args.judge_hints == "instruction" else HINTS_WORDS)
     print(f"learn from talk: {args.model}, {args.sessions} sessions per person, {label}, load {os.getloadavg()[0]:.1f}; "
           f"runs under {out}", flush=True)
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -223,7 +261,8 @@ def main() -> int:
         for seed in (int(s) for s in args.seeds.split(",")):
             for group in groups:
                 name = f"{'+'.join(group)}-{method}-{'notes' if notes else 'plain'}-{'gate' if gate else 'nogate'}"
-                name += (f"-pace{args.pace}" if args.pace else "") + f"-s{seed}"
+                name += (f"-pace{args.pace}" if args.pace else "") + (
+                    f"-{args.judge_hints}" if args.judge_hints != "instruction" else "") + f"-s{seed}"
                 t0 = time.monotonic()
                 r = run_one(model, group, method, notes, gate, seed, args.sessions, out / name, extra, args.pace,
                            args.judge_hints)
