@@ -154,6 +154,25 @@ def test_the_rule_based_check_agrees_with_each_persona_on_its_own_notes(key: str
         assert not follows_note(MISSES[key], note), (note, MISSES[key])
 
 
+GAMED_LEADS = (
+    "The answer is:\nBirds fly south for the winter to find food.",
+    "Here's a possible solution:\n\nBake it at home with flour, water and yeast.",
+    "Sure!\nBirds fly south for the winter to find food and warmth.",
+    "1. Choose a watermelon that feels heavy.\n2. Knock on it and listen.",
+)
+"""First lines that put no answer first (an introduction, a word, a list item): SmolLM2 learned to
+write these when they passed (seed 0, 32 sessions: 12 of 16 held-out answers, 1 under today's rule)."""
+
+
+@pytest.mark.parametrize("answer", GAMED_LEADS)
+def test_an_introduction_or_a_list_item_on_the_first_line_is_no_answer_first(answer: str) -> None:
+    """Neither Ana nor the judge's check of her note takes these for a one-line answer first."""
+    persona = PERSONAS["lead"]
+    assert not persona.meets(answer)
+    for said in persona.complaints:
+        assert not follows_note(answer, instruction_hint(said)), (said, answer)
+
+
 def test_a_note_the_rules_cannot_check_passes_every_answer() -> None:
     assert follows_note("Bonjour.", "Reply in French.") and follows_note("Hello.", "Reply in French.")
 

@@ -112,6 +112,8 @@ BRIEF_WORDS = 25
 """A rule-based rewrite for "too long" keeps whole sentences up to this many words."""
 LEAD_WORDS = 20
 """A rule-based lead line has at most this many words."""
+LEAD_MIN_WORDS = 3
+"""...and at least this many: "Sure!" or "The answer is:" is no answer put first."""
 
 
 def _sentences(text: str) -> list[str]:
@@ -135,6 +137,8 @@ def _brief(text: str) -> str:
 
 def _lead(text: str) -> str:
     parts = _sentences(text)
+    while len(parts) > 2 and len(parts[0].split()) < LEAD_MIN_WORDS:  # "Sure!", a list's "1."
+        parts = parts[1:]
     if len(parts) < 2:
         return text
     return f"{_cut_words(parts[0], LEAD_WORDS)}\n\n{' '.join(parts[1:])}"
@@ -249,10 +253,11 @@ def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
 # follow every listed note, reading the notes and the answers only (never a persona's rule). For
 # each note, by its kind (`TOPICS`): length (unless it also asks what comes first: then the lead
 # line's), at most the number of words it names ("under 30 words": fewer than 30), else at most
-# `BRIEF_WORDS`; format, no list lines, bold or headings;
-# order, a first line of at most `LEAD_WORDS` words that ends a sentence, then more lines; name,
-# the answer says a name the note gives (a capitalized word not starting a sentence). A note of no
-# known kind, or a name not found, is not checked. `FOLLOWS: none` when no answer passes them all.
+# `BRIEF_WORDS`; format, no list lines, bold or headings; order, a first line of `LEAD_MIN_WORDS` to
+# `LEAD_WORDS` words that ends a sentence (not a colon: "The answer is:" introduces, it does not
+# answer) and is no list item, then more lines; name, the answer says a name the note gives (a
+# capitalized word not starting a sentence). A note of no known kind, or a name not found, is not
+# checked. `FOLLOWS: none` when no answer passes them all.
 _MARKDOWN = re.compile(r"\*\*|__|^#{1,6}\s", re.MULTILINE)
 _LIMIT = re.compile(r"\b(under|fewer than|less than|at most|no more than|within|max(?:imum)?)?\s*(\d+)\s+words?\b",
                     re.IGNORECASE)
@@ -283,7 +288,8 @@ def follows_note(answer: str, note: str) -> bool:
         ok = ok and not _LIST_MARK.search(text) and not _MARKDOWN.search(text)
     if "order" in kinds:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        ok = ok and len(lines) >= 2 and 0 < len(lines[0].split()) <= LEAD_WORDS and lines[0][-1] in ".!?:"
+        ok = (ok and len(lines) >= 2 and LEAD_MIN_WORDS <= len(lines[0].split()) <= LEAD_WORDS
+              and lines[0][-1] in ".!?" and not _LIST_MARK.match(lines[0]))
     names = _names(note) if "name" in kinds else set()
     if names:
         ok = ok and any(re.search(rf"\b{re.escape(n)}\b", text, re.IGNORECASE) for n in names)
