@@ -158,10 +158,11 @@ GAMED_LEADS = (
     "The answer is:\nBirds fly south for the winter to find food.",
     "Here's a possible solution:\n\nBake it at home with flour, water and yeast.",
     "Sure!\nBirds fly south for the winter to find food and warmth.",
+    "What makes a good cup of coffee?\n\nOne and a half minutes of extraction.",
     "1. Choose a watermelon that feels heavy.\n2. Knock on it and listen.",
 )
-"""First lines that put no answer first (an introduction, a word, a list item): SmolLM2 learned to
-write these when they passed (seed 0, 32 sessions: 12 of 16 held-out answers, 1 under today's rule)."""
+"""First lines that put no answer first (an introduction, a word, the question, a list item):
+SmolLM2 learned to write these when they passed (seed 0, 32 sessions: 12 of 16 held-out answers, 1 under today's rule)."""
 
 
 @pytest.mark.parametrize("answer", GAMED_LEADS)

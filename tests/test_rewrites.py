@@ -231,3 +231,14 @@ def test_forgetting_a_user_deletes_her_rewrites_to_the_last_byte(tmp_path: Path)
     store.close()
     data = raw_bytes(tmp_path)
     assert b"alice's rewrite zq7x" not in data and b"bob's rewrite zq7x" in data
+
+
+@pytest.mark.parametrize("answer", [
+    "What makes a good cup of coffee? Fresh beans and clean water. Grind them just before you brew.",
+    "Sure! Birds fly south to find food. They come back in spring.",
+])
+def test_the_lead_rewrite_puts_an_answer_first_not_the_question_or_a_word(answer: str) -> None:
+    """The question repeated, or "Sure!", is no one-line answer: the rewrite starts at the first
+    statement, so what the judge offers as the better answer meets Ana's rule."""
+    rewrite = rule_based_rewrite(answer, "Put a one-sentence answer on the first line, details after.")
+    assert rewrite is not None and rewrite.splitlines()[0] in answer and PERSONAS["lead"].meets(rewrite), rewrite

@@ -137,7 +137,7 @@ def _brief(text: str) -> str:
 
 def _lead(text: str) -> str:
     parts = _sentences(text)
-    while len(parts) > 2 and len(parts[0].split()) < LEAD_MIN_WORDS:  # "Sure!", a list's "1."
+    while len(parts) > 2 and (len(parts[0].split()) < LEAD_MIN_WORDS or parts[0].endswith("?")):  # "Sure!", "1."
         parts = parts[1:]
     if len(parts) < 2:
         return text
@@ -254,10 +254,11 @@ def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
 # each note, by its kind (`TOPICS`): length (unless it also asks what comes first: then the lead
 # line's), at most the number of words it names ("under 30 words": fewer than 30), else at most
 # `BRIEF_WORDS`; format, no list lines, bold or headings; order, a first line of `LEAD_MIN_WORDS` to
-# `LEAD_WORDS` words that ends a sentence (not a colon: "The answer is:" introduces, it does not
-# answer) and is no list item, then more lines; name, the answer says a name the note gives (a
-# capitalized word not starting a sentence). A note of no known kind, or a name not found, is not
-# checked. `FOLLOWS: none` when no answer passes them all.
+# `LEAD_WORDS` words that ends a statement (not a colon: "The answer is:" introduces, it does not
+# answer; not a question mark: the question repeated is no answer) and is no list item, then more
+# lines; name, the answer says a name the note gives (a capitalized word not starting a sentence).
+# A note of no known kind, or a name not found, is not checked. `FOLLOWS: none` when no answer
+# passes them all.
 _MARKDOWN = re.compile(r"\*\*|__|^#{1,6}\s", re.MULTILINE)
 _LIMIT = re.compile(r"\b(under|fewer than|less than|at most|no more than|within|max(?:imum)?)?\s*(\d+)\s+words?\b",
                     re.IGNORECASE)
@@ -289,7 +290,7 @@ def follows_note(answer: str, note: str) -> bool:
     if "order" in kinds:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         ok = (ok and len(lines) >= 2 and LEAD_MIN_WORDS <= len(lines[0].split()) <= LEAD_WORDS
-              and lines[0][-1] in ".!?" and not _LIST_MARK.match(lines[0]))
+              and lines[0][-1] in ".!" and not _LIST_MARK.match(lines[0]))
     names = _names(note) if "name" in kinds else set()
     if names:
         ok = ok and any(re.search(rf"\b{re.escape(n)}\b", text, re.IGNORECASE) for n in names)

@@ -116,11 +116,12 @@ def _plain(text: str) -> bool:
 
 def _lead_line(text: str) -> bool:
     """A one-line answer first, then details after a line break. The first line must answer: a
-    sentence of 3 to 20 words, not a list item and not an introduction ("The answer is:",
-    "Here's a possible solution:", "Sure!"), which a person asking for the answer first would
-    not take for one (before 2026-12-07 those passed, and SmolLM2 learned to write them)."""
+    statement of 3 to 20 words, not a list item, an introduction ("The answer is:", "Here's a
+    possible solution:", "Sure!") or a question (her own, repeated), which a person asking for the
+    answer first would not take for one (before 2026-12-07 those passed, and SmolLM2 learned to
+    write them)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (len(lines) >= 2 and 3 <= words(lines[0]) <= 20 and lines[0][-1] in ".!?"
+    return (len(lines) >= 2 and 3 <= words(lines[0]) <= 20 and lines[0][-1] in ".!"
             and not _LIST_LINE.match(lines[0]))
 
 
