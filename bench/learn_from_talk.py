@@ -6,6 +6,7 @@
     python bench/learn_from_talk.py --baseline                        # what the defaults were before: no notes, no gate
     python bench/learn_from_talk.py --pace 2                          # the trainer catches up after every 2 sessions
     python bench/learn_from_talk.py --table runs/s0 runs/s1 runs/s2   # one table of medians over runs made apart
+    python bench/learn_from_talk.py --rescore runs/s0                 # their first answers under today's rules
 
 Each (persona, method, seed) is one `clawbridge up --backend local` (LoRA, the settings' defaults
 except what the flags name) with the rule-based judge as an endpoint (it reads only what the
@@ -177,13 +178,37 @@ def rows_of(runs: list[Path]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     seeds run apart, side by side, give one table of medians; each run counted once, runs of
     different lengths in rows of their own."""
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for path in sorted({r.resolve() for d in runs for r in ([d] if d.is_file() else d.glob("**/result.json"))}):
+    for path in result_files(runs):
         group, label, _ = run_label(path.parent.name)
         r = json.loads(path.read_text())
         label += f", {r['config']['sessions']} sessions"
         for p in group:
             rows.setdefault((p + (" (together)" if len(group) > 1 else ""), label), []).append(row(r, p))
     return rows
+
+
+def result_files(runs: list[Path]) -> list[Path]:
+    """Every run's `result.json` under the folders (or files) given, each once."""
+    return sorted({r.resolve() for d in runs for r in ([d] if d.is_file() else d.glob("**/result.json"))})
+
+
+def print_rescore(runs: list[Path]) -> None:
+    """Per run and person: the first answers met, in order, as the person said then and by the
+    persona's rule today (`personas.PERSONAS`), and the sessions until three in a row by each: a
+    rule made stricter (docs/training.md) re-reads the answers a run kept, without running it again
+    (what the model would have learned under it still needs a run)."""
+    from clawbridge.devtools.personas import PERSONAS
+    from clawbridge.devtools.talk import stable_after
+
+    for path in result_files(runs):
+        for key, p in json.loads(path.read_text())["personas"].items():
+            sessions = sorted(p["sessions"], key=lambda s: s["index"])
+            then = [bool(s["met"]) for s in sessions]
+            now = [PERSONAS[key].meets(s["answer"]) for s in sessions]
+            seq = lambda met: "".join("M" if m else "." for m in met)  # noqa: E731
+            print(f"{path.parent} {key}: then {seq(then)} ({sum(then)} of {len(then)}, three in a row "
+                  f"{fmt(stable_after(then), 'g')}); today's rule {seq(now)} ({sum(now)} of {len(now)}, three in a "
+                  f"row {fmt(stable_after(now), 'g')})")
 
 
 def print_echoes(runs: list[Path]) -> None:
@@ -227,6 +252,9 @@ def main() -> int:
     ap.add_argument("--table", type=Path, nargs="+", metavar="RUN_DIR",
                     help="only print the table of medians over runs already made (every result.json under "
                          "the folders given: seeds run apart, side by side)")
+    ap.add_argument("--rescore", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="only print, for runs already made, each person's first answers met as they said then "
+                         "and by today's persona rules (after a rule changed)")
     ap.add_argument("--echoes", type=Path, nargs="+", metavar="RUN_DIR",
                     help="only print, for runs already made, how many noted answers echoed the note and how "
                          "likely the base finds the corrected answers, by quarter of the run")
@@ -234,6 +262,9 @@ def main() -> int:
     exit_on_sigterm()
     if args.echoes:
         print_echoes(args.echoes)
+        return 0
+    if args.rescore:
+        print_rescore(args.rescore)
         return 0
     if args.table:
         made = rows_of(args.table)

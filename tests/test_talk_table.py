@@ -51,3 +51,17 @@ def test_a_folder_with_no_runs_is_an_error_not_an_empty_table(tmp_path: Path) ->
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learn_from_talk.py"), "--table", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 1 and "no result.json under" in proc.stderr
+
+
+def test_rescore_reads_a_runs_answers_again_under_todays_rule(tmp_path: Path) -> None:
+    """A run kept before Ana's rule got stricter: 'The answer is:' was met then and is not now."""
+    answers = ["The answer is:\nBake it.", "Bread needs flour, water and yeast.\n\nMix them and wait.",
+               "Knead it well before it rises.\n\nThen bake it.", "Bake it hot for a crust.\n\nLet it cool."]
+    p = PersonaResult("lead", "w", [SessionLog("lead", i, "q", a, True, i) for i, a in enumerate(answers)])
+    run = tmp_path / "lead-combine-notes-gate-pace1-s0"
+    run.mkdir()
+    save(TalkResult({"personas": ["lead"], "sessions": 4, "seed": 0}, {"lead": p}), run / "result.json")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "learn_from_talk.py"), "--rescore", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout
+    assert out.strip() == (f"{run.resolve()} lead: then MMMM (4 of 4, three in a row 3); "
+                           "today's rule .MMM (3 of 4, three in a row 4)")
