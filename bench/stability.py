@@ -2,10 +2,15 @@
 
 Each run is `clawbridge demo` shortened to `--sessions` (default 240: the CI test's length): the
 tiny model, LoRA r8, the reward mode `--reward` (judge: the scripted user and the rule-based
-judge, the only rewards; api: the token-share reward set through the API). A run LEARNED when
-its last-20% mean reward beats its first-20% by more than `--margin` (the test's 0.15), and
-COLLAPSED when its last 20% fell below `--floor` (0.05: the policy answers with tokens the reward
-never pays and, with every answer failed, a group baseline has nothing left to learn from).
+judge, the only rewards; api: the token-share reward set through the API). A run LEARNED, with
+api rewards, when its last-20% mean reward beats its first-20% by more than `--margin` (0.15);
+with judge rewards, when at least 0.9 of its last-20% first answers were accepted by the user,
+more than `--accept-margin` (0.1) above its first 20% (the CI test, on seed 0, whose first 20% are
+accepted 0.58-0.65 of the time, asks 0.2; seed 2 starts at 0.81). The judge teaches acceptance:
+once every answer of a group is accepted its verdicts carry no signal, and the share stops wherever
+it stands (0.72 to 0.93 over seeds 0-3). A run COLLAPSED when its last 20% fell below `--floor`
+(0.05: the policy answers with tokens the reward never pays and, with every answer failed, a
+group baseline has nothing left to learn from).
 
 `--parallel N` runs N demos at once: each is then one of N trainers and N servers on the same
 cores, the loaded condition under which staleness grows (ratios drift further from 1) and the
@@ -40,8 +45,12 @@ class Outcome:
     last: float
     seconds: float
     load: float
+    accepted: tuple[float, float] | None = None
+    """judge rewards: the share of first answers accepted, first and last 20%."""
 
-    def learned(self, margin: float) -> bool:
+    def learned(self, margin: float, accept_margin: float = 0.1) -> bool:
+        if self.accepted is not None:
+            return self.accepted[1] >= 0.9 and self.accepted[1] - self.accepted[0] > accept_margin
         return self.last - self.first > margin
 
     def collapsed(self, floor: float) -> bool:
@@ -68,6 +77,7 @@ def main() -> int:
     ap.add_argument("--reward", choices=["judge", "api"], default="judge")
     ap.add_argument("--sessions", type=int, default=240)
     ap.add_argument("--margin", type=float, default=0.15)
+    ap.add_argument("--accept-margin", type=float, default=0.1)
     ap.add_argument("--floor", type=float, default=0.05)
     ap.add_argument("--out", type=Path, default=None, help="keep every run's folder here (default: a temp dir)")
     args = ap.parse_args()
@@ -83,8 +93,9 @@ def main() -> int:
         cfg = DemoConfig(sessions=args.sessions, reward=args.reward, seed=seed, settings=env)
         result = run_demo(cfg, out / f"{name}-seed{seed}")
         first, last = result.head_tail()
-        o = Outcome(name, seed, first, last, result.seconds, os.getloadavg()[0])
-        print(f"  {name:<14} seed {seed}: {first:.3f} -> {last:.3f} in {o.seconds:.0f}s (load {o.load:.1f})",
+        o = Outcome(name, seed, first, last, result.seconds, os.getloadavg()[0], result.acceptance())
+        acc = f", accepted {o.accepted[0]:.2f} -> {o.accepted[1]:.2f}" if o.accepted else ""
+        print(f"  {name:<14} seed {seed}: {first:.3f} -> {last:.3f}{acc} in {o.seconds:.0f}s (load {o.load:.1f})",
               flush=True)
         return o
 
@@ -94,7 +105,7 @@ def main() -> int:
     base: tuple[int, int] | None = None
     for name, env in configs:
         mine = [o for o in outcomes if o.config == name]
-        learned = sum(o.learned(args.margin) for o in mine)
+        learned = sum(o.learned(args.margin, args.accept_margin) for o in mine)
         collapsed = sum(o.collapsed(args.floor) for o in mine)
         gain = sum(o.last - o.first for o in mine) / len(mine)
         vs = "" if base is None else f"  (vs baseline: learned {learned - base[0]:+d}, collapsed {collapsed - base[1]:+d})"

@@ -13,12 +13,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clawbridge.devtools.demo import DemoConfig, run_demo, token_reward
+from clawbridge.devtools.demo import DemoConfig, DemoResult, Episode, run_demo, token_reward
 
 
 def test_token_reward() -> None:
     assert token_reward(["the", " cat", "<|im_end|>"]) == 0.5
     assert token_reward([]) == 0.0
+
+
+def test_acceptance_reads_what_the_user_said_not_the_share() -> None:
+    """Judge mode teaches acceptance: first and last 20% of first answers the user thanked, in
+    session order however they finished; api mode has no one to accept (None)."""
+    said = [False, True, False, False, True, True, True, True, True, True]
+    done = [Episode(i, 0, 0.41 if ok else 0.2, "", ok) for i, ok in reversed(list(enumerate(said)))]
+    assert DemoResult(episodes=done).acceptance(0.3) == (1 / 3, 1.0)
+    assert DemoResult(episodes=[Episode(0, 0, 0.5, "")]).acceptance() is None
 
 
 def test_demo_reward_rises(tmp_path: Path) -> None:

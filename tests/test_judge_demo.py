@@ -51,12 +51,17 @@ def test_agreement_script_rule_based_and_scripted() -> None:
 
 
 def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
-    """Seed 0 (this test's) learned in every run made with the default cispo loss: 0.946 two at a
-    time (load 8-16), 0.986 alone, and 0.752 and 0.976 as this test. Over seeds 0-7 two at a time 8 of 8
-    learned (+0.36 to +0.63); alone, after the no-signal rule, 3 of 4 (seed 2 fell 0.43 -> 0.34).
-    In CI, before the no-signal rule, this test failed twice: collapsed to one repeated token under
-    unclipped importance sampling (0.392 -> 0.000), and drifted under cispo through 9 zero-advantage
-    optimizer steps (0.387 -> 0.057) (`bench/stability.py`, docs/training.md, "Stale data is trained")."""
+    """What the judge's verdicts teach is to be accepted: the scripted user thanks a first answer
+    whose share of tokens with the letter reaches 0.4. Once every answer of a group is thanked, its
+    verdicts are all alike and carry no signal (the no-signal rule skips them), so training stops
+    wherever the token share then stands: over six runs of seed 0 (2026-12-07; four alone, two
+    beside another demo) the share went 0.38-0.40 -> 0.72-0.92 and the acceptance 0.58-0.65 -> 1.00
+    in every run, the last version serving 91-159 of the 240 sessions alone; seeds 1-3 beside each
+    other 0.56, 0.81, 0.54 -> 1.00, 0.98, 1.00 (`bench/stability.py`). CI once failed this test's earlier assertion on the
+    share (0.398 -> 0.469, +0.15 wanted), as a plateau just above the user's bar would. Before the
+    no-signal rule CI failed it twice more: collapsed to one repeated token under unclipped importance
+    sampling (0.392 -> 0.000), and drifted under cispo through 9 zero-advantage optimizer steps (0.387
+    -> 0.057) (`bench/stability.py`, docs/training.md, "Stale data is trained")."""
     from clawbridge.devtools.demo import DemoConfig, run_demo
 
     # Capacity mode: a session starts only while the training backlog is under two batches, so the
@@ -70,8 +75,12 @@ def test_demo_with_judge_rewards_rises(tmp_path: Path) -> None:
     assert "rule-based" in (tmp_path / "judge.txt").read_text()
     assert result.judge_calls >= 3 * 230  # every first turn judged (3 votes), nothing set by hand
     first, last = result.head_tail()
-    print(f"demo --reward judge: first 20% {first:.3f} -> last 20% {last:.3f} in {result.seconds:.0f}s")
-    assert last - first > 0.15, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    accepted = result.acceptance()
+    assert accepted is not None
+    print(f"demo --reward judge: share first 20% {first:.3f} -> last 20% {last:.3f}, accepted "
+          f"{accepted[0]:.2f} -> {accepted[1]:.2f} in {result.seconds:.0f}s")
+    assert accepted[1] >= 0.9 and accepted[1] - accepted[0] > 0.2, f"not learned: accepted {accepted}"
+    assert last > first, f"the share fell: {first:.3f} -> {last:.3f}"  # a collapse fails both
 
 
 def test_agreement_script_runs_a_local_model_in_process(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -298,6 +298,10 @@ def demo(
     first, last = result.head_tail()
     console.print(f"mean reward, first 20% of sessions: {first:.3f}; last 20%: {last:.3f} "
                   f"(margin {last - first:+.3f}) in {result.seconds:.0f}s")
+    accepted = result.acceptance()
+    if accepted is not None:
+        console.print(f"first answers the user accepted, first 20%: {accepted[0]:.2f}; last 20%: {accepted[1]:.2f} "
+                      "(what the judge's verdicts teach; training pauses once every answer is accepted)")
     if result.plot:
         console.print(f"plot: {result.plot}")
     console.print(f"sessions and steps stay in {out_dir / 'state'}: try "

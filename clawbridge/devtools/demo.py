@@ -94,6 +94,9 @@ class Episode:
     policy_version: int
     reward: float
     text: str
+    accepted: bool | None = None
+    """judge mode: the scripted user thanked the first answer (its share reached `accept_threshold`);
+    None in api mode, where no one answers."""
 
 
 @dataclass
@@ -110,6 +113,18 @@ class DemoResult:
         first = sum(e.reward for e in eps[:k]) / k
         last = sum(e.reward for e in eps[-k:]) / k
         return first, last
+
+    def acceptance(self, frac: float = 0.2) -> tuple[float, float] | None:
+        """judge mode: the share of first answers the user accepted in the first and the last `frac`
+        of sessions, what the judge's verdicts reward (None in api mode). Once every answer of a group
+        is accepted its verdicts are all alike and carry no signal, so training stops wherever the
+        token share then stands (0.72 to 0.92 over four runs of seed 0): acceptance, not the share,
+        is what this mode teaches."""
+        eps = sorted((e for e in self.episodes if e.accepted is not None), key=lambda e: e.index)
+        if not eps:
+            return None
+        k = max(1, int(len(eps) * frac))
+        return sum(bool(e.accepted) for e in eps[:k]) / k, sum(bool(e.accepted) for e in eps[-k:]) / k
 
     def by_version(self) -> list[tuple[int, int, float]]:
         groups: dict[int, list[float]] = {}
@@ -244,8 +259,9 @@ def _episode(base: str, admin: str, index: int, cfg: DemoConfig) -> Episode:
     tokens = [c.token for c in (choice.logprobs.content or [])] if choice.logprobs else []
     reward = token_reward(tokens)
     version = int((resp.system_fingerprint or "policy-v0").removeprefix("policy-v"))
+    accepted = reward >= cfg.accept_threshold if cfg.reward == "judge" else None
     if cfg.reward == "judge":  # the scripted user answers in the same session; the judge does the rest
-        reply = ACCEPT if reward >= cfg.accept_threshold else CORRECT
+        reply = ACCEPT if accepted else CORRECT
         history: list[Any] = [{"role": "user", "content": prompt},
                               {"role": "assistant", "content": choice.message.content or ""},
                               {"role": "user", "content": reply}]
@@ -257,7 +273,7 @@ def _episode(base: str, admin: str, index: int, cfg: DemoConfig) -> Episode:
     httpx.post(f"{base}/rl/end_session", json={}, headers={"Authorization": f"Bearer {key}"},
                timeout=30).raise_for_status()
     text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
-    return Episode(index, version, reward, text)
+    return Episode(index, version, reward, text, accepted)
 
 
 def plot(result: DemoResult, path: Path) -> Path | None:
