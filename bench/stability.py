@@ -8,7 +8,7 @@ with judge rewards, when at least 0.9 of its last-20% first answers were accepte
 more than `--accept-margin` (0.1) above its first 20% (the CI test, on seed 0, whose first 20% are
 accepted 0.58-0.65 of the time, asks 0.2; seed 2 starts at 0.81). The judge teaches acceptance:
 once every answer of a group is accepted its verdicts carry no signal, and the share stops wherever
-it stands (0.72 to 0.93 over seeds 0-3). A run COLLAPSED when its last 20% fell below `--floor`
+it stands (0.72 to 0.92 over six runs of seed 0). A run COLLAPSED when its last 20% fell below `--floor`
 (0.05: the policy answers with tokens the reward never pays and, with every answer failed, a
 group baseline has nothing left to learn from).
 

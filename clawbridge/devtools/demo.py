@@ -118,7 +118,7 @@ class DemoResult:
         """judge mode: the share of first answers the user accepted in the first and the last `frac`
         of sessions, what the judge's verdicts reward (None in api mode). Once every answer of a group
         is accepted its verdicts are all alike and carry no signal, so training stops wherever the
-        token share then stands (0.72 to 0.92 over four runs of seed 0): acceptance, not the share,
+        token share then stands (0.72 to 0.92 over six runs of seed 0): acceptance, not the share,
         is what this mode teaches."""
         eps = sorted((e for e in self.episodes if e.accepted is not None), key=lambda e: e.index)
         if not eps:
