@@ -22,7 +22,10 @@ never); `held-out` the preference rate on held-out questions before -> after as 
 (notes included) [from the weights alone]; `capability` the fact check (12 facts the gate never
 sees) of the base -> the final serving version (the lowest of every served version), greedy and
 sampled (8 answers per fact at temperature 1: a greedy answer of a small model flips on near-ties);
-`steps`,
+`on topic`
+the share of held-out answers that share a content word with their question before -> after
+[weights alone], and of the first answers that met the preference (`personas.on_topic`: the
+preference's check reads the form only, so this says whether meeting it still answered); `steps`,
 versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
 logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wait` the
 mean seconds a person waited for a first answer (timed at the client) made from one sample / the
@@ -101,7 +104,21 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
             "retired": sum(1 for n in r["notes"] if n.get("status") == "retired"),
             "gap": r["teacher_gap"], "wall": r["seconds"], "paced": p.get("paced_s", 0.0),
             "noted": r.get("noted_answers", 0), "echoed": r.get("echoed_answers", 0),
-            "wait": r.get("first_answer_wait", {})}
+            "wait": r.get("first_answer_wait", {}), **on_topic_row(p)}
+
+
+def on_topic_row(p: dict[str, Any]) -> dict[str, float | None]:
+    """A persona's on-topic shares (`personas.on_topic`) from its result JSON: held-out answers
+    before, served after and from the weights alone after (None for a run that kept none), and of
+    the first answers that met the preference (None when none met)."""
+    from clawbridge.devtools.personas import on_topic
+
+    def share(items: list[dict[str, Any]]) -> float | None:
+        return sum(on_topic(i["question"], i["answer"]) for i in items) / len(items) if items else None
+
+    held = p.get("held_out") or {}
+    return {"topic0": share(held.get("before", [])), "topic": share(held.get("served", [])),
+            "topicw": share(held.get("weights", [])), "topicmet": share([s for s in p["sessions"] if s["met"]])}
 
 
 def waits(w: dict[str, dict[str, float]]) -> str:
@@ -131,8 +148,9 @@ def median(values: list[Any]) -> float | None:
 def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
     print("\n| persona | method | seeds | 3-in-a-row (median; each) | held-out before -> after [weights] | "
           "capability base -> final (min served) | sampled capability base -> final (min) | steps | promoted/rejected | "
+          "on topic: held-out before -> after [weights]; met first answers | "
           "notes | gap | wait one/best/second | wall |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (persona, method), rs in sorted(rows.items()):
         stable = [r["stable"] for r in rs]
         each = ", ".join("-" if s is None else str(s) for s in stable)
@@ -148,6 +166,8 @@ def print_table(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
               f"({fmt(min((r['scapmin'] for r in rs if r['scapmin'] is not None), default=None))}) | "
               f"{fmt(median([r['steps'] for r in rs]), 'g')} | "
               f"{fmt(median([r['promoted'] for r in rs]), 'g')}/{fmt(median([r['rejected'] for r in rs]), 'g')} | "
+              f"{fmt(median([r['topic0'] for r in rs]))} -> {fmt(median([r['topic'] for r in rs]))} "
+              f"[{fmt(median([r['topicw'] for r in rs]))}]; {fmt(median([r['topicmet'] for r in rs]))} | "
               f"{fmt(median([r['notes'] for r in rs]), 'g')}/{fmt(median([r['retired'] for r in rs]), 'g')} | "
               f"{fmt(median([r['gap'] for r in rs]), '.3f')} | {wait_medians(rs)} | "
               f"{fmt(median([r['wall'] for r in rs]), '.0f')} s |")
@@ -196,8 +216,9 @@ def print_rescore(runs: list[Path]) -> None:
     """Per run and person: the first answers met, in order, as the person said then and by the
     persona's rule today (`personas.PERSONAS`), and the sessions until three in a row by each: a
     rule made stricter (docs/training.md) re-reads the answers a run kept, without running it again
-    (what the model would have learned under it still needs a run)."""
-    from clawbridge.devtools.personas import PERSONAS
+    (what the model would have learned under it still needs a run). Then how many of the answers
+    met by today's rule talk about their question (`personas.on_topic`)."""
+    from clawbridge.devtools.personas import PERSONAS, on_topic
     from clawbridge.devtools.talk import stable_after
 
     for path in result_files(runs):
@@ -205,10 +226,11 @@ def print_rescore(runs: list[Path]) -> None:
             sessions = sorted(p["sessions"], key=lambda s: s["index"])
             then = [bool(s["met"]) for s in sessions]
             now = [PERSONAS[key].meets(s["answer"]) for s in sessions]
+            topical = sum(m and on_topic(s["question"], s["answer"]) for m, s in zip(now, sessions, strict=True))
             seq = lambda met: "".join("M" if m else "." for m in met)  # noqa: E731
             print(f"{path.parent} {key}: then {seq(then)} ({sum(then)} of {len(then)}, three in a row "
                   f"{fmt(stable_after(then), 'g')}); today's rule {seq(now)} ({sum(now)} of {len(now)}, three in a "
-                  f"row {fmt(stable_after(now), 'g')})")
+                  f"row {fmt(stable_after(now), 'g')}); on topic {topical} of those {sum(now)}")
 
 
 def print_echoes(runs: list[Path]) -> None:
@@ -304,6 +326,8 @@ def main() -> int:
                           f"[{rw['weights']:.2f}], capability {rw['cap0']:.2f} -> {rw['cap']:.2f} (min {rw['capmin']:.2f}), "
                           f"sampled {', '.join(f'v{v} {c:.2f}' for v, c in rw['sampled'].items())}, "
                           f"{rw['steps']} steps, {rw['promoted']}/{rw['rejected']} promoted/rejected, "
+                          f"on topic: held-out {fmt(rw['topic0'])} -> {fmt(rw['topic'])} [{fmt(rw['topicw'])}], "
+                          f"met first answers {fmt(rw['topicmet'])}, "
                           f"gap {fmt(rw['gap'], '.3f')}, {rw['echoed']} of {rw['noted']} noted answers echoed "
                           f"the note, first answers waited: {waits(rw['wait'])}, "
                           f"{time.monotonic() - t0:.0f} s (waited {rw['paced']:.0f} s for the "

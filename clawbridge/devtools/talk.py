@@ -11,6 +11,10 @@ Measured per persona:
 - `stable_after`: sessions talked until three in a row showed the preference (their first answers);
 - the held-out preference rate before and after (temperature 1, the same seeds), as the person gets
   it (`served`: their notes included) and from the weights alone (`X-Clawbridge-Notes: off`);
+- whether the answers still talk about what was asked (`personas.on_topic`, a lexical floor the
+  preference's form check does not look at): each held-out answer is kept (`PersonaResult.held_out`)
+  with its question, so the share on topic before and after, and of the first answers that met the
+  preference, can be read beside the preference rate (`bench/learn_from_talk.py` prints both);
 - the capability check (`realdemo.FACTS`, greedy; a set the gate never sees) of the base and of
   every version that served plain calls during the run (`NAME@N`), and sampled (each fact 8 times
   at temperature 1) for the base, the final and the lowest greedy version;
@@ -46,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, question_order
+from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, on_topic, question_order
 from clawbridge.devtools.realdemo import FACTS
 
 Say = Callable[[str], None]
@@ -96,6 +100,32 @@ class SessionLog:
 
 
 @dataclass
+class HeldOutAnswer:
+    """One answer to a held-out question (never judged, never trained)."""
+
+    question: str
+    answer: str
+    met: bool
+    """Did it meet the persona's preference (`Persona.meets`)?"""
+
+
+HELD_OUT_WHEN: tuple[str, ...] = ("before", "served", "weights")
+"""`PersonaResult.held_out` keys: before talking; after, as the person gets it (notes included);
+after, from the weights alone."""
+
+
+def met_share(answers: Sequence[HeldOutAnswer]) -> float:
+    """Share of `answers` that met the preference (0.0 for none)."""
+    return sum(a.met for a in answers) / len(answers) if answers else 0.0
+
+
+def on_topic_share(answers: Sequence[HeldOutAnswer]) -> float | None:
+    """Share of `answers` that share a content word with their question (`personas.on_topic`);
+    None for none."""
+    return sum(on_topic(a.question, a.answer) for a in answers) / len(answers) if answers else None
+
+
+@dataclass
 class PersonaResult:
     persona: str
     wants: str
@@ -103,6 +133,8 @@ class PersonaResult:
     before_rate: float = 0.0
     after_served: float = 0.0
     after_weights: float = 0.0
+    held_out: dict[str, list[HeldOutAnswer]] = field(default_factory=dict)
+    """The answers the three rates above were measured on, by `HELD_OUT_WHEN`."""
     paced_s: float = 0.0
     """Seconds this person waited for the trainer between sessions (`TalkConfig.pace_every`)."""
 
@@ -194,21 +226,31 @@ def _ask(client: Any, messages: list[dict[str, Any]], max_tokens: int, seed: int
     return resp.choices[0].message.content or "", version
 
 
-def preference_rate(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, notes: bool) -> float:
-    """Share of sampled answers to HELD_OUT_QUESTIONS (fixed seeds) that meet the preference; each
-    call its own one-call session (never judged, never trained)."""
+def held_out_answers(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, notes: bool) -> list[HeldOutAnswer]:
+    """Sampled answers to HELD_OUT_QUESTIONS (fixed seeds), each checked against the preference;
+    each call its own one-call session (never judged, never trained)."""
     client = proxy.openai(key)
     headers = {} if notes else {"X-Clawbridge-Notes": "off"}
     jobs = [(q, 1_000_003 * cfg.seed + 7919 * k + i) for k in range(cfg.held_out_samples)
             for i, q in enumerate(HELD_OUT_QUESTIONS)]
 
-    def one(job: tuple[str, int]) -> bool:
+    def one(job: tuple[str, int]) -> HeldOutAnswer:
         messages = [{"role": "system", "content": persona.system_prompt()}, {"role": "user", "content": job[0]}]
-        return persona.meets(_ask(client, messages, cfg.max_tokens, job[1], headers)[0])
+        text = _ask(client, messages, cfg.max_tokens, job[1], headers)[0]
+        return HeldOutAnswer(job[0], text, persona.meets(text))
 
     with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:  # the engine batches them
-        met = list(pool.map(one, jobs))
-    return sum(met) / len(met)
+        return list(pool.map(one, jobs))
+
+
+def on_topic_line(pr: PersonaResult) -> str:
+    """What a run says of its answers' content (`personas.on_topic`): held-out answers on topic by
+    `HELD_OUT_WHEN`, and the first answers that met the preference."""
+    shares = {k: on_topic_share(pr.held_out.get(k, [])) for k in HELD_OUT_WHEN}
+    met = [s for s in pr.sessions if s.met]
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    return (f"on topic: held-out {fmt(shares['before'])} -> {fmt(shares['served'])} [{fmt(shares['weights'])}], "
+            f"{sum(on_topic(s.question, s.answer) for s in met)} of the {len(met)} first answers that met it")
 
 
 def capability(proxy: Proxy, version: int | None, samples: int = 0) -> float:
@@ -401,8 +443,10 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
     result = TalkResult(asdict(cfg), {p.key: PersonaResult(p.key, p.wants) for p in personas})
     result.capability_before = capability(proxy, None)
     for p in personas:
-        result.personas[p.key].before_rate = preference_rate(proxy, keys[p.key], p, cfg, notes=False)
-        say(f"before: {p.key} preference {result.personas[p.key].before_rate:.2f}")
+        pr = result.personas[p.key]
+        pr.held_out["before"] = held_out_answers(proxy, keys[p.key], p, cfg, notes=False)
+        pr.before_rate = met_share(pr.held_out["before"])
+        say(f"before: {p.key} preference {pr.before_rate:.2f}, on topic {on_topic_share(pr.held_out['before']):.2f}")
     say(f"before: capability {result.capability_before:.2f}")
     def judged(session_id: str) -> bool:
         return session_judged(state_dir, session_id)
@@ -437,10 +481,11 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
         + "; sampled: " + ", ".join(f"v{v} {c:.2f}" for v, c in sorted(result.sampled_capability.items())))
     for p in personas:
         pr = result.personas[p.key]
-        pr.after_served = preference_rate(proxy, keys[p.key], p, cfg, notes=True)
-        pr.after_weights = preference_rate(proxy, keys[p.key], p, cfg, notes=False)
+        pr.held_out["served"] = held_out_answers(proxy, keys[p.key], p, cfg, notes=True)
+        pr.held_out["weights"] = held_out_answers(proxy, keys[p.key], p, cfg, notes=False)
+        pr.after_served, pr.after_weights = met_share(pr.held_out["served"]), met_share(pr.held_out["weights"])
         say(f"after: {p.key} preference served {pr.after_served:.2f}, weights alone {pr.after_weights:.2f}; "
-            f"three in a row after {pr.stable_after} sessions")
+            f"three in a row after {pr.stable_after} sessions; {on_topic_line(pr)}")
     r = httpx.get(f"{proxy.base}/rl/notes", headers={"Authorization": f"Bearer {proxy.admin}"}, timeout=60)
     result.notes = r.json().get("notes", []) if r.status_code == 200 else []
     result.teacher_gap, result.hinted_turns = teacher_gap(state_dir)
