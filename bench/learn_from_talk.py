@@ -24,7 +24,7 @@ sees) of the base -> the final serving version (the lowest of every served versi
 sampled (8 answers per fact at temperature 1: a greedy answer of a small model flips on near-ties);
 `on topic`
 the share of held-out answers that share a content word with their question before -> after
-[weights alone], and of the first answers that met the preference (`personas.on_topic`: the
+[weights alone], and of the first answers that met the preference (`topic.on_topic`: the
 preference's check reads the form only, so this says whether meeting it still answered); `steps`,
 versions promoted/rejected by the gate; `notes` made/retired; `gap` mean teacher-minus-sampler
 logprob on hinted turns (minus the plain-prompt reference on turns served with notes); `wait` the
@@ -108,10 +108,10 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
 
 
 def on_topic_row(p: dict[str, Any]) -> dict[str, float | None]:
-    """A persona's on-topic shares (`personas.on_topic`) from its result JSON: held-out answers
+    """A persona's on-topic shares (`topic.on_topic`) from its result JSON: held-out answers
     before, served after and from the weights alone after (None for a run that kept none), and of
     the first answers that met the preference (None when none met)."""
-    from clawbridge.devtools.personas import on_topic
+    from clawbridge.devtools.topic import on_topic
 
     def share(items: list[dict[str, Any]]) -> float | None:
         return sum(on_topic(i["question"], i["answer"]) for i in items) / len(items) if items else None
@@ -217,9 +217,10 @@ def print_rescore(runs: list[Path]) -> None:
     persona's rule today (`personas.PERSONAS`), and the sessions until three in a row by each: a
     rule made stricter (docs/training.md) re-reads the answers a run kept, without running it again
     (what the model would have learned under it still needs a run). Then how many of the answers
-    met by today's rule talk about their question (`personas.on_topic`)."""
-    from clawbridge.devtools.personas import PERSONAS, on_topic
+    met by today's rule talk about their question (`topic.on_topic`)."""
+    from clawbridge.devtools.personas import PERSONAS
     from clawbridge.devtools.talk import stable_after
+    from clawbridge.devtools.topic import on_topic
 
     for path in result_files(runs):
         for key, p in json.loads(path.read_text())["personas"].items():

@@ -182,6 +182,19 @@ def test_the_rule_based_judge_answers_the_check_prompt_with_every_note() -> None
     messages = check_messages(["Call the user Sam.", "Keep it under 30 words."], "How do I make tea?",
                               [ANSWERS[0], ANSWERS[1], "Sam, " + " ".join(["steep"] * 40), "## Sam\nSteep it."])
     text = rule_based_answer({"messages": messages})
-    assert parse_follows(text, 4) == [0, 3], text  # 2: no name; 3: too long; a heading inside an answer is its own
+    # 2: no name; 3: too long; a heading inside an answer is its own. Neither 1 nor 4 says "tea": when
+    # no answer that follows is on topic by the lexical floor, all that follow are named.
+    assert parse_follows(text, 4) == [0, 3], text
     none = rule_based_answer({"messages": check_messages(["Call the user Sam."], "tea?", ["Steep it."])})
     assert parse_follows(none, 1) == []
+
+
+def test_among_answers_that_follow_the_notes_the_rule_based_judge_names_those_about_the_request() -> None:
+    """SmolLM2 kept Maya's note and said nothing ("Tip: High Fries", seed 1, 32 sessions): the check
+    prompt asks for answers that follow the notes AND answer the request."""
+    request = "How can I save money on groceries?"
+    answers = ["Tip: High Fries", "Plan your meals and buy groceries with a list.",
+               " ".join(["Groceries cost less in bulk."] * 8), "The user's name is Maya and this is short answers only."]
+    text = rule_based_answer({"messages": check_messages(["Keep it under 30 words."], request, answers)})
+    assert parse_follows(text, 4) == [1], text  # 1 and 4 are short and off topic, 3 is about groceries but long
+    assert "3 of 4 answers follow the notes, 1 of them about the request" in text

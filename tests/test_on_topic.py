@@ -1,4 +1,4 @@
-"""`personas.on_topic`: the benchmark's floor for "does the answer still talk about the question",
+"""`topic.on_topic`: the benchmark's floor for "does the answer still talk about the question",
 read beside a preference whose check reads only the form (docs/training.md). The answers are ones
 SmolLM2 gave in runs of `bench/learn_from_talk.py` (2026-12-07)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, TALK_QUESTIONS, on_topic, topic_words
+from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, TALK_QUESTIONS
+from clawbridge.devtools.topic import on_topic, topic_words
 
 MET_BUT_ABOUT_SOMETHING_ELSE = [
     ("How can I save money on groceries?", "Tip: High Fries"),

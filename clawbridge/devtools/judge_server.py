@@ -40,6 +40,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from clawbridge.devtools.topic import on_topic
 from clawbridge.rewards.judge import NOTES_SECTION
 from clawbridge.rewards.note_check import ANSWERS_SECTION, REQUEST_SECTION
 
@@ -258,7 +259,11 @@ def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
 # answer; not a question mark: the question repeated is no answer) and is no list item, then more
 # lines; name, the answer says a name the note gives (a capitalized word not starting a sentence).
 # A note of no known kind, or a name not found, is not checked. `FOLLOWS: none` when no answer
-# passes them all.
+# passes them all. Of those that pass, only the ones that talk about the request are named when
+# any does (`clawbridge.devtools.topic.on_topic`, a lexical floor: the check prompt asks for answers
+# that still answer it, and "Tip: High Fries" to a question about groceries does not); when none
+# does, all that pass are named (a lexical check misses answers in other words, so it never
+# rejects them all).
 _MARKDOWN = re.compile(r"\*\*|__|^#{1,6}\s", re.MULTILINE)
 _LIMIT = re.compile(r"\b(under|fewer than|less than|at most|no more than|within|max(?:imum)?)?\s*(\d+)\s+words?\b",
                     re.IGNORECASE)
@@ -308,8 +313,11 @@ def rule_based_follows(prompt: str) -> str:
     shown = prompt.split(f"## {ANSWERS_SECTION}\n", 1)[-1]  # the last section: answers may hold headings
     answers = [a.strip() for a in re.split(r"^### Answer \d+\n", shown, flags=re.MULTILINE)[1:]]
     good = [i for i, a in enumerate(answers, 1) if all(follows_note(a, n) for n in notes)]
-    said = ", ".join(map(str, good)) if good else "none"
-    return f"{len(good)} of {len(answers)} answers follow the notes (rule-based judge).\nFOLLOWS: {said}"
+    request = _section(prompt, REQUEST_SECTION)
+    answering = [i for i in good if on_topic(request, answers[i - 1])]
+    said = ", ".join(map(str, answering or good)) if good else "none"
+    why = f", {len(answering)} of them about the request" if answering and len(answering) < len(good) else ""
+    return f"{len(good)} of {len(answers)} answers follow the notes{why} (rule-based judge).\nFOLLOWS: {said}"
 
 
 class JudgeServer:

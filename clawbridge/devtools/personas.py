@@ -16,10 +16,8 @@ Rules:
 - Every persona has a name in their profile (the system prompt an OpenClaw agent carries), so a
   preference about names is learnable and no other persona's answers depend on it.
 - A persona's check reads the form only (length, a name, a layout): an answer can meet it and say
-  nothing about the question ("Tip: High Fries" is under 30 words). `on_topic` is the benchmark's
-  separate floor for that: an answer that shares no content word with its question talks about
-  something else. It is a lexical check (it takes a wrong answer on the topic, and misses one in
-  other words: "bedtime" for "sleep"), read beside the preference rate, never instead of it.
+  nothing about the question ("Tip: High Fries" is under 30 words). `clawbridge.devtools.topic`
+  is the benchmark's separate floor for that, read beside the preference rate, never instead of it.
 """
 
 from __future__ import annotations
@@ -81,34 +79,6 @@ _MARKDOWN = re.compile(r"\*\*|__|^#{1,6}\s", re.MULTILINE)
 
 def words(text: str) -> int:
     return len(_WORD.findall(text))
-
-
-_STOPWORD_TEXT = """
-a an the and or but if so as at by for from in into of on to up out with about than then
-i me my you your we our he she it its they them their this that these those there here
-do does did doing done can could should would will shall may might must be is are was were been
-have has had what why how when where which who whom whose not no yes very just also too
-make makes made get gets good best better way ways thing things some any keep start fun tonight
-day like likes more new last long longer stop fix change choose bring people home cup
-"""
-TOPIC_STOPWORDS: frozenset[str] = frozenset(_STOPWORD_TEXT.split())
-"""Words that say what kind of question it is, not what it is about (module rules: `on_topic`)."""
-TOPIC_PREFIX = 4
-"""Content words match on their first this many letters ("purring" for "purr", "colors" for "color")."""
-_LETTERS = re.compile(r"[a-z]+")
-
-
-def topic_words(text: str) -> set[str]:
-    """The content words of `text`: lowercased words of 3 letters or more that are not
-    `TOPIC_STOPWORDS`, each cut to its first `TOPIC_PREFIX` letters."""
-    return {w[:TOPIC_PREFIX] for w in _LETTERS.findall(text.lower()) if len(w) >= 3 and w not in TOPIC_STOPWORDS}
-
-
-def on_topic(question: str, answer: str) -> bool:
-    """Does the answer share a content word with its question (module rules)? An answer that does
-    not talks about something else ("The user's name is Maya and this is short answers only." to
-    "What should I cook for dinner tonight?")."""
-    return bool(topic_words(question) & topic_words(answer))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ Measured per persona:
 - `stable_after`: sessions talked until three in a row showed the preference (their first answers);
 - the held-out preference rate before and after (temperature 1, the same seeds), as the person gets
   it (`served`: their notes included) and from the weights alone (`X-Clawbridge-Notes: off`);
-- whether the answers still talk about what was asked (`personas.on_topic`, a lexical floor the
+- whether the answers still talk about what was asked (`topic.on_topic`, a lexical floor the
   preference's form check does not look at): each held-out answer is kept (`PersonaResult.held_out`)
   with its question, so the share on topic before and after, and of the first answers that met the
   preference, can be read beside the preference rate (`bench/learn_from_talk.py` prints both);
@@ -50,8 +50,9 @@ from typing import Any
 
 import httpx
 
-from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, on_topic, question_order
+from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, question_order
 from clawbridge.devtools.realdemo import FACTS
+from clawbridge.devtools.topic import on_topic
 
 Say = Callable[[str], None]
 EVAL_CONCURRENCY = 8
@@ -120,7 +121,7 @@ def met_share(answers: Sequence[HeldOutAnswer]) -> float:
 
 
 def on_topic_share(answers: Sequence[HeldOutAnswer]) -> float | None:
-    """Share of `answers` that share a content word with their question (`personas.on_topic`);
+    """Share of `answers` that share a content word with their question (`topic.on_topic`);
     None for none."""
     return sum(on_topic(a.question, a.answer) for a in answers) / len(answers) if answers else None
 
@@ -244,7 +245,7 @@ def held_out_answers(proxy: Proxy, key: str, persona: Persona, cfg: TalkConfig, 
 
 
 def on_topic_line(pr: PersonaResult) -> str:
-    """What a run says of its answers' content (`personas.on_topic`): held-out answers on topic by
+    """What a run says of its answers' content (`topic.on_topic`): held-out answers on topic by
     `HELD_OUT_WHEN`, and the first answers that met the preference."""
     shares = {k: on_topic_share(pr.held_out.get(k, [])) for k in HELD_OUT_WHEN}
     met = [s for s in pr.sessions if s.met]

@@ -8,7 +8,10 @@ docs/training.md). A judge that reads the note can say which answers follow it, 
 Rules:
 - One judge call per noted call, at temperature 0, bounded by `timeout_s`: the person is waiting.
   The judge sees the user's notes (numbered), their request, and the candidates (numbered from 1),
-  and ends with a line `FOLLOWS: <numbers>` (those that follow every note) or `FOLLOWS: none`.
+  and ends with a line `FOLLOWS: <numbers>` (those that follow every note and still answer the
+  request) or `FOLLOWS: none`. A note is a form (short, a layout, a name): a small model can keep
+  it and say nothing ("Tip: High Fries" to a question about groceries; docs/training.md), and an
+  answer like that served because it kept the form would be worse than the note's absence.
 - The LAST such line counts; numbers outside 1..n are ignored. No such line, a transport error or
   the timeout: no judgement (None), and the pick is the likelihood's alone. A judgement never fails
   the call. Cancelling the call (client gone, user forgotten) cancels the judge's request.
@@ -42,7 +45,8 @@ ANSWERS_SECTION = "Candidate answers"
 REQUEST_SECTION = "The user's request"
 SYSTEM_PROMPT = """You check an AI assistant's candidate answers against what its user asked for. \
 You see the user's standing instructions (numbered), their request, and several candidate answers \
-(numbered). Say which answers follow EVERY instruction; judge only the instructions, not whether the \
+(numbered). Say which answers follow EVERY instruction and still answer the request: an answer \
+that keeps the instructions but talks about something else does not count. Do not judge whether the \
 content is right. Answer with a one-sentence reason, then a last line `FOLLOWS: <answer numbers, \
 comma-separated>`, or `FOLLOWS: none` when no answer follows them all."""
 _FOLLOWS_RE = re.compile(r"^\s*\**follows\**\s*[:=]\s*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
