@@ -4,7 +4,7 @@ Each run is `clawbridge demo` shortened to `--sessions` (default 240: the CI tes
 tiny model, LoRA r8, the reward mode `--reward` (judge: the scripted user and the rule-based
 judge, the only rewards; api: the token-share reward set through the API). A run LEARNED, with
 api rewards, when its last-20% mean reward beats its first-20% by more than `--margin` (0.15);
-with judge rewards, when at least 0.9 of its last-20% first answers were accepted by the user,
+with judge rewards, when at least `LEARNED_ACCEPTANCE` (0.9) of its last-20% first answers were accepted by the user,
 more than `--accept-margin` (0.1) above its first 20% (the CI test, on seed 0, whose first 20% are
 accepted 0.58-0.65 of the time, asks 0.2; seed 2 starts at 0.81). The judge teaches acceptance:
 once every answer of a group is accepted its verdicts carry no signal, and the share stops wherever
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from clawbridge.devtools.demo import DemoConfig, run_demo
+from clawbridge.devtools.demo import LEARNED_ACCEPTANCE, DemoConfig, run_demo
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Outcome:
 
     def learned(self, margin: float, accept_margin: float = 0.1) -> bool:
         if self.accepted is not None:
-            return self.accepted[1] >= 0.9 and self.accepted[1] - self.accepted[0] > accept_margin
+            return self.accepted[1] >= LEARNED_ACCEPTANCE and self.accepted[1] - self.accepted[0] > accept_margin
         return self.last - self.first > margin
 
     def collapsed(self, floor: float) -> bool:

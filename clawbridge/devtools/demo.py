@@ -140,6 +140,9 @@ def token_reward(tokens: list[str]) -> float:
 
 
 ACCEPT = "Great, thanks!"
+LEARNED_ACCEPTANCE = 0.9
+"""judge mode: a run has learned when at least this share of its last 20% of first answers was
+accepted (`DemoResult.acceptance`; tests/test_judge_demo.py and bench/stability.py use it)."""
 CORRECT = "No, that's wrong. Use more words with the letter e."
 
 
