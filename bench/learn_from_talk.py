@@ -110,11 +110,11 @@ def row(r: dict[str, Any], persona: str) -> dict[str, Any]:
 def on_topic_row(p: dict[str, Any]) -> dict[str, float | None]:
     """A persona's on-topic shares (`topic.on_topic`) from its result JSON: held-out answers
     before, served after and from the weights alone after (None for a run that kept none), and of
-    the first answers that met the preference (None when none met)."""
-    from clawbridge.devtools.topic import on_topic
+    the first answers that met the preference (None when none met), read back as `talk` keeps them."""
+    from clawbridge.devtools.talk import HeldOutAnswer, on_topic_share
 
     def share(items: list[dict[str, Any]]) -> float | None:
-        return sum(on_topic(i["question"], i["answer"]) for i in items) / len(items) if items else None
+        return on_topic_share([HeldOutAnswer(i["question"], i["answer"], bool(i["met"])) for i in items])
 
     held = p.get("held_out") or {}
     return {"topic0": share(held.get("before", [])), "topic": share(held.get("served", [])),

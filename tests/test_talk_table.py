@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clawbridge.devtools.talk import HeldOutAnswer, PersonaResult, SessionLog, TalkResult, save
+from clawbridge.devtools.talk import HELD_OUT_WHEN, HeldOutAnswer, PersonaResult, SessionLog, TalkResult, save
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def _run(folder: Path, persona: str, met: str, served: float, cap_min: float, se
                                                 if m == "M" else "Bits:", m == "M", i) for i, m in enumerate(met)],
                       before_rate=0.0, after_served=served, after_weights=served / 2)
     if topical is not None:
-        for when, n in zip(("before", "served", "weights"), topical, strict=True):
+        for when, n in zip(HELD_OUT_WHEN, topical, strict=True):
             p.held_out[when] = [HeldOutAnswer("How do I bake bread at home?", "Bake the bread hot." if i < n else
                                               "Tip: High Fries", False) for i in range(4)]
     r = TalkResult({"personas": [persona], "sessions": sessions, "seed": 0}, {persona: p},

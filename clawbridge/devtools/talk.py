@@ -120,10 +120,15 @@ def met_share(answers: Sequence[HeldOutAnswer]) -> float:
     return sum(a.met for a in answers) / len(answers) if answers else 0.0
 
 
-def on_topic_share(answers: Sequence[HeldOutAnswer]) -> float | None:
-    """Share of `answers` that share a content word with their question (`topic.on_topic`);
-    None for none."""
+def on_topic_share(answers: Sequence[HeldOutAnswer | SessionLog]) -> float | None:
+    """Share of `answers` (held-out answers or first answers) that share a content word with their
+    question (`topic.on_topic`); None for none."""
     return sum(on_topic(a.question, a.answer) for a in answers) / len(answers) if answers else None
+
+
+def share_text(x: float | None) -> str:
+    """A share as the run's lines print it ("-" for none)."""
+    return "-" if x is None else f"{x:.2f}"
 
 
 @dataclass
@@ -249,8 +254,8 @@ def on_topic_line(pr: PersonaResult) -> str:
     `HELD_OUT_WHEN`, and the first answers that met the preference."""
     shares = {k: on_topic_share(pr.held_out.get(k, [])) for k in HELD_OUT_WHEN}
     met = [s for s in pr.sessions if s.met]
-    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-    return (f"on topic: held-out {fmt(shares['before'])} -> {fmt(shares['served'])} [{fmt(shares['weights'])}], "
+    return (f"on topic: held-out {share_text(shares['before'])} -> {share_text(shares['served'])} "
+            f"[{share_text(shares['weights'])}], "
             f"{sum(on_topic(s.question, s.answer) for s in met)} of the {len(met)} first answers that met it")
 
 
@@ -447,7 +452,7 @@ def run_talk(proxy: Proxy, state_dir: Path, cfg: TalkConfig, say: Say = print) -
         pr = result.personas[p.key]
         pr.held_out["before"] = held_out_answers(proxy, keys[p.key], p, cfg, notes=False)
         pr.before_rate = met_share(pr.held_out["before"])
-        say(f"before: {p.key} preference {pr.before_rate:.2f}, on topic {on_topic_share(pr.held_out['before']):.2f}")
+        say(f"before: {p.key} preference {pr.before_rate:.2f}, on topic {share_text(on_topic_share(pr.held_out['before']))}")
     say(f"before: capability {result.capability_before:.2f}")
     def judged(session_id: str) -> bool:
         return session_judged(state_dir, session_id)
