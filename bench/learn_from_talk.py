@@ -218,9 +218,9 @@ def print_rescore(runs: list[Path]) -> None:
     rule made stricter (docs/training.md) re-reads the answers a run kept, without running it again
     (what the model would have learned under it still needs a run). Then how many of the answers
     met by today's rule talk about their question (`topic.on_topic`)."""
+    from clawbridge.chat.topic import on_topic
     from clawbridge.devtools.personas import PERSONAS
     from clawbridge.devtools.talk import stable_after
-    from clawbridge.devtools.topic import on_topic
 
     for path in result_files(runs):
         for key, p in json.loads(path.read_text())["personas"].items():

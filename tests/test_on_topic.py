@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from clawbridge.chat.topic import on_topic, topic_words
 from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, TALK_QUESTIONS
-from clawbridge.devtools.topic import on_topic, topic_words
 
 MET_BUT_ABOUT_SOMETHING_ELSE = [
     ("How can I save money on groceries?", "Tip: High Fries"),

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from clawbridge.devtools.topic import on_topic
+from clawbridge.chat.topic import on_topic
 from clawbridge.rewards.judge import NOTES_SECTION
 from clawbridge.rewards.note_check import ANSWERS_SECTION, REQUEST_SECTION
 
@@ -260,7 +260,7 @@ def rule_based(hints: HintStyle = "words") -> Callable[[dict[str, Any]], str]:
 # lines; name, the answer says a name the note gives (a capitalized word not starting a sentence).
 # A note of no known kind, or a name not found, is not checked. `FOLLOWS: none` when no answer
 # passes them all. Of those that pass, only the ones that talk about the request are named when
-# any does (`clawbridge.devtools.topic.on_topic`, a lexical floor: the check prompt asks for answers
+# any does (`clawbridge.chat.topic.on_topic`, a lexical floor: the check prompt asks for answers
 # that still answer it, and "Tip: High Fries" to a question about groceries does not); when none
 # does, all that pass are named (a lexical check misses answers in other words, so it never
 # rejects them all).

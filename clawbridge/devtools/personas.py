@@ -16,7 +16,7 @@ Rules:
 - Every persona has a name in their profile (the system prompt an OpenClaw agent carries), so a
   preference about names is learnable and no other persona's answers depend on it.
 - A persona's check reads the form only (length, a name, a layout): an answer can meet it and say
-  nothing about the question ("Tip: High Fries" is under 30 words). `clawbridge.devtools.topic`
+  nothing about the question ("Tip: High Fries" is under 30 words). `clawbridge.chat.topic`
   is the benchmark's separate floor for that, read beside the preference rate, never instead of it.
 """
 

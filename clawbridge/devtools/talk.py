@@ -50,9 +50,9 @@ from typing import Any
 
 import httpx
 
+from clawbridge.chat.topic import on_topic
 from clawbridge.devtools.personas import HELD_OUT_QUESTIONS, PERSONAS, Persona, question_order
 from clawbridge.devtools.realdemo import FACTS
-from clawbridge.devtools.topic import on_topic
 
 Say = Callable[[str], None]
 EVAL_CONCURRENCY = 8

@@ -1,4 +1,5 @@
-"""Does an answer talk about what was asked? A lexical floor for the benchmark and the rule-based judge.
+"""Does an answer talk about what was asked? A lexical floor for the gate's content check, the benchmark and
+the rule-based judge.
 
 A small model that learns a form (short, a layout, a name) can meet it and say nothing about the
 question: "Tip: High Fries" to "How can I save money on groceries?" is under 30 words, and "No need
@@ -11,7 +12,9 @@ Rules:
   `TOPIC_PREFIX` letters, so word forms match ("purring" for "purr", "colors" for "color").
 - It is lexical: it takes a wrong answer that names the topic, and misses a right one in other
   words ("Steep the leaves." to "How do I make tea?", "bedtime" for "sleep"). So it is a floor read
-  beside a preference's rate (`bench/learn_from_talk.py`), and the rule-based judge only PREFERS
+  beside a preference's rate (`bench/learn_from_talk.py`), the gate counts how many of a version's
+  answers pass it and compares the count with the anchor's, never one answer alone
+  (`clawbridge.promotion.content`), and the rule-based judge only PREFERS
   answers on topic among those that follow the notes (`judge_server.rule_based_follows`); it never
   rejects every answer for it.
 - Every question the personas ask has a content word (tests/test_on_topic.py), so any question can
