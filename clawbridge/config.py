@@ -392,6 +392,16 @@ class Settings(BaseSettings):
         "measured on SmolLM2 (bench/everyday_guard.py), runs that learned their users' preferences drifted 0.12 "
         "and 0.17 nats per token in 30-35 steps, word salad at a 13x rate 0.6-0.8 (docs/promotion.md). Local torch "
         "engine and Tinker only, like capability_probe_nats.")
+    content_check: bool = Field(
+        True, description="Also ask every candidate (with the capability probe) 12 everyday questions in the "
+        "agent's own context, the system prompt and notes of the latest call that trains the shared policy, and "
+        "reject it when fewer of its greedy answers talk about their question than the serving version's and the "
+        "anchor's, less content_check_slack (a lexical check that stays on this machine). Measured on SmolLM2 "
+        "taught a user's name: answers that became 'I'm Sam, your personal assistant' passed every other check "
+        "(docs/promotion.md, 'The content check').")
+    content_check_slack: int = Field(
+        1, ge=0, le=11, description="Everyday answers on topic a candidate may have fewer of than the serving "
+        "version and the anchor (content_check).")
     step_backoff: float = Field(
         0.5, ge=0.1, le=1.0, description="After each candidate the gate rejects, the next step's learning rate is "
         "multiplied by this (down to step_backoff_floor), and after each promotion divided by it (up to the "

@@ -32,8 +32,10 @@ def promotion_line(settings: Settings, scores: bool) -> str:
              ("everyday answers (plain and in an agent's context)", settings.everyday_guard_nats))
             if nats > 0]
     likely = f"its likelihood {' and '.join(bars)}" if bars and scores else ""
+    content = (f", and only if its everyday answers in the agent's own context still talk about the question within "
+               f"{settings.content_check_slack} item(s)" if settings.content_check else "")
     floor = (f"; and only if it keeps the built-in capability probe within {settings.capability_probe_slack} item(s)"
-             f"{' and ' + likely if likely else ''}" if settings.capability_probe else "")
+             f"{' and ' + likely if likely else ''}{content}" if settings.capability_probe else "")
     unguarded = f"; no likelihood guard: {NO_SCORER}" if settings.capability_probe and bars and not scores else ""
     if mode == "off":
         return ("promotion: off (every trained version serves at once, even one that lost capability; the default "
@@ -41,7 +43,7 @@ def promotion_line(settings: Settings, scores: bool) -> str:
     if mode == "probe":
         return ("promotion: probe (a new version serves only if it still answers the built-in capability probe within "
                 f"{settings.capability_probe_slack} item(s) of the serving version and the base{', and ' + likely if likely else ''}"
-                f"{unguarded}; name your own eval set, CLAWBRIDGE_EVAL_SET, to gate on it too; `clawbridge status` "
+                f"{content}{unguarded}; name your own eval set, CLAWBRIDGE_EVAL_SET, to gate on it too; `clawbridge status` "
                 "shows decisions)")
     if mode == "eval":
         where = settings.eval_set or f"{settings.held_out_share:.0%} held-out sessions"

@@ -117,4 +117,10 @@ def still_good_line(p: dict[str, Any] | None) -> str | None:
         if everyday and everyday.get("serving_nats") is not None:
             line += (f"; {what}: {everyday['serving_nats']:+.3f} nats per token against anchor "
                      f"v{everyday['anchor']}'s {everyday['answers']} (bar -{everyday['bar_nats']:g})")
+    content = probe.get("content")
+    if content:
+        anchored = "" if content["anchor"] is None or content["anchor_version"] == serving["version"] else (
+            f" (anchor v{content['anchor_version']}: {content['anchor']})")
+        line += (f"; on topic in the agent's context: {content['serving']} of {content['items']} everyday "
+                 f"answers{anchored}")
     return line

@@ -47,9 +47,10 @@ class EvalSetError(ValueError):
 class EvalItem:
     """One thing a version is scored on."""
 
-    kind: Literal["expect", "rubric", "held_out", "open"]
+    kind: Literal["expect", "rubric", "held_out", "open", "topic"]
     """open: a question with no right answer; only a reference answer to it is scored
-    (`clawbridge.promotion.everyday`), never the item itself."""
+    (`clawbridge.promotion.everyday`), never the item itself. topic: passed when the greedy answer
+    talks about `question` (`clawbridge.promotion.content`)."""
     id: str
     messages: tuple[dict[str, Any], ...] = ()
     """expect / rubric / open: the chat the version answers, as written (the digest's input)."""
@@ -66,6 +67,8 @@ class EvalItem:
     """held_out: the logprobs it was sampled with (the reference the runner's margin starts from)."""
     verdict: int = 0
     """held_out: +1 the user accepted the recorded answer, -1 they did not."""
+    question: str = ""
+    """topic: the question alone (without the notes the call carries), which the answer must talk about."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ Modes (`promotion_mode`):
   the next step it must pass the built-in capability probe (`clawbridge.promotion.capability`)
   within `capability_probe_slack` items of the serving version and the anchor, and (where the
   sampler scores given tokens) the likelihood guards (`clawbridge.promotion.likelihood`: the
-  anchor's correct probe answers, its everyday answers plain and in an agent's context), else it
-  is rejected as below. Never worse by default, with nothing written by the user.
+  anchor's correct probe answers, its everyday answers plain and in an agent's context) and the
+  content check (`clawbridge.promotion.content`: everyday answers in the agent's own latest context
+  still talk about their question), else it is rejected as below. Never worse by default, with
+  nothing written by the user.
 - eval: a version a step committed is a CANDIDATE. Before the next step it is evaluated
   (`clawbridge.promotion.runner`) beside the serving version on the eval set (or held-out
   sessions) and PROMOTED when `score >= serving score - tolerance` (and, with a tolerance, within it
@@ -65,6 +67,7 @@ from clawbridge.access import OPERATOR
 from clawbridge.promotion.backoff import FULL, WINDOW, StepScale, step_scale
 from clawbridge.promotion.capability import capability_probe, probe_tolerance
 from clawbridge.promotion.checks import Check, decision_of
+from clawbridge.promotion.content import agent_context, content_set
 from clawbridge.promotion.evalset import (
     EvalSet,
     EvalSetError,
@@ -182,6 +185,8 @@ class Promoter:
                         if q is not None},
             settings.eval_max_tokens)
         """Each likelihood guard's reference set per anchor (`_guarded`)."""
+        self.content_digest: str | None = None
+        """The digest of the content check's set the last decision used (status reads its figures)."""
         self.rehearsals = RehearsalSets(evaluator, settings.capability_probe_max_tokens, settings.rehearsal_items)
         """The rehearsal set per anchor (`rehearsal`)."""
 
@@ -416,7 +421,26 @@ class Promoter:
         if self.probe is not None and es is not self.probe:
             checks.append(await self._check(candidate, self.probe, self.probe_tolerance))
         checks += await self._guards(candidate)
+        checks += await self._content(candidate)
         return decision_of(candidate, self.serving, checks)
+
+    async def _content(self, candidate: int) -> list[Check]:
+        """The content check (`clawbridge.promotion.content`), when on: `candidate`'s everyday answers
+        in the agent's latest context, on topic within `content_check_slack` of the serving version's
+        and the anchor's."""
+        s = self.settings
+        if self.probe is None or not s.content_check:
+            return []
+        anchor = await self._read(self.anchor_version)
+        known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
+        if self._nothing_to_lose(known, "probe items", "lose") is not None:
+            return []  # a model that knows nothing (a random tiny one) has no answers to keep, as with the guards
+        context = await self._read(agent_context, self.store, s.per_user_adapters, s.notes)
+        if context is None:  # no recorded call, so no context to ask in (and nothing trained on yet)
+            return []
+        es = content_set(context, s.notes_place)
+        self.content_digest = es.digest
+        return [await self._check(candidate, es, probe_tolerance(es, s.content_check_slack))]
 
     async def _guards(self, candidate: int) -> list[Check]:
         """The likelihood guards that are on, in order (`GUARDS`)."""
@@ -495,7 +519,8 @@ class Promoter:
         figures["candidate"] = cand.as_dict()
         passed = cand.score >= floor
         cmp = ">=" if passed else "<"
-        failed = f"; failed: {', '.join(cand.failed[:5])}" if not passed and cand.failed else ""
+        shown = [i.split("/", 1)[-1] for i in cand.failed[:5]]  # a content item without its context's turn id
+        failed = f"; failed: {', '.join(shown)}" if not passed and shown else ""
         reason = (f"score {cand.score:.3f} ({cand.passed}/{cand.items} passed) {cmp} {against} - tolerance "
                   f"{tol:.3g} on {es.source}{failed}")
         return Check(es.source, passed, reason, cand.score, inc.score, figures)
@@ -523,7 +548,7 @@ class Promoter:
         share = self.settings.canary_share
         if self.router.candidate_version != candidate and self.probe is not None:
             probe = await self._check(candidate, self.probe, self.probe_tolerance)
-            checks = [probe, *await self._guards(candidate)]
+            checks = [probe, *await self._guards(candidate), *await self._content(candidate)]
             if not all(c.passed for c in checks):  # a floor: a candidate that lost capability never answers anyone
                 return decision_of(candidate, self.serving, checks)
         if self.router.candidate_version != candidate:

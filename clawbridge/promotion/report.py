@@ -73,7 +73,22 @@ def probe_status(p: Promoter) -> dict[str, Any] | None:
             "floor": p.mode != "probe", "serving": score(p.serving), "measuring": p.measuring,
             "anchor": score(anchor) if anchor != p.serving else None,
             "base": score(0),  # the shared lane's base is version 0 (`VersionStore.commit_base`)
-            **{guard.key: guard_status(p, guard, anchor) for guard in GUARDS}}
+            **{guard.key: guard_status(p, guard, anchor) for guard in GUARDS},
+            "content": content_status(p, anchor)}
+
+
+def content_status(p: Promoter, anchor: int) -> dict[str, Any] | None:
+    """The content check's figures in the context the last decision asked in: how many of the
+    serving version's and the anchor's everyday answers talked about their question; None before
+    the first decision that ran it (or when it is off)."""
+    digest = p.content_digest
+    if digest is None or not p.settings.content_check:
+        return None
+    serving, anchored = p.pstore.cached_eval(p.serving, digest), p.pstore.cached_eval(anchor, digest)
+    if serving is None:
+        return None
+    return {"items": serving["items"], "slack_items": p.settings.content_check_slack, "serving": serving["passed"],
+            "anchor_version": anchor, "anchor": anchored["passed"] if anchored is not None else None}
 
 
 def guard_status(p: Promoter, guard: Guard, anchor: int) -> dict[str, Any] | None:

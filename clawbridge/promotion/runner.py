@@ -9,8 +9,9 @@ Invariants:
   so the figures are those of the whole answer, at the cost of its first tokens.
 - At most `concurrency` items are sampled at once, so evaluating never takes every engine slot
   from the agent; an overloaded sampler is retried after its Retry-After, a bounded number of times.
-- `VersionEval.score` is the mean item score in [0, 1] (expect items: 1 pass, 0 fail; rubric
-  items: (verdict + 1) / 2; held-out items: `held_out_score`), the figure promotion compares.
+- `VersionEval.score` is the mean item score in [0, 1] (expect items: 1 pass, 0 fail; topic items:
+  1 when the answer talks about the question, by `clawbridge.chat.topic.on_topic`; rubric items:
+  (verdict + 1) / 2; held-out items: `held_out_score`), the figure promotion compares.
 - A held-out item is scored by likelihood where the version's sampler can score given tokens
   (`SequenceScorer`: the local torch engine, Tinker's `compute_logprobs`): margin = verdict x (the
   version's mean per-token logprob of the recorded answer - the mean of the logprobs it was sampled with), score =
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clawbridge.access import OPERATOR
+from clawbridge.chat.topic import on_topic
 from clawbridge.promotion.evalset import EvalItem, EvalSet, EvalSetError
 from clawbridge.promotion.stats import wilson
 from clawbridge.rewards.judge import VoteConfig, judge_turn
@@ -237,6 +239,9 @@ class Evaluator:
         prompt = await asyncio.to_thread(self.renderer.render, list(item.chat))
         ids = await self.answer(sampler, prompt, max_tokens)
         text = self._text(ids)
+        if item.kind == "topic":
+            passed = on_topic(item.question, text)
+            return ItemResult(item.id, item.kind, passed, float(passed), text, len(ids))
         verdict = await self._judge(item, text)
         return ItemResult(item.id, item.kind, verdict > 0, (verdict + 1) / 2, text, len(ids), verdict)
 

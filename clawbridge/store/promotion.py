@@ -21,8 +21,9 @@ Invariants:
   Every other write of the state row leaves the hold as it is.
 - `promotion_evals` caches a version's figures per evaluation set digest: greedy answers of a
   version do not change, so the serving version is evaluated once per set, not once per candidate.
-- A forgotten user's held-out items (her turn ids) and the answers given to them leave every
-  figure in the same transaction that deletes her turns (`scrub_items`, `UserStore.forget`).
+- A forgotten user's held-out items (her turn ids), the content check's items asked in her context
+  (`<turn id>/...`) and the answers given to them leave every figure in the same transaction that
+  deletes her turns (`scrub_items`, `UserStore.forget`).
 """
 
 from __future__ import annotations
@@ -252,17 +253,23 @@ def scrub_items(c: Any, item_ids: set[str]) -> int:
     return changed
 
 
+def _hers(item_id: Any, turn_ids: set[str]) -> bool:
+    """Whether an evaluation item comes from one of `turn_ids`: a held-out item is named by its turn
+    id, a content check item by the turn its context came from (`<turn id>/everyday-N`)."""
+    return isinstance(item_id, str) and (item_id in turn_ids or item_id.split("/", 1)[0] in turn_ids)
+
+
 def _scrub(node: Any, item_ids: set[str]) -> bool:
     """Drop `item_ids` from every `failed` list under `node` and the `failed_answers` that go with
     them (`clawbridge.promotion.runner.VersionEval`: answer i is item `failed[i]`'s); in place."""
     found = False
     if isinstance(node, dict):
         failed = node.get("failed")
-        if isinstance(failed, list) and any(i in item_ids for i in failed):
+        if isinstance(failed, list) and any(_hers(i, item_ids) for i in failed):
             answers = node.get("failed_answers")
             if isinstance(answers, list):
-                node["failed_answers"] = [a for i, a in zip(failed, answers, strict=False) if i not in item_ids]
-            node["failed"] = [i for i in failed if i not in item_ids]
+                node["failed_answers"] = [a for i, a in zip(failed, answers, strict=False) if not _hers(i, item_ids)]
+            node["failed"] = [i for i in failed if not _hers(i, item_ids)]
             found = True
         for value in node.values():
             found = _scrub(value, item_ids) or found
