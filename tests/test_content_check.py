@@ -130,8 +130,9 @@ def test_an_answer_passes_when_it_talks_about_its_question_not_about_the_note_or
     assert "turn_x/everyday-1" in result.failed and "I'm Sam, your personal assistant." in result.failed_answers
 
 
-def _with_a_call(tmp_path: Path, settings: Settings, fake: FakeEvaluator) -> tuple[Any, Store]:
+def _with_a_call(tmp_path: Path, settings: Settings, fake: FakeEvaluator, pinned: bool = True) -> tuple[Any, Store]:
     promoter, store = _promoter(tmp_path, settings, fake)
+    promoter.pinned = pinned  # a backend that serves two versions at once (the local engine, Tinker)
     _call(store, "s1", None, _openai(SAM))
     return promoter, store
 
@@ -159,7 +160,7 @@ def test_a_candidate_whose_answers_in_the_agents_context_stopped_answering_is_re
     store.close()
 
 
-def test_the_check_is_off_when_turned_off_and_where_the_anchor_knows_no_fact(tmp_path: Path) -> None:
+def test_the_check_is_off_when_turned_off_where_the_anchor_knows_no_fact_and_on_one_version_backends(tmp_path: Path) -> None:
     said = "its everyday answers in the agent's own context still talk about the question within 1 item(s)"
     assert said in promotion_line(Settings(), scores=True) and said in promotion_line(Settings(), scores=False)
     assert "agent's own context" not in promotion_line(Settings(content_check=False), scores=True)
@@ -168,6 +169,11 @@ def test_the_check_is_off_when_turned_off_and_where_the_anchor_knows_no_fact(tmp
     assert _decide(promoter, 1).verdict == "promoted"
     assert CONTENT_SOURCE not in {s for _, s in fake.asked}
     assert promotion_status(promoter)["capability_probe"]["content"] is None
+    store.close()
+    # a backend that serves one version at a time could not answer a new context with the serving version
+    one = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 30, 1: 30}, CONTENT_SOURCE: {0: 10, 1: 0}})
+    promoter, store = _with_a_call(tmp_path / "one", Settings(), one, pinned=False)
+    assert _decide(promoter, 1).verdict == "promoted" and CONTENT_SOURCE not in {s for _, s in one.asked}
     store.close()
     # a random tiny model: nothing on the probe, so nothing to keep (as with the likelihood guards)
     blank = FakeEvaluator({}, by_set={PROBE_SOURCE: {0: 0, 1: 0}, CONTENT_SOURCE: {0: 10, 1: 0}})

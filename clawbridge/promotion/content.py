@@ -25,8 +25,11 @@ Invariants:
 - Item ids start with the turn id the context came from (`turn_id/everyday-N`), so forgetting that
   user scrubs the answers given in her context from every stored figure
   (`clawbridge.store.promotion.scrub_items`). Nothing leaves the machine: the check is lexical.
-- Off with the probe (like the guards), or with `content_check` off; with no recorded call yet
-  there is nothing to compare, and the check passes saying so.
+- Off with the probe (like the guards), with `content_check` off, where the anchor knows no probe
+  fact (a random tiny model: nothing to keep), and on a backend that serves one version at a time
+  (Fireworks' deployment, SGLang with full weights): a new context needs the serving version's
+  answers, which such a backend cannot give once a candidate is published. Before any recorded
+  call there is no context, and nothing trained yet.
 """
 
 from __future__ import annotations

@@ -429,8 +429,8 @@ class Promoter:
         in the agent's latest context, on topic within `content_check_slack` of the serving version's
         and the anchor's."""
         s = self.settings
-        if self.probe is None or not s.content_check:
-            return []
+        if self.probe is None or not s.content_check or not self.pinned:
+            return []  # unpinned: the serving version cannot answer a new context once a candidate is published
         anchor = await self._read(self.anchor_version)
         known = await self._read(self.pstore.cached_eval, anchor, self.probe.digest)
         if self._nothing_to_lose(known, "probe items", "lose") is not None:
