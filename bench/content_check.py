@@ -99,12 +99,12 @@ def main() -> None:
     for run in args.runs:
         table += asyncio.run(one_run(run, keep, model, settings))
     print("\nrun | versions | own context: base -> lowest (version) | gate's context: base -> lowest | "
-          "the check would reject | the run's gate rejected")
+          "the check would reject | the run's gate rejected (of the versions read)")
     for run in args.runs:
         rows = [r for r in table if r["run"] == str(run)]
         if not rows:
             continue
-        low = min(rows, key=lambda r: r["own"])
+        low = min(rows[1:] or rows, key=lambda r: r["own"])  # the lowest trained version
         rejects = [f"v{r['version']}" for r in rows if not r["passes"]]
         gated = [f"v{r['version']}" for r in rows if r["gate"] == "rejected"]
         print(f"{run} | {len(rows)} | {rows[0]['own']} -> {low['own']} (v{low['version']}) of {low['items']} | "
