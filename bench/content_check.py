@@ -21,8 +21,6 @@ The base (v0) is the baseline of every run. The context is the run's LAST one, f
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from bench_common import set_threads_from_argv
 
 set_threads_from_argv(2)
 
-from everyday_guard import Router, checkpoints, gate_verdicts  # noqa: E402  (after the thread count is set)
+from everyday_guard import Router, checkpoints, gate_verdicts, sweep  # noqa: E402  (after the thread count is set)
 
 
 async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -> list[dict[str, Any]]:
@@ -83,24 +81,10 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="--out folders of bench/learn_from_talk.py (one run each)")
-    ap.add_argument("--versions", default="", help="comma-separated versions (default: every kept checkpoint; v0 always)")
-    ap.add_argument("--model", default="smollm2", help="smollm2 (what the runs used) or a model folder")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (read before torch loads)")
-    args = ap.parse_args()
-    from clawbridge.config import Settings
-    from clawbridge.models import cached_model
-
-    model = str(cached_model("smollm2-135m-instruct")) if args.model == "smollm2" else args.model
-    keep = {int(v) for v in args.versions.split(",") if v.strip()} or None
-    settings = Settings()
-    table: list[dict[str, Any]] = []
-    for run in args.runs:
-        table += asyncio.run(one_run(run, keep, model, settings))
+    runs, table = sweep(__doc__ or "", one_run, "comma-separated versions (default: every kept checkpoint; v0 always)")
     print("\nrun | versions | own context: base -> lowest (version) | gate's context: base -> lowest | "
           "the check would reject | the run's gate rejected (of the versions read)")
-    for run in args.runs:
+    for run in runs:
         rows = [r for r in table if r["run"] == str(run)]
         if not rows:
             continue
@@ -108,7 +92,7 @@ def main() -> None:
         rejects = [f"v{r['version']}" for r in rows if not r["passes"]]
         gated = [f"v{r['version']}" for r in rows if r["gate"] == "rejected"]
         print(f"{run} | {len(rows)} | {rows[0]['own']} -> {low['own']} (v{low['version']}) of {low['items']} | "
-              f"{rows[0]['gates']} -> {min(r['gates'] for r in rows)} | {len(rejects)}: {', '.join(rejects[:10]) or '-'} | "
+              f"{rows[0]['gates']} -> {min(r['gates'] for r in rows[1:] or rows)} | {len(rejects)}: {', '.join(rejects[:10]) or '-'} | "
               f"{len(gated)}: {', '.join(gated[:10]) or '-'}")
 
 

@@ -32,6 +32,7 @@ import asyncio
 import re
 import sqlite3
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,10 +151,17 @@ async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+SweepOne = Callable[[Path, "set[int] | None", str, Any], Awaitable[list[dict[str, Any]]]]
+"""`one_run(run, versions kept or None for all, model folder, Settings)`: one row per version read."""
+
+
+def sweep(doc: str, one: SweepOne, versions_help: str = "comma-separated versions (default: every kept checkpoint)"
+          ) -> tuple[list[Path], list[dict[str, Any]]]:
+    """The command line every sweep over a run's kept versions shares (this one, bench/content_check.py):
+    parse it, run `one` on each run folder; (the run folders, every row)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="--out folders of bench/learn_from_talk.py")
-    ap.add_argument("--versions", default="", help="comma-separated versions (default: every kept checkpoint)")
+    ap.add_argument("--versions", default="", help=versions_help)
     ap.add_argument("--model", default="smollm2", help="smollm2 (what the runs used) or a model folder")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (read before torch loads)")
     args = ap.parse_args()
@@ -165,10 +173,15 @@ def main() -> None:
     settings = Settings()
     table: list[dict[str, Any]] = []
     for run in args.runs:
-        table += asyncio.run(one_run(run, keep, model, settings))
+        table += asyncio.run(one(run, keep, model, settings))
+    return list(args.runs), table
+
+
+def main() -> None:
+    runs, table = sweep(__doc__ or "", one_run)
     print("\nrun | versions | everyday figure: worst (version) | in context: worst (version) | beyond the bar | "
           "facts figure: worst | sampled: worst (version) | echoed in context: most (version)")
-    for run in args.runs:
+    for run in runs:
         rows = [r for r in table if r["run"] == str(run)]
         if not rows:
             continue
