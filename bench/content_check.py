@@ -30,7 +30,7 @@ from bench_common import set_threads_from_argv
 
 set_threads_from_argv(2)
 
-from everyday_guard import Router, checkpoints, gate_verdicts, sweep  # noqa: E402  (after the thread count is set)
+from everyday_guard import Router, by_run, checkpoints, gate_verdicts, sweep  # noqa: E402  (after the thread count is set)
 
 
 async def one_run(run: Path, keep: set[int] | None, model: str, settings: Any) -> list[dict[str, Any]]:
@@ -84,10 +84,7 @@ def main() -> None:
     runs, table = sweep(__doc__ or "", one_run, "comma-separated versions (default: every kept checkpoint; v0 always)")
     print("\nrun | versions | own context: base -> lowest (version) | gate's context: base -> lowest | "
           "the check would reject | the run's gate rejected (of the versions read)")
-    for run in runs:
-        rows = [r for r in table if r["run"] == str(run)]
-        if not rows:
-            continue
+    for run, rows in by_run(runs, table):
         low = min(rows[1:] or rows, key=lambda r: r["own"])  # the lowest trained version
         rejects = [f"v{r['version']}" for r in rows if not r["passes"]]
         gated = [f"v{r['version']}" for r in rows if r["gate"] == "rejected"]

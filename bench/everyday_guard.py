@@ -32,7 +32,7 @@ import asyncio
 import re
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,14 +177,19 @@ def sweep(doc: str, one: SweepOne, versions_help: str = "comma-separated version
     return list(args.runs), table
 
 
+def by_run(runs: list[Path], table: list[dict[str, Any]]) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+    """(run folder, its rows) for each run that has rows, in the order given (a sweep's summary)."""
+    for run in runs:
+        rows = [r for r in table if r["run"] == str(run)]
+        if rows:
+            yield run, rows
+
+
 def main() -> None:
     runs, table = sweep(__doc__ or "", one_run)
     print("\nrun | versions | everyday figure: worst (version) | in context: worst (version) | beyond the bar | "
           "facts figure: worst | sampled: worst (version) | echoed in context: most (version)")
-    for run in runs:
-        rows = [r for r in table if r["run"] == str(run)]
-        if not rows:
-            continue
+    for run, rows in by_run(runs, table):
         worst = min(rows, key=lambda r: r["everyday_nats"])
         noted = min(rows, key=lambda r: r["in_context_nats"])
         low = min(rows, key=lambda r: r["sampled_base_logprob"])
