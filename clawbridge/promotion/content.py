@@ -2,12 +2,11 @@
 
 Why: every other check of the gate reads facts or likelihoods, and none reads an answer in the
 context a person is served in: their agent's profile (the system prompt) and their notes. Measured
-on SmolLM2 taught by talk (docs/training.md, "Found: the gate passes versions that talk about
-themselves"): Sam's adapter kept its facts and stayed within the everyday guard while, under his
-own profile, its greedy answers to everyday questions went from 10 of 12 on topic to 6 ("I'm Sam,
-your personal assistant. I'm here to help you with your creative endeavors."); the gate's own
-profile and note (`clawbridge.promotion.everyday.in_context_set`) did not show it (9 of 12 at
-both). So every candidate also answers `EVERYDAY_QUESTIONS` greedily in the context of the latest
+on SmolLM2 taught by talk (`bench/content_check.py`; docs/training.md, "Kept: the gate's content
+check"): Sam's run kept its facts and passed both everyday guards while, under his own profile and
+note, its greedy answers to the everyday questions went from 8 of 12 on topic (the base) to 6 at
+v16 and v24 ("I'm Sam. I'm here to help you with your creative endeavors.", "You are Sam."); the
+gate's own profile and note (`clawbridge.promotion.everyday.in_context_set`) read 9 of 12 at v16. So every candidate also answers `EVERYDAY_QUESTIONS` greedily in the context of the latest
 call that trains the shared policy (`agent_context`): its system prompt, and that caller's active
 notes where `notes_place` puts them, as served. An answer passes when it talks about its question
 (`clawbridge.chat.topic.on_topic`, a lexical floor), and a candidate must pass at least as many
