@@ -6,8 +6,9 @@ on SmolLM2 taught by talk (`bench/content_check.py`; docs/training.md, "Kept: th
 check"): Sam's run kept its facts and passed both everyday guards while, under his own profile and
 note, its greedy answers to the everyday questions went from 8 of 12 on topic (the base) to 6 at
 v16 and v24 ("I'm Sam. I'm here to help you with your creative endeavors.", "You are Sam."); the
-gate's own profile and note (`clawbridge.promotion.everyday.in_context_set`) read 9 of 12 at v16. So every candidate also answers `EVERYDAY_QUESTIONS` greedily in the context of the latest
-call that trains the shared policy (`agent_context`): its system prompt, and that caller's active
+gate's own profile and note (`clawbridge.promotion.everyday.in_context_set`) read 9 of 12 at v16.
+So every candidate also answers `EVERYDAY_QUESTIONS` greedily in the context of the latest call
+that trains the shared policy (`agent_context`): its system prompt, and that caller's active
 notes where `notes_place` puts them, as served. An answer passes when it talks about its question
 (`clawbridge.chat.topic.on_topic`, a lexical floor), and a candidate must pass at least as many
 as the serving version and the anchor, less `content_check_slack` items (`Promoter._check`).
